@@ -1,0 +1,133 @@
+"""`gate`: run a gate from a spec, run the demo, migrate the database.
+
+Exit codes: 0 continue, 1 hold, 2 the spec is invalid or the gate could not run (a hold too),
+130 interrupted (the engines were torn down and the GPUs released first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gate.core.errors import GateError, SpecError
+from gate.core.settings import Settings
+from gate.runs.console import ConsoleProgress, print_summary
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gate",
+        description="Decide whether a candidate LLM engine image may keep rolling out.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a gate from a spec file (YAML or JSON)")
+    run.add_argument("spec", type=Path, help="the gate spec file")
+    _common(run)
+
+    demo = sub.add_parser("demo", help="run a gate on two local sim engines")
+    demo.add_argument("--clean", action="store_true", help="an identical candidate: expect continue")
+    _common(demo)
+
+    mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
+    mig.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
+    return p
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the verdict document on stdout")
+    p.add_argument("--report-dir", type=Path, help="where to write the HTML report")
+    p.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    if args.command == "migrate":
+        return _migrate(settings, args.db)
+    if args.command == "demo":
+        from gate.demo import demo_spec
+
+        spec = demo_spec(clean=args.clean)
+        code = _run(spec, settings, args)
+        return 0 if code in (0, 1) else code
+    try:
+        from gate.spec import load_spec
+
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        return _spec_error(exc, args.json)
+    return _run(spec, settings, args)
+
+
+def _spec_error(exc: SpecError, as_json: bool) -> int:
+    print(f"gate: {exc.message}", file=sys.stderr)
+    if as_json:
+        doc = {
+            "verdict": "hold",
+            "state": "invalid",
+            "reasons": [{"check": f"spec.{p.path}", "message": p.message} for p in exc.problems],
+            "checks": [],
+            "report": None,
+            "error": {"code": exc.code, "message": exc.message},
+            "exit_code": EXIT_ERROR,
+        }
+        print(json.dumps(doc, indent=2))
+    return EXIT_ERROR
+
+
+def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
+    from gate.runs.service import GateRunner
+
+    progress = ConsoleProgress()
+    runner = GateRunner(spec, settings, report_dir=args.report_dir, db_url=args.db, progress=progress)
+
+    async def _main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        await runner.run()
+
+    progress.start(spec)
+    try:
+        asyncio.run(_main())
+    except KeyboardInterrupt:
+        pass  # the runner tore everything down and recorded the gate as cancelled
+    except GateError as exc:  # raised before a gate row existed (e.g. the database)
+        progress.stop()
+        print(f"gate: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        progress.stop()
+    outcome = runner.outcome
+    if outcome is None:
+        print("gate: interrupted before the gate was recorded", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print_summary(outcome.document)
+    if args.json:
+        print(json.dumps(outcome.document, indent=2, allow_nan=False))
+    return outcome.exit_code
+
+
+def _migrate(settings: Settings, db: str | None) -> int:
+    from gate.core.database import make_engine, upgrade
+
+    url = db or settings.resolved_database_url()
+    engine = make_engine(url)
+    upgrade(engine)
+    print(f"database at {engine.url.render_as_string(hide_password=True)} is at the latest revision")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Shared infrastructure: settings, database, errors, logging."""

@@ -1,0 +1,83 @@
+"""One error hierarchy for the whole gate.
+
+Every error a user can cause or meet carries a message that names the problem and, where it has
+one, an HTTP status, so the CLI, the API and the task layer render errors the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class GateError(Exception):
+    """Base of every error the gate raises on purpose."""
+
+    status_code: int = 500
+    code: str = "gate_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class FieldProblem:
+    """One mistake in a user document: where it is (a dotted path) and what is wrong."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(GateError):
+    """A gate spec that cannot be used; names every mistake, not only the first."""
+
+    status_code = 422
+    code = "invalid_spec"
+
+    def __init__(self, problems: list[FieldProblem], source: str = "spec") -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        count = len(problems)
+        noun = "mistake" if count == 1 else "mistakes"
+        super().__init__(f"{source} has {count} {noun}:\n{lines}")
+
+
+class ReservationError(GateError):
+    """No GPU shape could be reserved; the message says which layer blocked."""
+
+    status_code = 409
+    code = "reservation_blocked"
+
+
+class EngineError(GateError):
+    """An engine could not be launched, reached or kept alive."""
+
+    status_code = 502
+    code = "engine_error"
+
+    def __init__(self, role: str, phase: str, message: str) -> None:
+        self.role = role
+        self.phase = phase
+        super().__init__(f"{role} engine {message}")
+
+
+class EngineUnreachable(EngineError):
+    """Nothing answers at the engine's address."""
+
+    code = "engine_unreachable"
+
+
+class ReadinessTimeout(EngineError):
+    """The engine did not become ready in time; `phase` is where it stuck."""
+
+    code = "readiness_timeout"
+
+
+class GateCancelled(GateError):
+    """The run was interrupted (Ctrl-C, SIGTERM or an API cancel)."""
+
+    status_code = 409
+    code = "cancelled"

@@ -1,0 +1,264 @@
+"""Launchers: a local process (argv template) or an endpoint that is already running.
+
+A process engine runs in its own process group (and dies with the gate via PDEATHSIG on Linux),
+so teardown reaches every child it spawned: SIGTERM to the group, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+from gate.core.errors import EngineError
+from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
+from gate.engines.readiness import wait_ready
+from gate.reservations.allocator import EnginePlacement
+
+TERM_GRACE_S = 5.0
+ATTACH_CONNECT_TIMEOUT_S = 5.0
+
+
+class Engine(Protocol):
+    role: str
+    base_url: str
+    phases: PhaseLog
+    pid: int | None
+
+    async def start(self) -> None: ...
+
+    def crashed(self) -> CrashInfo | None: ...
+
+    async def stop(self) -> None: ...
+
+    def log_tail(self, lines: int = 40) -> list[str]: ...
+
+    @property
+    def launched(self) -> bool: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out; the engine binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def render_argv(template: list[str], values: dict[str, str]) -> list[str]:
+    """Fill `{name}` placeholders by plain replacement: no format(), no shell, ever."""
+    out = []
+    for item in template:
+        for key, val in values.items():
+            item = item.replace("{" + key + "}", val)
+        out.append(item)
+    if out and out[0] in ("python", "python3"):
+        # The gate's own interpreter, so `python -m gate.engines.sim` works inside any venv.
+        out[0] = sys.executable
+    return out
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the gate process dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64_000))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return list(deque(data.splitlines(), maxlen=lines))
+
+
+@dataclass
+class ProcessEngine:
+    role: str
+    argv_template: list[str]
+    model: str
+    phases: PhaseLog
+    log_path: Path
+    placement: EnginePlacement | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    readiness_timeout_s: float = 300.0
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.port = free_port(self.host)
+        self.base_url = f"http://{self.host}:{self.port}"
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._stopped = False
+
+    @property
+    def launched(self) -> bool:
+        return True
+
+    def argv(self) -> list[str]:
+        gpus = self.placement.cuda_visible_devices if self.placement else ""
+        tp = str(len(self.placement.gpus)) if self.placement else "1"
+        values = {"port": str(self.port), "host": self.host, "model": self.model, "gpus": gpus}
+        values["tp"] = tp
+        return render_argv(self.argv_template, values)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env or {})
+        if self.placement is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.placement.cuda_visible_devices
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    async def start(self) -> None:
+        argv = self.argv()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        except OSError as exc:
+            raise EngineError(self.role, "launched", f"could not start {argv[0]!r}: {exc}") from None
+        self.pid = self._proc.pid
+        self.phases.mark("launched", " ".join(argv))
+        self.phases.mark("process_up", f"pid {self.pid}")
+        await wait_ready(
+            role=self.role,
+            base_url=self.base_url,
+            model=self.model,
+            phases=self.phases,
+            order=PROCESS_PHASES,
+            timeout_s=self.readiness_timeout_s,
+            alive=self._why_dead,
+        )
+
+    def _why_dead(self) -> str | None:
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is None:
+            return None
+        return _describe_exit(code)
+
+    def crashed(self) -> CrashInfo | None:
+        if self._stopped or self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is None:
+            return None
+        return CrashInfo(
+            role=self.role,
+            at_s=self.phases.clock.now_s(),
+            exit_code=code,
+            description=_describe_exit(code),
+            log_tail=tuple(self.log_tail(20)),
+        )
+
+    def log_tail(self, lines: int = 40) -> list[str]:
+        return _tail(self.log_path, lines)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort: SIGKILL the whole group (used when async teardown can't run)."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        proc = self._proc
+        if proc is not None:
+            try:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    loop = asyncio.get_running_loop()
+                    deadline = loop.time() + TERM_GRACE_S
+                    while proc.poll() is None and loop.time() < deadline:
+                        await asyncio.sleep(0.02)
+                # The leader may be gone while children it forked still hold the group.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if proc.poll() is None:
+                    proc.wait(timeout=5)
+            finally:
+                self.kill_now()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"process was killed by {name}"
+    return f"process exited with code {code}"
+
+
+@dataclass
+class EndpointEngine:
+    """An engine that is already running: attach, launch nothing, still time readiness."""
+
+    role: str
+    base_url: str
+    model: str
+    phases: PhaseLog
+    readiness_timeout_s: float = 300.0
+    pid: int | None = None
+
+    @property
+    def launched(self) -> bool:
+        return False
+
+    async def start(self) -> None:
+        self.phases.mark("attached", self.base_url)
+        await wait_ready(
+            role=self.role,
+            base_url=self.base_url,
+            model=self.model,
+            phases=self.phases,
+            order=ENDPOINT_PHASES,
+            timeout_s=self.readiness_timeout_s,
+            connect_timeout_s=ATTACH_CONNECT_TIMEOUT_S,
+        )
+
+    def crashed(self) -> CrashInfo | None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def log_tail(self, lines: int = 40) -> list[str]:
+        return []
+
+    def kill_now(self) -> None:
+        return None

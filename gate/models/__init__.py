@@ -1,0 +1,7 @@
+"""All ORM models, importable from one place so Alembic sees them."""
+
+from gate.models.base import Base
+from gate.models.gates import CheckResult, GatePhase, GateRun, SampleSet
+from gate.models.reservations import GpuLease, Reservation
+
+__all__ = ["Base", "CheckResult", "GatePhase", "GateRun", "GpuLease", "Reservation", "SampleSet"]

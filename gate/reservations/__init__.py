@@ -1,0 +1,1 @@
+"""GPU inventory, the pure allocator, and database leases."""

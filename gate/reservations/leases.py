@@ -1,0 +1,156 @@
+"""Reservations held in the database: grant, heartbeat, release, reap.
+
+A grant inserts one `gpu_leases` row per GPU; the GPU is that table's primary key, so a second
+reserver racing for the same GPU gets an integrity error from the database and retries against
+the fresh state. Expired leases (a crashed holder stopped its heartbeat) are reaped first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.core.errors import ReservationError
+from gate.models import GpuLease, Reservation
+from gate.reservations.allocator import Blocked, Placement, ShapeRequest, allocate
+from gate.reservations.inventory import Inventory
+
+MAX_RACE_RETRIES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    reservation_id: int  # also the fence token: it only ever grows
+    placement: Placement
+    expires_at: datetime
+
+    def describe(self) -> str:
+        return "; ".join(
+            f"{e.role} on {e.node} GPU {e.cuda_visible_devices}" for e in self.placement.engines
+        )
+
+
+class BlockedReservation(ReservationError):
+    def __init__(self, blocked: Blocked) -> None:
+        self.blocked = blocked
+        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def reap_expired(session: Session, now: datetime | None = None) -> int:
+    now = now or _now()
+    expired = list(
+        session.scalars(
+            select(Reservation.id).where(
+                Reservation.state == "active", Reservation.expires_at < now
+            )
+        )
+    )
+    if not expired:
+        return 0
+    session.execute(delete(GpuLease).where(GpuLease.reservation_id.in_(expired)))
+    session.execute(
+        update(Reservation)
+        .where(Reservation.id.in_(expired))
+        .values(state="expired", released_at=now, release_reason="lease expired (no heartbeat)")
+    )
+    return len(expired)
+
+
+def placement_to_json(placement: Placement) -> dict[str, Any]:
+    return {"engines": [asdict(e) for e in placement.engines]}
+
+
+def reserve(
+    factory: sessionmaker[Session],
+    inventory: Inventory,
+    shape: ShapeRequest,
+    *,
+    holder: str,
+    gate_id: str | None,
+    ttl_s: float,
+) -> Grant:
+    """Grant a placement for both engines or raise BlockedReservation with the layered reason."""
+    for _attempt in range(MAX_RACE_RETRIES):
+        try:
+            with transaction(factory) as session:
+                reap_expired(session)
+                held = session.execute(
+                    select(GpuLease.node, GpuLease.gpu_index).where(
+                        GpuLease.inventory == inventory.name
+                    )
+                ).all()
+                result = allocate(inventory.nodes, shape, [(n, g) for n, g in held])
+                if isinstance(result, Blocked):
+                    raise BlockedReservation(result)
+                expires = _now() + timedelta(seconds=ttl_s)
+                res = Reservation(
+                    gate_id=gate_id,
+                    holder=holder,
+                    state="active",
+                    inventory=inventory.name,
+                    shape=asdict(shape),
+                    placement=placement_to_json(result),
+                    expires_at=expires,
+                )
+                session.add(res)
+                session.flush()
+                for role, (node, gpu) in result.gpu_keys():
+                    session.add(
+                        GpuLease(
+                            inventory=inventory.name,
+                            node=node,
+                            gpu_index=gpu,
+                            reservation_id=res.id,
+                            role=role,
+                            expires_at=expires,
+                        )
+                    )
+                session.flush()
+                return Grant(res.id, result, expires)
+        except IntegrityError:
+            continue  # another reserver took one of these GPUs first: look again
+    raise ReservationError(f"gave up after {MAX_RACE_RETRIES} races with other reservers")
+
+
+def heartbeat(factory: sessionmaker[Session], reservation_id: int, ttl_s: float) -> bool:
+    """Extend an active lease; False when it was already reaped or released."""
+    expires = _now() + timedelta(seconds=ttl_s)
+    with transaction(factory) as session:
+        n = session.execute(
+            update(Reservation)
+            .where(Reservation.id == reservation_id, Reservation.state == "active")
+            .values(expires_at=expires)
+        ).rowcount
+        if not n:
+            return False
+        session.execute(
+            update(GpuLease)
+            .where(GpuLease.reservation_id == reservation_id)
+            .values(expires_at=expires)
+        )
+        return True
+
+
+def release(factory: sessionmaker[Session], reservation_id: int, reason: str) -> None:
+    with transaction(factory) as session:
+        session.execute(delete(GpuLease).where(GpuLease.reservation_id == reservation_id))
+        session.execute(
+            update(Reservation)
+            .where(Reservation.id == reservation_id, Reservation.state == "active")
+            .values(state="released", released_at=_now(), release_reason=reason)
+        )
+
+
+def active_leases(factory: sessionmaker[Session]) -> list[GpuLease]:
+    with transaction(factory) as session:
+        return list(session.scalars(select(GpuLease)))

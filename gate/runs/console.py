@@ -1,0 +1,106 @@
+"""The terminal face of a running gate: phases as they happen, a progress bar per scenario,
+and a summary table at the end. Everything goes to stderr so `--json` keeps stdout clean."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gate.spec import GateSpec
+
+STYLE = {"reference": "blue", "candidate": "dark_orange", "gate": "white"}
+
+
+class ConsoleProgress:
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True, highlight=False)
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._last_pct = -1
+
+    def start(self, spec: GateSpec) -> None:
+        self.console.print(
+            f"[bold]gate[/bold] {spec.name}: model [bold]{spec.model}[/bold], "
+            f"{len(spec.scenarios)} scenario(s)"
+        )
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
+        style = STYLE.get(role, "white")
+        extra = f"  [dim]{detail}[/dim]" if detail else ""
+        line = f"[dim]{at_s:7.2f}s[/dim] [{style}]{role:<10}[/{style}] {phase}{extra}"
+        if self._bar is not None:
+            self._bar.console.print(line)
+        else:
+            self.console.print(line)
+
+    def scenario_started(self, name: str, total: int) -> None:
+        self._last_pct = -1
+        if self.console.is_terminal:
+            self._bar = Progress(
+                TextColumn(f"  scenario [bold]{name}[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("responses"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(name, total=total or None)
+
+    def request_done(self, name: str, done: int, total: int) -> None:
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=done)
+            return
+        if total:
+            pct = done * 100 // total
+            if pct // 10 != self._last_pct // 10:
+                self._last_pct = pct
+                self.console.print(f"          scenario {name}: {done}/{total} responses ({pct}%)")
+
+    def scenario_finished(self, name: str) -> None:
+        self.stop()
+
+
+def _fmt_ratio(v: Any) -> str:
+    return "" if v is None else f"{v:.3f}x"
+
+
+def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(stderr=True, highlight=False)
+    checks = doc.get("checks") or []
+    if checks:
+        table = Table(title="checks", title_justify="left", show_lines=False)
+        for col in ("check", "decision", "ratio", "interval", "threshold", "samples"):
+            table.add_column(col, justify="right" if col not in ("check", "decision") else "left")
+        colors = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+        for c in checks:
+            iv = c.get("interval")
+            interval = f"{iv[0]:.3f}-{iv[1]:.3f}" if iv and None not in iv else ""
+            thr = c.get("threshold")
+            table.add_row(
+                c["id"],
+                f"[{colors.get(c['decision'], 'white')}]{c['decision']}[/]",
+                _fmt_ratio(c.get("ratio")),
+                interval,
+                "" if thr is None else f"{thr:.3f}",
+                f"{c['samples'][0]}/{c['samples'][1]}",
+            )
+        console.print(table)
+    for note in doc.get("notes") or []:
+        console.print(f"[dim]note: {note}[/dim]")
+    verdict = doc.get("verdict", "hold")
+    color = "green" if verdict == "continue" else "red"
+    console.print(f"\n[bold {color}]{verdict.upper()}[/bold {color}]  gate {doc.get('gate_id', '')}")
+    for r in doc.get("reasons") or []:
+        console.print(f"  [{color}]-[/{color}] {r['check']}: {r['message']}")
+    if doc.get("report"):
+        console.print(f"report: {doc['report']}")

@@ -1,0 +1,166 @@
+"""Per-request records -> the judge's samples, and a compact columnar form for the database.
+
+Stored columns keep every timing of every request (not only summaries), so a finished gate can
+be re-judged under another policy without running engines again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gate.analysis.types import ArmSamples
+from loadgen.records import RequestRecord
+
+ERROR_KINDS = (
+    "connect",
+    "timeout",
+    "http_4xx",
+    "http_5xx",
+    "stream_error",
+    "protocol_error",
+    "truncated",
+    "cancelled",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """One scenario on one engine: arrays indexed by request, times in ns from scenario start."""
+
+    request_id: npt.NDArray[np.int64]
+    intended_ns: npt.NDArray[np.int64]
+    sent_ns: npt.NDArray[np.int64]
+    first_token_ns: npt.NDArray[np.int64]  # -1: no token arrived
+    end_ns: npt.NDArray[np.int64]  # -1: never ended
+    status: npt.NDArray[np.int32]  # 0: no HTTP status
+    error: npt.NDArray[np.int16]  # -1 success, else index into ERROR_KINDS
+    output_tokens: npt.NDArray[np.int32]
+    itl_mean_ns: npt.NDArray[np.float64]  # NaN when fewer than 2 tokens
+    gap_offsets: npt.NDArray[np.int64]  # request i's token gaps: gaps[gap_offsets[i]:gap_offsets[i+1]]
+    gaps_ns: npt.NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return int(self.request_id.size)
+
+    @property
+    def ok(self) -> npt.NDArray[np.bool_]:
+        return self.error < 0
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **{k: getattr(self, k) for k in self.__slots__})
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Columns:
+        with np.load(io.BytesIO(data)) as z:
+            return cls(**{k: z[k] for k in cls.__slots__})
+
+    def ttft_ms(self) -> npt.NDArray[np.float64]:
+        ok = self.ok & (self.first_token_ns >= 0)
+        return ((self.first_token_ns[ok] - self.sent_ns[ok]) / 1e6).astype(np.float64)
+
+    def e2e_ms(self) -> npt.NDArray[np.float64]:
+        ok = self.ok & (self.end_ns >= 0)
+        return ((self.end_ns[ok] - self.sent_ns[ok]) / 1e6).astype(np.float64)
+
+    def itl_ms(self) -> npt.NDArray[np.float64]:
+        vals = self.itl_mean_ns[self.ok]
+        return (vals[~np.isnan(vals)] / 1e6).astype(np.float64)
+
+    def errors(self) -> dict[str, int]:
+        counts = Counter(int(e) for e in self.error if e >= 0)
+        return {ERROR_KINDS[k]: n for k, n in sorted(counts.items())}
+
+    def to_arm(self) -> ArmSamples:
+        err = self.error >= 0
+        return ArmSamples(
+            requests=len(self),
+            ttft_ms=self.ttft_ms(),
+            itl_ms=self.itl_ms(),
+            errors=self.errors(),
+            error_offsets_s=(self.sent_ns[err] / 1e9).astype(np.float64),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"requests": len(self), "ok": int(self.ok.sum()), "errors": self.errors()}
+
+
+def columns_from_records(records: Sequence[RequestRecord], start_ns: int) -> Columns:
+    n = len(records)
+    rid = np.empty(n, np.int64)
+    intended = np.empty(n, np.int64)
+    sent = np.empty(n, np.int64)
+    first = np.full(n, -1, np.int64)
+    end = np.full(n, -1, np.int64)
+    status = np.zeros(n, np.int32)
+    error = np.full(n, -1, np.int16)
+    out_tok = np.zeros(n, np.int32)
+    itl_mean = np.full(n, np.nan, np.float64)
+    offsets = np.zeros(n + 1, np.int64)
+    gaps: list[float] = []
+    for i, r in enumerate(records):
+        rid[i] = r.request_id
+        intended[i] = r.intended_ns - start_ns
+        sent[i] = r.sent_ns - start_ns
+        if r.first_token_ns is not None:
+            first[i] = r.first_token_ns - start_ns
+        if r.end_ns is not None:
+            end[i] = r.end_ns - start_ns
+        status[i] = r.status or 0
+        if r.error_kind is not None:
+            kind = r.error_kind if r.error_kind in ERROR_KINDS else "protocol_error"
+            error[i] = ERROR_KINDS.index(kind)
+        out_tok[i] = r.output_tokens
+        g = [float(x) for x in r.itl_gaps_ns()]
+        if g:
+            itl_mean[i] = float(np.mean(g))
+        gaps.extend(g)
+        offsets[i + 1] = len(gaps)
+    return Columns(
+        request_id=rid,
+        intended_ns=intended,
+        sent_ns=sent,
+        first_token_ns=first,
+        end_ns=end,
+        status=status,
+        error=error,
+        output_tokens=out_tok,
+        itl_mean_ns=itl_mean,
+        gap_offsets=offsets,
+        gaps_ns=np.asarray(gaps, np.float64),
+    )
+
+
+def drop_warmup(cols: Columns, warmup_requests: int) -> Columns:
+    """Discard the first requests of a scenario (by request id, the same ones on both arms)."""
+    keep = cols.request_id >= warmup_requests
+    idx = np.nonzero(keep)[0]
+    gap_parts = [cols.gaps_ns[cols.gap_offsets[i] : cols.gap_offsets[i + 1]] for i in idx]
+    lens = np.array([p.size for p in gap_parts], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return Columns(
+        request_id=cols.request_id[keep],
+        intended_ns=cols.intended_ns[keep],
+        sent_ns=cols.sent_ns[keep],
+        first_token_ns=cols.first_token_ns[keep],
+        end_ns=cols.end_ns[keep],
+        status=cols.status[keep],
+        error=cols.error[keep],
+        output_tokens=cols.output_tokens[keep],
+        itl_mean_ns=cols.itl_mean_ns[keep],
+        gap_offsets=offsets,
+        gaps_ns=np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.float64),
+    )
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, allow_nan=False, sort_keys=False)

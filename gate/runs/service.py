@@ -1,0 +1,574 @@
+"""One gate run, end to end: reserve, launch, mirror load, judge, persist, report, clean up.
+
+The flow is a straight line with one rule: whatever happens (a hold, an engine that never got
+ready, an unreachable URL, Ctrl-C) the engines are torn down, the GPUs are released, and the
+gate row says how it ended. A gate that could not decide is a hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.analysis.judge import judge
+from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
+from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
+from gate.core.errors import GateCancelled, GateError
+from gate.core.settings import Settings
+from gate.engines.launchers import Engine, EndpointEngine, ProcessEngine
+from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
+from gate.models import CheckResult, GatePhase, GateRun, SampleSet
+from gate.reports.html import write_report
+from gate.reservations import leases
+from gate.reservations.allocator import Placement, ShapeRequest
+from gate.reservations.inventory import load_inventory
+from gate.runs.progress import NullProgress, Progress
+from gate.runs.samples import Columns, columns_from_records, drop_warmup
+from gate.spec import EngineSpec, GateSpec, ScenarioSpec, spec_to_dict
+from loadgen.client import RequestSpec, Target
+from loadgen.metrics import summarize
+from loadgen.prompts import synthetic_prompts
+from loadgen.records import RequestRecord
+from loadgen.runner import run_paired
+from loadgen.schedule import build_offsets
+
+ROLES = ("reference", "candidate")
+ENGINE_WARMUP_REQUESTS = 4
+CRASH_POLL_S = 0.1
+CLOSED_LOOP_CAP = 10_000_000
+
+EXIT_CONTINUE, EXIT_HOLD, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class GateOutcome:
+    gate_id: str
+    document: dict[str, Any]
+
+    @property
+    def verdict(self) -> str:
+        return str(self.document["verdict"])
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.document["exit_code"])
+
+
+class LazyRequests(Sequence[RequestSpec]):
+    """Requests built on demand, each one reproducible from (seed, index) alone."""
+
+    def __init__(self, scenario: ScenarioSpec, seed: int, length: int) -> None:
+        self._sc = scenario
+        self._seed = seed
+        self._len = length
+        self._extra: dict[str, Any] = {
+            "ignore_eos": scenario.ignore_eos,
+            "temperature": scenario.temperature,
+        }
+        self._block: tuple[int, list[str]] = (-1, [])
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(i)
+        block = i // 256
+        if self._block[0] != block:
+            prompts = synthetic_prompts(256, self._sc.prompt_tokens, seed=self._seed * 1_000_003 + block)
+            self._block = (block, prompts)
+        prompt = self._block[1][i % 256]
+        return RequestSpec(request_id=i, prompt=prompt, max_tokens=self._sc.max_tokens, extra=self._extra)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        for i in range(self._len):
+            yield self[i]
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    columns: dict[str, Columns]
+    summaries: dict[str, dict[str, Any]]
+    duration_s: float
+    aborted: bool
+
+
+@dataclass
+class GateRunner:
+    spec: GateSpec
+    settings: Settings
+    report_dir: Path | None = None
+    db_url: str | None = None
+    progress: Progress = field(default_factory=NullProgress)
+
+    def __post_init__(self) -> None:
+        self.gate_id = uuid.uuid4().hex
+        self.clock = Clock()
+        self.factory: sessionmaker[Session] | None = None
+        self.engines: dict[str, Engine] = {}
+        self.grant: leases.Grant | None = None
+        self.crashes: list[CrashInfo] = []
+        self.results: list[ScenarioResult] = []
+        self.started = datetime.now(UTC)
+        self.phase_rows: list[tuple[str, str, float, str | None]] = []
+        self.outcome: GateOutcome | None = None
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _db(self) -> sessionmaker[Session]:
+        assert self.factory is not None
+        return self.factory
+
+    def _phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
+        self.phase_rows.append((role, phase, at_s, detail))
+        self.progress.phase(role, phase, at_s, detail)
+        if self.factory is not None:
+            with transaction(self.factory) as s:
+                s.add(GatePhase(gate_id=self.gate_id, role=role, phase=phase, at_s=at_s, detail=detail))
+                run = s.get(GateRun, self.gate_id)
+                if run is not None:
+                    run.phase = phase if role == "gate" else f"{role}:{phase}"
+
+    def gate_phase(self, phase: str, detail: str | None = None) -> None:
+        self._phase("gate", phase, self.clock.now_s(), detail)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    async def run(self) -> GateOutcome:
+        url = self.db_url or self.settings.resolved_database_url()
+        engine = make_engine(url)
+        await asyncio.to_thread(upgrade, engine)
+        self.factory = make_sessionmaker(engine)
+        with transaction(self.factory) as s:
+            s.add(
+                GateRun(
+                    id=self.gate_id,
+                    name=self.spec.name,
+                    spec=spec_to_dict(self.spec),
+                    state="running",
+                    phase="created",
+                    started_at=self.started,
+                )
+            )
+        self.gate_phase("requested")
+        verdict: Verdict | None = None
+        error: GateError | None = None
+        state = "complete"
+        heartbeat: asyncio.Task[None] | None = None
+        try:
+            self.grant = await asyncio.to_thread(self._reserve)
+            self.gate_phase("reserved", self.grant.describe())
+            heartbeat = asyncio.create_task(self._heartbeat())
+            await self._launch_all()
+            await self._warm_up()
+            for scenario in self.spec.scenarios:
+                result = await self._run_scenario(scenario)
+                self.results.append(result)
+                if self.crashes:
+                    break
+            self.gate_phase("judging")
+            verdict = self._judge()
+        except GateError as exc:
+            error, state = exc, "error"
+        except asyncio.CancelledError:
+            error, state = GateCancelled("the gate was interrupted before it could decide"), "cancelled"
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await heartbeat
+            await self._teardown(state)
+        self.outcome = self._finish(verdict, error, state)
+        engine.dispose()
+        return self.outcome
+
+    def _reserve(self) -> leases.Grant:
+        inv_path = self.spec.inventory or self.settings.inventory
+        inventory = load_inventory(inv_path)
+        shape = ShapeRequest(
+            sku=self.spec.shape.sku,
+            gpus_per_engine=self.spec.shape.gpus_per_engine,
+            min_gpu_memory_gib=self.spec.shape.min_gpu_memory_gib,
+            same_node=self.spec.shape.same_node,
+        )
+        return leases.reserve(
+            self._db(),
+            inventory,
+            shape,
+            holder=f"gate:{self.gate_id}",
+            gate_id=self.gate_id,
+            ttl_s=self.settings.lease_ttl_s,
+        )
+
+    async def _heartbeat(self) -> None:
+        assert self.grant is not None
+        period = max(1.0, self.settings.lease_ttl_s / 3)
+        while True:
+            await asyncio.sleep(period)
+            await asyncio.to_thread(
+                leases.heartbeat, self._db(), self.grant.reservation_id, self.settings.lease_ttl_s
+            )
+
+    def _make_engine(self, role: str, es: EngineSpec, placement: Placement | None) -> Engine:
+        phases = PhaseLog(role, self.clock, self._phase)
+        if es.url is not None:
+            return EndpointEngine(
+                role=role,
+                base_url=es.url,
+                model=self.spec.model,
+                phases=phases,
+                readiness_timeout_s=es.readiness_timeout_s,
+            )
+        assert es.command is not None
+        log_dir = self.settings.data_dir / "logs" / self.gate_id
+        return ProcessEngine(
+            role=role,
+            argv_template=es.command,
+            model=self.spec.model,
+            phases=phases,
+            log_path=log_dir / f"{role}.log",
+            placement=placement.for_role(role) if placement else None,
+            env=dict(es.env),
+            cwd=es.cwd,
+            readiness_timeout_s=es.readiness_timeout_s,
+        )
+
+    async def _launch_all(self) -> None:
+        placement = self.grant.placement if self.grant else None
+        for role in ROLES:
+            self.engines[role] = self._make_engine(role, getattr(self.spec, role), placement)
+        tasks = [asyncio.create_task(self.engines[r].start()) for r in ROLES]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:  # the first failure in role order names the engine that blocked
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+    def _targets(self, scenario_api: str) -> list[Target]:
+        return [
+            Target(name=role, base_url=self.engines[role].base_url, api=scenario_api,  # type: ignore[arg-type]
+                   model=self.spec.model)
+            for role in ROLES
+        ]
+
+    async def _warm_up(self) -> None:
+        """A few requests per engine before any measurement: first-request costs (lazy
+        compilation, CUDA graph capture, connection set-up) are not what we compare."""
+        first = self.spec.scenarios[0]
+        reqs = LazyRequests(first, seed=self.spec.seed + 7_919, length=ENGINE_WARMUP_REQUESTS)
+        result = await run_paired(self._targets(first.api), reqs, concurrency=2)
+        failed = [
+            (role, r) for role, recs in result.records.items() for r in recs if r.error_kind
+        ]
+        self._check_crashes()
+        if self.crashes:
+            c = self.crashes[0]
+            raise GateError(f"{c.summary()} during warm-up")
+        for role in ROLES:
+            self.engines[role].phases.mark("warmup_done")
+            self.engines[role].phases.mark("ready")
+        if failed:
+            role, rec = failed[0]
+            self.gate_phase("warmup_errors", f"{len(failed)} warm-up requests failed; first: "
+                            f"{role} {rec.error_kind}: {rec.error_message}")
+
+    def _check_crashes(self) -> None:
+        seen = {c.role for c in self.crashes}
+        for role in ROLES:
+            eng = self.engines.get(role)
+            if eng is None or role in seen:
+                continue
+            crash = eng.crashed()
+            if crash is not None:
+                self.crashes.append(crash)
+                self._phase(role, "crashed", crash.at_s, crash.description)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            before = len(self.crashes)
+            self._check_crashes()
+            if len(self.crashes) > before:
+                stop.set()
+                return
+            await asyncio.sleep(CRASH_POLL_S)
+
+    async def _run_scenario(self, sc: ScenarioSpec) -> ScenarioResult:
+        seed = self.spec.seed * 7_777 + self.spec.scenarios.index(sc)
+        offsets: np.ndarray | None = None
+        concurrency: int | None = None
+        if sc.arrival == "concurrency":
+            concurrency = sc.concurrency
+            n = sc.requests if sc.requests is not None else CLOSED_LOOP_CAP
+        else:
+            assert sc.rate is not None
+            offsets = build_offsets(
+                sc.arrival, sc.rate, requests=sc.requests, duration_s=sc.duration_s,
+                burstiness=sc.burstiness, seed=seed,
+            )
+            n = int(offsets.size)
+        reqs = LazyRequests(sc, seed=seed, length=n)
+        total = n if n < CLOSED_LOOP_CAP else 0
+        self.gate_phase(f"scenario:{sc.name}", f"{n if total else 'open-ended'} requests")
+        self.progress.scenario_started(sc.name, total * len(ROLES))
+        stop = asyncio.Event()
+        done = 0
+
+        def on_record(_rec: RequestRecord) -> None:
+            nonlocal done
+            done += 1
+            self.progress.request_done(sc.name, done, total * len(ROLES))
+
+        watcher = asyncio.create_task(self._watch(stop))
+        timer: asyncio.TimerHandle | None = None
+        if sc.arrival == "concurrency" and sc.duration_s is not None:
+            timer = asyncio.get_running_loop().call_later(sc.duration_s, stop.set)
+        t0 = time.monotonic()
+        try:
+            result = await run_paired(
+                self._targets(sc.api), reqs, offsets_s=offsets, concurrency=concurrency,
+                on_record=on_record, stop=stop,
+            )
+        finally:
+            aborted = stop.is_set() and bool(self.crashes)
+            stop.set()
+            if timer is not None:
+                timer.cancel()
+            await watcher
+        duration = time.monotonic() - t0
+        self._check_crashes()
+        self.progress.scenario_finished(sc.name)
+        columns = {
+            role: columns_from_records(result.records.get(role, []), result.start_ns)
+            for role in ROLES
+        }
+        summaries = {
+            role: summarize(result.records.get(role, []), duration) for role in ROLES
+        }
+        return ScenarioResult(sc.name, columns, summaries, duration, aborted)
+
+    def _judge(self) -> Verdict:
+        warm = self.spec.policy.warmup_requests
+        scenarios = [
+            ScenarioSamples(
+                name=r.name,
+                reference=drop_warmup(r.columns["reference"], warm).to_arm(),
+                candidate=drop_warmup(r.columns["candidate"], warm).to_arm(),
+            )
+            for r in self.results
+        ]
+        facts = []
+        for role in ROLES:
+            eng = self.engines[role]
+            crash = next((c for c in self.crashes if c.role == role), None)
+            ready = None
+            if eng.launched and "ready" in eng.phases.reached and "launched" in eng.phases.reached:
+                ready = eng.phases.reached["ready"] - eng.phases.reached["launched"]
+            facts.append(
+                EngineFacts(
+                    role=role,  # type: ignore[arg-type]
+                    ready_s=ready,
+                    crashed=crash is not None,
+                    crash_detail=_crash_detail(crash) if crash else None,
+                )
+            )
+        return judge(scenarios, facts, self.spec.policy)
+
+    async def _teardown(self, state: str) -> None:
+        for role in ROLES:
+            eng = self.engines.get(role)
+            if eng is None:
+                continue
+            try:
+                await asyncio.shield(eng.stop())
+            except BaseException:  # a second Ctrl-C: fall back to SIGKILL, synchronously
+                kill = getattr(eng, "kill_now", None)
+                if kill is not None:
+                    kill()
+            if eng.launched:
+                eng.phases.mark("stopped")
+        if self.grant is not None:
+            await asyncio.to_thread(
+                leases.release, self._db(), self.grant.reservation_id, f"gate {state}"
+            )
+            self.gate_phase("released", f"reservation {self.grant.reservation_id}")
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _finish(self, verdict: Verdict | None, error: GateError | None, state: str) -> GateOutcome:
+        finished = datetime.now(UTC)
+        report_dir = self.report_dir or (self.settings.data_dir / "reports")
+        report_dir.mkdir(parents=True, exist_ok=True)
+        report_path = (report_dir / f"{self.spec.name}-{self.gate_id[:8]}.html").resolve()
+        if verdict is not None:
+            decision = verdict.decision
+            vdict = verdict.to_dict()
+            checks = vdict["checks"]
+            reasons = [{"check": c["id"], "message": c["message"]} for c in vdict["reasons"]]
+            notes = list(vdict.get("notes", []))
+            exit_code = 0 if decision == "continue" else EXIT_HOLD
+        else:
+            assert error is not None
+            decision = "hold"
+            checks = []
+            reasons = [{"check": f"gate.{error.code}", "message": error.message}]
+            notes = ["The gate could not finish, so it cannot vouch for the candidate: hold."]
+            exit_code = EXIT_INTERRUPTED if state == "cancelled" else EXIT_ERROR
+        document: dict[str, Any] = {
+            "gate_id": self.gate_id,
+            "name": self.spec.name,
+            "model": self.spec.model,
+            "state": state,
+            "verdict": decision,
+            "reasons": reasons,
+            "checks": checks,
+            "notes": notes,
+            "report": str(report_path),
+            "document": str(report_path.with_suffix(".json")),
+            "error": {"code": error.code, "message": error.message} if error else None,
+            "engines": self._engines_doc(),
+            "reservation": self._reservation_doc(),
+            "scenarios": [
+                {
+                    "name": r.name,
+                    "duration_s": round(r.duration_s, 3),
+                    "aborted": r.aborted,
+                    "reference": r.summaries["reference"],
+                    "candidate": r.summaries["candidate"],
+                }
+                for r in self.results
+            ],
+            "started_at": self.started.isoformat(),
+            "finished_at": finished.isoformat(),
+            "duration_s": round(self.clock.now_s(), 3),
+            "exit_code": exit_code,
+        }
+        write_report(
+            document,
+            {r.name: r.columns for r in self.results},
+            report_path,
+            warmup=self.spec.policy.warmup_requests,
+        )
+        self._persist(document, verdict, state, finished, str(report_path))
+        return GateOutcome(self.gate_id, document)
+
+    def _engines_doc(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for role in ROLES:
+            es: EngineSpec = getattr(self.spec, role)
+            eng = self.engines.get(role)
+            crash = next((c for c in self.crashes if c.role == role), None)
+            phases = eng.phases.reached if eng else {}
+            ready = None
+            if eng and eng.launched and "ready" in phases and "launched" in phases:
+                ready = round(phases["ready"] - phases["launched"], 3)
+            placement = None
+            if self.grant is not None:
+                p = self.grant.placement.for_role(role)
+                placement = {"node": p.node, "gpus": list(p.gpus), "sku": p.sku}
+            out[role] = {
+                "kind": es.kind,
+                "url": eng.base_url if eng else es.url,
+                "pid": eng.pid if eng else None,
+                "placement": placement,
+                "phases": {k: round(v, 3) for k, v in phases.items()},
+                "ready_s": ready,
+                "crash": None if crash is None else {
+                    "at_s": round(crash.at_s, 3),
+                    "exit_code": crash.exit_code,
+                    "description": crash.description,
+                    "log_tail": list(crash.log_tail),
+                },
+                "log": str(eng.log_path) if isinstance(eng, ProcessEngine) else None,
+                "log_tail": eng.log_tail(30) if eng else [],
+            }
+        return out
+
+    def _reservation_doc(self) -> dict[str, Any] | None:
+        if self.grant is None:
+            return None
+        return {
+            "id": self.grant.reservation_id,
+            "fence": self.grant.reservation_id,
+            "placement": leases.placement_to_json(self.grant.placement),
+        }
+
+    def _persist(
+        self, document: dict[str, Any], verdict: Verdict | None, state: str,
+        finished: datetime, report: str,
+    ) -> None:
+        with transaction(self._db()) as s:
+            run = s.get(GateRun, self.gate_id)
+            assert run is not None
+            run.state = state
+            run.phase = "finished"
+            run.verdict = document["verdict"]
+            run.reason = "; ".join(r["message"] for r in document["reasons"]) or None
+            run.document = document
+            run.report_path = report
+            run.finished_at = finished
+            for r in self.results:
+                for role in ROLES:
+                    cols = r.columns[role]
+                    s.add(SampleSet(gate_id=self.gate_id, scenario=r.name, role=role,
+                                    requests=len(cols), columns=cols.to_bytes()))
+            if verdict is not None:
+                for c in verdict.checks:
+                    lo, hi = c.interval if c.interval else (None, None)
+                    s.add(CheckResult(
+                        gate_id=self.gate_id, check_id=c.id, group=c.group, scenario=c.scenario,
+                        metric=c.metric, quantile=c.quantile, reference=_finite(c.reference),
+                        candidate=_finite(c.candidate), ratio=_finite(c.ratio),
+                        interval_lo=_finite(lo), interval_hi=_finite(hi),
+                        threshold=_finite(c.threshold), decision=c.decision,
+                        samples_reference=c.samples[0], samples_candidate=c.samples[1],
+                        alpha=c.alpha, message=c.message,
+                    ))
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None or not np.isfinite(x):
+        return None
+    return float(x)
+
+
+def _crash_detail(crash: CrashInfo) -> str:
+    tail = " | ".join(line for line in crash.log_tail[-3:] if line.strip())
+    out = f"{crash.description} at {crash.at_s:.1f}s into the gate"
+    return f"{out}; last log lines: {tail}" if tail else out
+
+
+async def run_gate(
+    spec: GateSpec,
+    settings: Settings,
+    *,
+    report_dir: Path | None = None,
+    db_url: str | None = None,
+    progress: Progress | None = None,
+) -> GateOutcome:
+    runner = GateRunner(spec, settings, report_dir, db_url, progress or NullProgress())
+    return await runner.run()

@@ -1,0 +1,261 @@
+"""The gate spec: what to compare, on which GPU shape, under which load, judged by which policy.
+
+Specs are written by people, so loading one reports every mistake at once, each with the path of
+the field (``scenarios[0].rate``) and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gate.analysis.policy import Policy
+from gate.core.errors import FieldProblem, SpecError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+PLACEHOLDERS = ("port", "model", "gpus", "tp", "host")
+MAX_SPEC_BYTES = 1_000_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSpec(_Strict):
+    """An engine to launch (`command`, an argv list) or one already running (`url`)."""
+
+    command: list[str] | None = Field(
+        default=None,
+        description="argv of the engine; {port}, {host}, {model}, {gpus}, {tp} are filled in.",
+    )
+    url: str | None = Field(default=None, description="Base URL of a running engine.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    cwd: str | None = Field(default=None, description="Working directory of the process.")
+    readiness_timeout_s: float = Field(default=300.0, gt=0, le=7200)
+
+    @field_validator("command")
+    @classmethod
+    def _command_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("must not be empty: give the program and its arguments as a list")
+        if not v[0].strip():
+            raise ValueError("the program name (first item) is empty")
+        for item in v:
+            for name in re.findall(r"\{([^{}]*)\}", item):
+                if name not in PLACEHOLDERS:
+                    raise ValueError(
+                        f"unknown placeholder {{{name}}}; use one of "
+                        + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                    )
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", v):
+            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EngineSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(ENGINE_KIND_MESSAGE)
+        return self
+
+    @property
+    def kind(self) -> Literal["process", "endpoint"]:
+        return "process" if self.command is not None else "endpoint"
+
+
+ENGINE_KIND_MESSAGE = "give exactly one of `command` (launch) or `url` (attach)"
+
+
+class ScenarioSpec(_Strict):
+    name: str
+    api: Literal["completions", "chat"] = "completions"
+    arrival: Literal["poisson", "constant", "gamma", "concurrency"] = "poisson"
+    rate: float | None = Field(default=None, gt=0, le=100_000, description="requests/s")
+    concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape; 1 = Poisson")
+    requests: int | None = Field(default=None, ge=1, le=10_000_000)
+    duration_s: float | None = Field(default=None, gt=0, le=86_400)
+    prompt_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    max_tokens: int = Field(default=32, ge=1, le=1_000_000)
+    ignore_eos: bool = Field(default=True, description="fixed output lengths keep ITL comparable")
+    temperature: float = Field(default=0.0, ge=0, le=2)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScenarioSpec:
+        problems = scenario_cross_field_problems(self.model_dump())
+        if problems:
+            raise ValueError(problems[0][1])
+        return self
+
+
+def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Rules that tie fields together, checked on the raw mapping so they are reported alongside
+    every field-level mistake instead of being hidden behind them."""
+    out: list[tuple[str, str]] = []
+    arrival = raw.get("arrival", "poisson")
+    has = {k: raw.get(k) is not None for k in ("rate", "concurrency", "requests", "duration_s")}
+    if arrival == "concurrency":
+        if not has["concurrency"]:
+            out.append(("concurrency", "required when arrival is concurrency"))
+        if has["rate"]:
+            out.append(("rate", "not used with arrival concurrency; remove it"))
+    elif arrival in ("poisson", "constant", "gamma"):
+        if not has["rate"]:
+            out.append(("rate", f"required when arrival is {arrival} (requests/s)"))
+        if has["concurrency"]:
+            out.append(("concurrency", "only used with arrival: concurrency"))
+    if has["requests"] == has["duration_s"]:
+        out.append(("requests", "give exactly one of `requests` or `duration_s`"))
+    return out
+
+
+class ShapeSpec(_Strict):
+    """The GPU shape each engine gets; both engines get the same shape, on disjoint GPUs."""
+
+    sku: str | None = Field(default=None, description="GPU product, e.g. H200; any when unset")
+    gpus_per_engine: int = Field(default=1, ge=1, le=64)
+    min_gpu_memory_gib: float | None = Field(default=None, gt=0)
+    same_node: bool = Field(
+        default=True, description="put both engines on one host so they share one topology domain"
+    )
+
+
+class GateSpec(_Strict):
+    name: str
+    model: str = Field(min_length=1, max_length=500)
+    reference: EngineSpec
+    candidate: EngineSpec
+    scenarios: list[ScenarioSpec] = Field(min_length=1, max_length=100)
+    shape: ShapeSpec = Field(default_factory=ShapeSpec)
+    inventory: str | None = Field(
+        default=None, description="inventory YAML; default: settings, then the local example"
+    )
+    policy: Policy = Field(default_factory=Policy)
+    seed: int = Field(default=0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_scenarios(self) -> GateSpec:
+        names = [s.name for s in self.scenarios]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"scenario names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(spec)"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling)"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    return msg
+
+
+def parse_spec(data: Any, source: str = "spec") -> GateSpec:
+    """Validate a spec mapping; raise SpecError naming every mistake."""
+    if not isinstance(data, Mapping):
+        raise SpecError([FieldProblem("(spec)", "must be a mapping of fields")], source)
+    problems: list[FieldProblem] = []
+    scenarios = data.get("scenarios")
+    if isinstance(scenarios, list):
+        for i, sc in enumerate(scenarios):
+            if isinstance(sc, Mapping):
+                for field, msg in scenario_cross_field_problems(sc):
+                    problems.append(FieldProblem(f"scenarios[{i}].{field}", msg))
+    for role in ("reference", "candidate"):
+        eng = data.get(role)
+        if isinstance(eng, Mapping) and (eng.get("command") is None) == (eng.get("url") is None):
+            problems.append(FieldProblem(role, ENGINE_KIND_MESSAGE))
+    try:
+        spec = GateSpec.model_validate(dict(data))
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            problem = FieldProblem(_format_loc(loc), _message(err))
+            # A cross-field rule fails on the model (path without the field); the raw pass
+            # above already named the exact field, so skip the model-level duplicate.
+            if any(
+                p.message == problem.message and p.path.startswith(problem.path)
+                for p in problems
+            ):
+                continue
+            problems.append(problem)
+        raise SpecError(problems, source) from None
+    if problems:  # cannot happen when validation passed, kept as a guard
+        raise SpecError(problems, source)
+    return spec
+
+
+def load_spec(path: str | Path) -> GateSpec:
+    """Read a YAML or JSON spec file and validate it."""
+    p = Path(path)
+    source = str(p)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise SpecError([FieldProblem("(file)", f"cannot read: {exc.strerror}")], source) from None
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(
+            [FieldProblem("(file)", f"is {size} bytes; the limit is {MAX_SPEC_BYTES}")], source
+        )
+    text = p.read_text(encoding="utf-8")
+    return parse_spec_text(text, source, json_only=p.suffix.lower() == ".json")
+
+
+def parse_spec_text(text: str, source: str = "spec", *, json_only: bool = False) -> GateSpec:
+    try:
+        data = json.loads(text) if json_only else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        msg = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        raise SpecError([FieldProblem("(file)", msg)], source) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([FieldProblem("(file)", f"invalid YAML{where}: {problem}")], source) from None
+    return parse_spec(data, source)
+
+
+def spec_to_dict(spec: GateSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json")
