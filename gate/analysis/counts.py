@@ -1,0 +1,104 @@
+"""One-sided sequential test that the candidate produces more errors than the reference.
+
+References:
+    M. Lindon and A. Malek, "Anytime-valid inference for multinomial count data", NeurIPS 2022
+    (code: assuncaolfi/savvi, michaellindon/anycount).
+    M. Lindon, C. Sanden and V. Shirikian, "Rapid regression detection in software deployments
+    through sequential testing", KDD 2022.
+    J. Ville, "Etude critique de la notion de collectif", 1939.
+
+Why a count process test: errors are rare and arrive one at a time; the gate wants to hold as
+soon as the candidate's share of them is implausible, without paying for looking after every
+event. Conditional on an error occurring, its arm label is Bernoulli(theta) with theta = rho
+under the null, rho being the candidate's share of the traffic (0.5 for mirrored load), whatever
+the (unknown, time-varying) base error rate is.
+
+The paper's two-sided Bayes factor uses a Dirichlet(k rho) mixture over theta. A gate only cares
+about "the candidate has more errors", so this module restricts the mixture to theta > rho:
+
+    BF_n = E_{theta ~ Beta(k rho, k (1 - rho)) | theta > rho} [ L_n(theta) / L_n(rho) ]
+         = B(a_c + x_c, a_r + x_r) / B(a_c, a_r)
+           * P(Beta(a_c + x_c, a_r + x_r) > rho) / P(Beta(a_c, a_r) > rho)
+           / (rho^x_c (1 - rho)^x_r),
+
+with a_c = k rho, a_r = k (1 - rho) and x_c, x_r the candidate's and the reference's error counts
+after n errors. Validity: each likelihood ratio L_n(theta)/L_n(rho) with theta > rho is a
+nonnegative martingale with mean 1 when the true share is rho, and a supermartingale when it is
+any share below rho (its one-step expectation is increasing in the true share), so the truncated
+mixture is a nonnegative supermartingale under the whole one-sided null theta <= rho and Ville's
+inequality gives P(exists n: BF_n >= 1/alpha) <= alpha. The sequential p-value
+p_n = min(p_{n-1}, 1/BF_n) is therefore anytime-valid. Restricting the mixture, rather than
+dropping the evidence whenever the candidate's share is below rho, spends the whole alpha on the
+direction that matters; and when the candidate's observed share is at most rho, every
+theta > rho has L_n(theta) <= L_n(rho) (the log-likelihood is concave with its maximum at the
+observed share), so BF_n <= 1: fewer candidate errors can never cause a hold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import betaincc, betaln
+
+__all__ = ["log_bayes_factors", "sequential_count_pvalue", "sequential_count_pvalues"]
+
+
+def _labels(labels: np.ndarray) -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError("labels must be one-dimensional")
+    if arr.size and not np.isin(arr, (0, 1)).all():
+        raise ValueError("labels must be 0 (reference) or 1 (candidate)")
+    return arr.astype(np.int64)
+
+
+def _check(rho: float, k: float) -> None:
+    if not 0.0 < rho < 1.0:
+        raise ValueError(f"rho must be in (0, 1), got {rho}")
+    if not k > 0.0:
+        raise ValueError(f"k must be > 0, got {k}")
+
+
+def log_bayes_factors(labels: np.ndarray, rho: float = 0.5, k: float = 10.0) -> np.ndarray:
+    """log BF_n after each event n = 1..N, vectorised over the whole sequence."""
+    _check(rho, k)
+    arr = _labels(labels)
+    x_c = np.cumsum(arr).astype(np.float64)
+    x_r = np.arange(1, arr.size + 1, dtype=np.float64) - x_c
+    a_c = k * rho
+    a_r = k * (1.0 - rho)
+    # P(theta > rho) under the posterior; it underflows to 0 only when the candidate's share is
+    # far below rho, where log BF = -inf (no evidence) is the right answer.
+    with np.errstate(divide="ignore"):
+        log_tail_post = np.log(betaincc(a_c + x_c, a_r + x_r, rho))
+    log_tail_prior = math.log(float(betaincc(a_c, a_r, rho)))
+    out = (
+        betaln(a_c + x_c, a_r + x_r)
+        - betaln(a_c, a_r)
+        + log_tail_post
+        - log_tail_prior
+        - x_c * math.log(rho)
+        - x_r * math.log1p(-rho)
+    )
+    return np.asarray(out, dtype=np.float64)
+
+
+def sequential_count_pvalues(labels: np.ndarray, rho: float = 0.5, k: float = 10.0) -> np.ndarray:
+    """The running p-values p_1..p_N (non-increasing), for reports and tests."""
+    log_bf = log_bayes_factors(labels, rho, k)
+    if log_bf.size == 0:
+        return np.ones(0, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        inv = np.exp(-np.maximum(log_bf, -700.0))
+    return np.minimum.accumulate(np.minimum(inv, 1.0))
+
+
+def sequential_count_pvalue(labels: np.ndarray, rho: float = 0.5, k: float = 10.0) -> float:
+    """Anytime-valid one-sided p-value after all events (1.0 when there are none).
+
+    labels are the arms of the errors in the order they happened: 0 = reference,
+    1 = candidate; rho is the candidate's share of the traffic.
+    """
+    path = sequential_count_pvalues(labels, rho, k)
+    return float(path[-1]) if path.size else 1.0

@@ -1,0 +1,61 @@
+"""Policy validation: bad specs fail loudly, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gate.analysis.policy import Policy, quantile_key
+
+
+def _error_fields(kwargs: dict[str, Any]) -> set[str]:
+    with pytest.raises(ValidationError) as info:
+        Policy.model_validate(kwargs)
+    return {str(err["loc"][0]) for err in info.value.errors()}
+
+
+def test_defaults() -> None:
+    p = Policy()
+    assert p.group_alpha("latency") == pytest.approx(0.02)
+    assert p.checked_quantiles == (0.5, 0.9, 0.99)
+    assert p.tolerance_for(0.99) == 0.15
+    assert Policy.model_validate_json(p.model_dump_json()) == p
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"alpha_split": {"latency": 0.5, "errors": 0.2, "correctness": 0.4}}, "alpha_split"),
+        ({"alpha_split": {"latency": 0.4, "errors": 0.2, "bogus": 0.4}}, "alpha_split"),
+        ({"alpha_split": {"latency": 0.6, "errors": 0.4}}, "alpha_split"),
+        ({"alpha_split": {"latency": 0.0, "errors": 0.6, "correctness": 0.4}}, "alpha_split"),
+        ({"alpha_split": {"latency": 1.2, "errors": -0.2, "correctness": 0.0}}, "alpha_split"),
+        ({"thresholds": {}}, "thresholds"),
+        ({"alpha": 0.5}, "alpha"),
+        ({"alpha": 0.0}, "alpha"),
+        ({"quantiles": [0.5, 1.0]}, "quantiles"),
+        ({"quantiles": []}, "quantiles"),
+        ({"quantiles": "all"}, "quantiles"),
+        ({"quantiles": [0.5, 0.95]}, "tolerance"),
+        ({"tolerance": {"p50": 0.05, "p90": 0.1}}, "tolerance"),
+        ({"tolerance": {"median": 0.05}}, "tolerance"),
+        ({"tolerance": {"p50": -0.1, "p90": 0.1, "p99": 0.1}}, "tolerance"),
+        ({"metrics": ["ttft", "e2e"]}, "metrics"),
+        ({"metrics": []}, "metrics"),
+        ({"metrics": ["ttft", "ttft"]}, "metrics"),
+        ({"max_error_rate": 1.5}, "max_error_rate"),
+        ({"startup_slack_s": -1.0}, "startup_slack_s"),
+        ({"warmup_requests": -1}, "warmup_requests"),
+    ],
+)
+def test_invalid_policies_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    assert field in _error_fields(kwargs)
+
+
+def test_listed_quantiles_and_keys() -> None:
+    p = Policy(quantiles=[0.999, 0.5], tolerance={"p50": 0.05, "p99.9": 0.2})
+    assert p.quantiles == [0.5, 0.999]
+    assert p.tolerance_for(0.999) == 0.2
+    assert [quantile_key(q) for q in (0.5, 0.9, 0.99, 0.999)] == ["p50", "p90", "p99", "p99.9"]
