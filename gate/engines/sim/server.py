@@ -1,0 +1,95 @@
+"""Process lifecycle of a sim: load, listen, warm up, serve, shut down.
+
+It imitates a real engine so the gate's own startup handling gets exercised: the port stays
+closed while "loading weights", then /health answers 503 while "warming up", and only then 200.
+The numpy-backed modules are imported inside the loading phase, so their import time counts
+towards ``--load-s`` instead of adding to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+
+from gate.engines.sim.announce import base_url, format_listening_line
+from gate.engines.sim.config import SimConfig
+from gate.engines.sim.http11 import HttpProtocol, start_server
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind one socket before serving, so port 0 yields a single, known port."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds``; True if a stop signal arrived first."""
+    if seconds <= 0:
+        return stop.is_set()
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def serve(config: SimConfig) -> int:
+    """Run one sim process to completion; the return value is the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    started = time.monotonic()
+    log("sim: loading weights")
+    # Imported here, not at the top: numpy's import time belongs to the loading phase.
+    from gate.engines.sim.app import SimApp
+    from gate.engines.sim.model import ToyModel, ToyTokenizer
+
+    tokenizer = ToyTokenizer(config.vocab_size)
+    model = ToyModel(config.vocab_size, config.model_seed)
+    # Real construction work counts towards --load-s instead of adding to it.
+    if await _stopped_within(stop, config.load_s - (time.monotonic() - started)):
+        log("sim: stopped while loading")
+        return 0
+
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        log(f"sim: cannot listen on {config.host}:{config.port}: {exc}")
+        return 1
+    app = SimApp(config, tokenizer, model)
+    connections: set[HttpProtocol] = set()
+    server = await start_server(app.handle, sock, connections)
+    port = int(sock.getsockname()[1])
+    print(format_listening_line(config.host, port), flush=True)
+
+    log("sim: warming up")
+    if not await _stopped_within(stop, config.warmup_s):
+        app.ready = True
+        log(f"sim: ready on {base_url(config.host, port)}")
+        await stop.wait()
+
+    log("sim: shutting down")
+    server.close()
+    for connection in list(connections):
+        connection.abort()
+    await server.wait_closed()
+    return 0

@@ -1,0 +1,27 @@
+"""Fixtures that run real sim processes on real sockets.
+
+Every process is killed in a finaliser, whatever the test did to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gate.engines.sim.launch import SimPool
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[SimPool]:
+    with SimPool(workdir=tmp_path, cwd=REPO_ROOT) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def module_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPool]:
+    with SimPool(workdir=tmp_path_factory.mktemp("sim"), cwd=REPO_ROOT) as pool:
+        yield pool

@@ -1,0 +1,158 @@
+"""The toy model is pure: determinism and probability laws are checked without a server."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gate.engines.sim.model import (
+    EOS_TOKEN_ID,
+    LOGPROB_FLOOR,
+    TOP1_MARGIN,
+    ToyModel,
+    ToyTokenizer,
+    build_vocabulary,
+    render_chat,
+)
+
+VOCAB = 4096
+TOKENIZER = ToyTokenizer(VOCAB)
+MODEL = ToyModel(VOCAB, seed=0)
+
+contexts = st.lists(st.integers(min_value=0, max_value=VOCAB - 1), min_size=0, max_size=6)
+word_ids = st.lists(st.integers(min_value=1, max_value=VOCAB - 1), max_size=40)
+
+
+def test_vocabulary_is_fixed_unique_and_pronounceable() -> None:
+    vocab = build_vocabulary(VOCAB)
+    assert vocab == build_vocabulary(VOCAB)
+    assert len(set(vocab)) == VOCAB
+    assert vocab[EOS_TOKEN_ID] == "</s>"
+    assert all(re.fullmatch(r"[a-z]+", w) for w in vocab[1:])
+    # A bigger vocabulary extends, rather than reshuffles, a smaller one.
+    assert build_vocabulary(8192)[:VOCAB] == vocab
+
+
+def test_known_words_map_to_their_index_and_others_hash_stably() -> None:
+    assert TOKENIZER.encode(TOKENIZER.vocabulary[17]) == [17]
+    ids = TOKENIZER.encode("hello   world\nhello")
+    assert ids[0] == ids[2] != ids[1]
+    assert ids == ToyTokenizer(VOCAB).encode("hello world hello")
+
+
+@given(st.text(max_size=200))
+def test_one_token_per_whitespace_separated_word(text: str) -> None:
+    ids = TOKENIZER.encode(text)
+    assert len(ids) == len(text.split()) == TOKENIZER.count(text)
+    assert all(1 <= i < VOCAB for i in ids)  # text never produces EOS
+
+
+@given(word_ids)
+def test_decode_then_encode_round_trips(ids: list[int]) -> None:
+    text = TOKENIZER.decode(ids)
+    assert TOKENIZER.encode(text) == ids
+    assert TOKENIZER.count(text) == len(ids)
+
+
+def test_eos_has_no_output_text_but_a_visible_logprob_form() -> None:
+    assert TOKENIZER.token_text(EOS_TOKEN_ID) == ""
+    assert TOKENIZER.token_str(EOS_TOKEN_ID) == "</s>"
+    assert TOKENIZER.decode([5, EOS_TOKEN_ID]) == TOKENIZER.token_text(5)
+
+
+def test_chat_template_counts_role_markers_as_tokens() -> None:
+    text = render_chat([("system", "be brief"), ("user", "hi there")])
+    assert text == "<|system|> be brief <|user|> hi there <|assistant|>"
+    assert TOKENIZER.count(text) == 7
+
+
+def _greedy_run(model: ToyModel, prompt: list[int], n: int) -> list[int]:
+    ctx = list(prompt)
+    for _ in range(n):
+        ctx.append(model.greedy(ctx, allow_eos=False))
+    return ctx[len(prompt) :]
+
+
+def test_greedy_is_deterministic_per_seed() -> None:
+    prompt = TOKENIZER.encode("the quick brown fox")
+    a = _greedy_run(ToyModel(VOCAB, seed=0), prompt, 50)
+    b = _greedy_run(ToyModel(VOCAB, seed=0), prompt, 50)
+    c = _greedy_run(ToyModel(VOCAB, seed=1), prompt, 50)
+    assert a == b
+    assert a != c
+    np.testing.assert_array_equal(
+        ToyModel(VOCAB, seed=3).logprobs(prompt), ToyModel(VOCAB, seed=3).logprobs(prompt)
+    )
+
+
+def test_only_the_last_few_tokens_matter() -> None:
+    tail = [11, 22, 33]
+    assert MODEL.greedy([1, 2, *tail]) == MODEL.greedy([9, *tail]) == MODEL.greedy(tail)
+
+
+@settings(max_examples=60, deadline=None)
+@given(contexts, st.booleans())
+def test_logprobs_are_log_softmax_with_greedy_on_top(ctx: list[int], allow_eos: bool) -> None:
+    lp = MODEL.logprobs(ctx, allow_eos=allow_eos)
+    assert lp.shape == (VOCAB,)
+    assert np.all(lp <= 0.0)
+    assert math.isclose(float(np.exp(lp).sum()), 1.0, rel_tol=1e-9)
+    greedy = MODEL.greedy(ctx, allow_eos=allow_eos)
+    assert int(np.argmax(lp)) == greedy
+    runner_up = float(np.sort(lp)[-2])
+    assert float(lp[greedy]) - runner_up >= TOP1_MARGIN - 1e-9
+    # Raw logits differ from logprobs by one constant.
+    z = MODEL.logits(ctx, allow_eos=allow_eos)
+    finite = np.isfinite(z)
+    assert np.ptp(z[finite] - lp[finite]) < 1e-9
+    if not allow_eos:
+        assert lp[EOS_TOKEN_ID] == -np.inf
+
+
+def test_eos_is_rare_and_banned_when_not_allowed() -> None:
+    rng = np.random.default_rng(0)
+    ctxs = rng.integers(0, VOCAB, size=(20_000, 3)).tolist()
+    eos = sum(MODEL.greedy(c) == EOS_TOKEN_ID for c in ctxs)
+    assert 0 < eos < 20_000 * 0.01
+    assert all(MODEL.greedy(c, allow_eos=False) != EOS_TOKEN_ID for c in ctxs)
+
+
+def test_describe_reports_sorted_top_n_and_clamps_minus_infinity() -> None:
+    ctx = [1, 2, 3]
+    best = MODEL.greedy(ctx)
+    d = MODEL.describe(ctx, best, 5)
+    assert d.token_id == best
+    assert len(d.top) == 5
+    assert d.top[0] == (best, d.logprob)
+    values = [v for _, v in d.top]
+    assert values == sorted(values, reverse=True)
+    assert MODEL.describe(ctx, EOS_TOKEN_ID, 0, allow_eos=False).logprob == LOGPROB_FLOOR
+    assert MODEL.describe(ctx, best, 0).top == ()
+
+
+def test_sampling_is_seeded_and_follows_the_probabilities() -> None:
+    ctx = [4, 5, 6]
+
+    def draws(seed: int, n: int) -> list[int]:
+        rng = np.random.default_rng(seed)
+        return [MODEL.next_token(ctx, temperature=1.0, rng=rng) for _ in range(n)]
+
+    assert draws(1, 50) == draws(1, 50)
+    sample = draws(2, 4000)
+    p_top = math.exp(float(MODEL.logprobs(ctx).max()))
+    freq = sample.count(MODEL.greedy(ctx)) / len(sample)
+    assert freq == pytest.approx(p_top, abs=0.04)
+    # Temperature 0 is greedy regardless of the generator.
+    assert MODEL.next_token(ctx, temperature=0.0, rng=np.random.default_rng(0)) == MODEL.greedy(ctx)
+
+
+def test_sampling_never_picks_a_banned_eos() -> None:
+    rng = np.random.default_rng(0)
+    ctxs = rng.integers(0, VOCAB, size=(300, 3)).tolist()
+    for c in ctxs:
+        assert MODEL.next_token(c, temperature=5.0, rng=rng, allow_eos=False) != EOS_TOKEN_ID

@@ -1,0 +1,188 @@
+"""Launchers against real processes: every lifecycle phase, failures named by phase, teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
+from gate.engines.launchers import EndpointEngine, ProcessEngine, free_port, render_argv
+from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, Clock, PhaseLog
+from gate.reservations.allocator import EnginePlacement
+
+SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+
+
+def _engine(tmp_path: Path, argv: list[str], timeout: float = 20.0, **kw: object) -> ProcessEngine:
+    return ProcessEngine(
+        role="candidate", argv_template=argv, model="demo-model",
+        phases=PhaseLog("candidate", Clock()), log_path=tmp_path / "engine.log",
+        readiness_timeout_s=timeout, **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_render_argv_fills_placeholders_without_a_shell() -> None:
+    argv = render_argv(["vllm", "serve", "{model}", "--port={port}", "--tp", "{tp}", "$(rm -rf /)"],
+                       {"model": "m", "port": "8000", "tp": "2"})
+    assert argv == ["vllm", "serve", "m", "--port=8000", "--tp", "2", "$(rm -rf /)"]
+    assert render_argv(["python", "-V"], {})[0] == sys.executable
+
+
+def test_process_engine_walks_every_phase_and_sets_gpus(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+    tag = uuid.uuid4().hex
+    placement = EnginePlacement("candidate", "h0", (2, 3), "H200", {})
+    env_dump = tmp_path / "env.txt"
+    eng = _engine(tmp_path, [*SIM, "--tag", tag, "--load-s", "0.2", "--warmup-s", "0.2"],
+                  placement=placement)
+
+    async def go() -> None:
+        await eng.start()
+        assert eng.crashed() is None
+        await eng.stop()
+
+    asyncio.run(go())
+    assert list(eng.phases.reached) == list(PROCESS_PHASES)
+    times = [eng.phases.reached[p] for p in PROCESS_PHASES]
+    assert times == sorted(times)
+    # --load-s 0.2 keeps the port closed, then 0.2 s of warm-up answers 503: both are visible.
+    assert eng.phases.reached["port_open"] - eng.phases.reached["launched"] >= 0.2
+    assert eng.phases.reached["healthy"] - eng.phases.reached["port_open"] >= 0.15
+    assert eng.environment()["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "--tp" not in eng.argv()
+    del env_dump
+    assert find_processes(tag) == []
+
+
+def test_hang_at_startup_times_out_naming_the_phase(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+    tag = uuid.uuid4().hex
+    eng = _engine(tmp_path, [sys.executable, "-c", "import time; time.sleep(60)", tag], timeout=1.0)
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    with pytest.raises(ReadinessTimeout) as info:
+        asyncio.run(go())
+    assert info.value.phase == "port_open"
+    assert "stuck in phase port_open" in info.value.message
+    assert find_processes(tag) == []
+
+
+def test_stuck_in_warmup_names_healthy(tmp_path: Path) -> None:
+    eng = _engine(tmp_path, [*SIM, "--warmup-s", "30"], timeout=1.5)
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    with pytest.raises(ReadinessTimeout) as info:
+        asyncio.run(go())
+    assert info.value.phase == "healthy" and "503" in info.value.message
+
+
+def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
+    eng = _engine(tmp_path, [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"])
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    with pytest.raises(EngineError, match="exited with code 3"):
+        asyncio.run(go())
+    assert "bad flag" in "\n".join(eng.log_tail())
+
+
+def test_wrong_model_is_named(tmp_path: Path) -> None:
+    eng = _engine(tmp_path, [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"])
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    with pytest.raises(EngineError, match="does not serve model 'demo-model'"):
+        asyncio.run(go())
+
+
+def test_teardown_kills_the_whole_process_group(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+    """An engine that forks a child (like a server with workers): both must be gone."""
+    tag = uuid.uuid4().hex
+    script = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{tag}-child']); "
+        f"import runpy; sys.argv = ['sim', '--port', sys.argv[1], '--tag', '{tag}']; "
+        "runpy.run_module('gate.engines.sim', run_name='__main__')"
+    )
+    eng = _engine(tmp_path, [sys.executable, "-c", script, "{port}"])
+
+    async def go() -> None:
+        await eng.start()
+        assert find_processes(f"{tag}-child")
+        await eng.stop()
+
+    asyncio.run(go())
+    deadline = time.monotonic() + 5
+    while find_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert find_processes(tag) == []
+
+
+def test_crash_is_detected_with_exit_status_and_log(tmp_path: Path) -> None:
+    eng = _engine(tmp_path, [*SIM, "--crash-after-requests", "0"])
+
+    async def go() -> None:
+        import httpx
+
+        await eng.start()
+        async with httpx.AsyncClient(base_url=eng.base_url) as c:
+            with pytest.raises(httpx.HTTPError):
+                await c.post("/v1/completions", json={"model": "demo-model", "prompt": "a b", "max_tokens": 3})
+        for _ in range(100):
+            if eng.crashed():
+                break
+            await asyncio.sleep(0.02)
+        crash = eng.crashed()
+        assert crash is not None and crash.exit_code == 1
+        assert "exited with code 1" in crash.description
+        await eng.stop()
+
+    asyncio.run(go())
+
+
+def test_endpoint_unreachable_is_fast_and_named() -> None:
+    port = free_port()
+    eng = EndpointEngine("candidate", f"http://127.0.0.1:{port}", "demo-model", PhaseLog("candidate", Clock()))
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnreachable, match="unreachable"):
+        asyncio.run(eng.start())
+    assert time.monotonic() - t0 < 10
+    assert list(eng.phases.reached) == ["attached"]
+
+
+def test_endpoint_attach_times_readiness(tmp_path: Path) -> None:
+    server = _engine(tmp_path, SIM)
+
+    async def go() -> EndpointEngine:
+        await server.start()
+        try:
+            eng = EndpointEngine("candidate", server.base_url, "demo-model", PhaseLog("candidate", Clock()))
+            await eng.start()
+            return eng
+        finally:
+            await server.stop()
+
+    eng = asyncio.run(go())
+    assert list(eng.phases.reached) == list(ENDPOINT_PHASES)
