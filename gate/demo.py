@@ -16,7 +16,7 @@ REFERENCE_TTFT_MS = 40
 REGRESSED_TTFT_MS = 60  # 1.5x: large enough to see in the report, small enough to be realistic
 
 
-def demo_spec_dict(*, clean: bool = False, requests: int = 400, rate: float = 20.0) -> dict[str, Any]:
+def demo_spec_dict(*, clean: bool = False, requests: int = 800, rate: float = 40.0) -> dict[str, Any]:
     cand_ttft = REFERENCE_TTFT_MS if clean else REGRESSED_TTFT_MS
     return {
         "name": "demo-clean" if clean else "demo-ttft-regression",

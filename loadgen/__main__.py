@@ -1,0 +1,5 @@
+"""``python -m loadgen``."""
+
+from loadgen.cli import main
+
+raise SystemExit(main())

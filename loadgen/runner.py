@@ -1,0 +1,311 @@
+"""Mirror one request schedule onto several targets at the same instants.
+
+A deploy gate compares a reference and a candidate engine. Sending both the same requests at the
+same moments turns the comparison into a paired one: the load each engine sees is identical up to
+microseconds, so differences between them are the engines' and not the schedule's, and the
+statistics can work on per-request differences, which have far less noise than two independent
+runs.
+
+Open loop (``offsets_s``): request ``i`` is started on every target at ``start + offsets_s[i]``,
+measured on the monotonic clock. The tasks for one request are created back to back and nothing
+waits for a response before the next send, so a slow engine can never delay the schedule
+(no coordinated omission); the gap between intended and actual send is recorded as dispatch
+delay.
+
+Closed loop (``concurrency``): ``concurrency`` slots; a slot takes the next request, sends it to
+every target at once, and takes another only when every target has answered. Each target
+therefore sees at most ``concurrency`` requests in flight and the same request sequence, but a
+faster target idles while it waits for the slower one: the offered load follows the slower
+engine, which keeps the pair comparable, rather than letting each engine run at its own pace.
+In closed loop ``intended_ns`` is the instant the slot took the request, so dispatch delay is the
+client's own queueing between a free slot and the request leaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.lowlevel
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from loadgen.client import RequestSpec, Target, make_client, send_request
+from loadgen.records import RequestRecord
+
+
+@dataclass(slots=True)
+class PairedResult:
+    """Per-target records of one paired run, each list sorted by ``request_id``."""
+
+    start_ns: int
+    end_ns: int
+    records: dict[str, list[RequestRecord]]
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    def aligned(self) -> Iterator[tuple[int, dict[str, RequestRecord]]]:
+        """``(request_id, {target: record})`` for every request that every target finished.
+
+        Requests a stopped run finished on only some targets are left out: a pair with a
+        missing side cannot be compared.
+        """
+        by_target = {name: {r.request_id: r for r in recs} for name, recs in self.records.items()}
+        if not by_target:
+            return
+        common = set.intersection(*(set(m) for m in by_target.values()))
+        for request_id in sorted(common):
+            yield request_id, {name: m[request_id] for name, m in by_target.items()}
+
+
+async def run_paired(
+    targets: Sequence[Target],
+    requests: Sequence[RequestSpec],
+    *,
+    offsets_s: npt.NDArray[np.float64] | None = None,
+    concurrency: int | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    stop: asyncio.Event | None = None,
+    clients: Mapping[str, httpx.AsyncClient] | None = None,
+    warmup: Sequence[RequestSpec] = (),
+) -> PairedResult:
+    """Drive every target with the same requests; give exactly one of ``offsets_s`` (open loop)
+    or ``concurrency`` (closed loop).
+
+    ``on_record`` sees each record as it finishes (progress bars, live JSONL). Setting ``stop``
+    cancels everything in flight and returns what had finished. ``clients`` lets the caller
+    reuse warmed-up connections (keyed by target name; left open; size their pools to the run
+    with ``make_client``, or requests will queue inside httpx before any timestamp sees them);
+    otherwise one client per target is made with a pool as large as the run can ever need, and
+    closed at the end.
+
+    ``warmup`` requests go to every target at once before the clock starts and are discarded
+    (use prompts the run does not, or the engines' prefix caches will flatter the run).
+    """
+    _validate(targets, requests, offsets_s, concurrency, clients)
+    records: dict[str, list[RequestRecord]] = {t.name: [] for t in targets}
+    flight = _Flight()
+    # Open loop can in the worst case have every request in flight at once; closed loop never
+    # more than its slots. A pool this size means httpx itself never queues a request.
+    need = max(1, len(requests) if concurrency is None else concurrency)
+
+    async def one(client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int) -> None:
+        record = await send_request(client, target, req, at)
+        records[target.name].append(record)
+        if on_record is not None:
+            on_record(record)
+
+    async with contextlib.AsyncExitStack() as stack:
+        pool: dict[str, httpx.AsyncClient] = {}
+        for target in targets:
+            if clients is not None:
+                pool[target.name] = clients[target.name]
+            else:
+                pool[target.name] = await stack.enter_async_context(make_client(target, need))
+        # httpcore imports anyio's asyncio backend inside the first request (~70 ms on two
+        # cores), which would make the first target's first send late against the second's.
+        await anyio.lowlevel.checkpoint()
+        if warmup:
+            await _warm_up(targets, warmup, pool)
+        watcher = None
+        if stop is not None:
+            if stop.is_set():
+                flight.abort.set()
+            watcher = asyncio.create_task(_forward(stop, flight.abort))
+        start_ns = time.monotonic_ns()
+        try:
+            if offsets_s is not None:
+                await _open_loop(targets, requests, offsets_s, start_ns, pool, flight, one)
+            else:
+                assert concurrency is not None
+                await _closed_loop(targets, requests, concurrency, pool, flight, one)
+            await flight.settle()
+        finally:
+            await flight.cancel_all()
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+        end_ns = time.monotonic_ns()
+    if flight.error is not None:
+        raise flight.error
+    for recs in records.values():
+        recs.sort(key=lambda r: r.request_id)
+    return PairedResult(start_ns=start_ns, end_ns=end_ns, records=records)
+
+
+_One = Callable[[httpx.AsyncClient, Target, RequestSpec, int], Coroutine[Any, Any, None]]
+
+
+async def _open_loop(
+    targets: Sequence[Target],
+    requests: Sequence[RequestSpec],
+    offsets_s: npt.NDArray[np.float64],
+    start_ns: int,
+    pool: Mapping[str, httpx.AsyncClient],
+    flight: _Flight,
+    one: _One,
+) -> None:
+    due = start_ns + np.rint(np.asarray(offsets_s, dtype=np.float64) * 1e9).astype(np.int64)
+    for i, (req, at) in enumerate(zip(requests, due.tolist(), strict=True)):
+        # Sleep until the absolute instant (re-checking, never waking early), or until abort.
+        while (wait_ns := at - time.monotonic_ns()) > 0:
+            if await flight.aborted_within(wait_ns / 1e9):
+                return
+        if flight.abort.is_set():
+            return
+        for target in _rotated(targets, i):
+            flight.spawn(one(pool[target.name], target, req, at))
+
+
+async def _closed_loop(
+    targets: Sequence[Target],
+    requests: Sequence[RequestSpec],
+    concurrency: int,
+    pool: Mapping[str, httpx.AsyncClient],
+    flight: _Flight,
+    one: _One,
+) -> None:
+    queue = enumerate(requests)  # shared by every slot; asyncio cannot interleave a next()
+
+    async def slot() -> None:
+        for i, req in queue:
+            if flight.abort.is_set():
+                return
+            at = time.monotonic_ns()
+            sends = [
+                asyncio.create_task(one(pool[t.name], t, req, at)) for t in _rotated(targets, i)
+            ]
+            try:
+                await asyncio.gather(*sends)
+            finally:
+                # gather does not cancel siblings when one fails; never leave orphans behind.
+                for send in sends:
+                    send.cancel()
+                await asyncio.gather(*sends, return_exceptions=True)
+
+    for _ in range(min(concurrency, len(requests))):
+        flight.spawn(slot())
+
+
+def _rotated(targets: Sequence[Target], i: int) -> list[Target]:
+    """Targets in an order that rotates per request.
+
+    The target whose task starts first leaves a fraction of a millisecond earlier, and when
+    answers arrive together, the one whose read is handled first gets the earlier stamp.
+    Rotating the order makes those small client effects fall on every target equally instead
+    of always favouring the first, which would bias a paired comparison.
+    """
+    k = i % len(targets)
+    return [*targets[k:], *targets[:k]]
+
+
+async def _warm_up(
+    targets: Sequence[Target], warmup: Sequence[RequestSpec], pool: Mapping[str, httpx.AsyncClient]
+) -> None:
+    """Open connections and touch every code path once; failures show up in the real run."""
+    now = time.monotonic_ns()
+    await asyncio.gather(
+        *(send_request(pool[t.name], t, req, now) for req in warmup for t in targets)
+    )
+
+
+async def _forward(source: asyncio.Event, sink: asyncio.Event) -> None:
+    await source.wait()
+    sink.set()
+
+
+class _Flight:
+    """Tasks in flight, an abort signal, and the first unexpected failure.
+
+    A counter and events rather than ``asyncio.wait`` over every task keep the bookkeeping O(1)
+    per request: an open-loop run can have thousands of tasks outstanding.
+    """
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.abort = asyncio.Event()
+        self.error: BaseException | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        self.idle.clear()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None and self.error is None:
+                self.error = exc
+                self.abort.set()
+        if not self.tasks:
+            self.idle.set()
+
+    async def aborted_within(self, timeout_s: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.abort.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def settle(self) -> None:
+        """Wait until every task has finished or the run is aborted."""
+        if self.idle.is_set() or self.abort.is_set():
+            return
+        waiters = [asyncio.create_task(self.idle.wait()), asyncio.create_task(self.abort.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def cancel_all(self) -> None:
+        pending = list(self.tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _validate(
+    targets: Sequence[Target],
+    requests: Sequence[RequestSpec],
+    offsets_s: npt.NDArray[np.float64] | None,
+    concurrency: int | None,
+    clients: Mapping[str, httpx.AsyncClient] | None,
+) -> None:
+    if not targets:
+        raise ValueError("targets: need at least one target")
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"targets: names must be unique, got {names}")
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ValueError("requests: request_id values must be unique")
+    if (offsets_s is None) == (concurrency is None):
+        raise ValueError("offsets_s/concurrency: give exactly one of offsets_s or concurrency")
+    if offsets_s is not None:
+        arr = np.asarray(offsets_s, dtype=np.float64)
+        if arr.ndim != 1 or len(arr) != len(requests):
+            raise ValueError(
+                f"offsets_s: need one offset per request ({len(requests)}), got shape {arr.shape}"
+            )
+        if len(arr) and (not np.all(np.isfinite(arr)) or arr[0] < 0 or np.any(np.diff(arr) < 0)):
+            raise ValueError("offsets_s: must be finite, non-negative and sorted")
+    if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
+        raise ValueError(f"concurrency: must be an integer >= 1, got {concurrency!r}")
+    if clients is not None:
+        missing = [n for n in names if n not in clients]
+        if missing:
+            raise ValueError(f"clients: no client for targets {missing}")

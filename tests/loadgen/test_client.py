@@ -1,0 +1,363 @@
+"""``send_request`` against a real socket, one test per stream variation."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from loadgen import RequestRecord, RequestSpec, Target, make_client, request_body, send_request
+
+PROMPT = "one two three four"
+MS = 1_000_000
+
+
+def fetch(
+    server_cls: Callable[[], Any],
+    scenario: str = "basic",
+    *,
+    api: str = "completions",
+    max_tokens: int = 5,
+    timeout_s: float = 5.0,
+    **extra: Any,
+) -> tuple[RequestRecord, Any]:
+    """Run one request against a fresh server; returns the record and the server."""
+
+    async def main() -> tuple[RequestRecord, Any]:
+        async with server_cls() as server:
+            target = Target("t", server.url, api=api, timeout_s=timeout_s)  # type: ignore[arg-type]
+            spec = RequestSpec(7, PROMPT, max_tokens, {"x_scenario": scenario, **extra})
+            async with make_client(target, 2) as client:
+                record = await send_request(client, target, spec, time.monotonic_ns())
+            return record, server
+
+    return asyncio.run(main())
+
+
+def assert_ok(record: RequestRecord, tokens: int = 5) -> None:
+    assert record.error_kind is None, record.error_message
+    assert record.status == 200
+    assert record.output_tokens == tokens
+    assert record.text == "".join(f" w{i}" for i in range(tokens))
+    assert record.first_token_ns is not None
+    assert record.end_ns is not None
+    assert record.sent_ns <= record.first_token_ns <= record.end_ns
+    assert record.chunk_ns == sorted(record.chunk_ns)
+    assert record.finish_reason == "length"
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_basic_stream_records_everything(stream_server: Any, api: str) -> None:
+    record, server = fetch(stream_server, api=api, return_token_ids=True, logprobs=1)
+    assert_ok(record)
+    assert record.request_id == 7
+    assert record.target == "t"
+    assert record.prompt_tokens == 4
+    assert record.chunk_tokens == [1] * 5
+    assert record.token_ids == [100, 101, 102, 103, 104]
+    assert record.logprobs == pytest.approx([-0.5, -0.51, -0.52, -0.53, -0.54])
+    (received,) = server.received
+    assert received.path == ("/v1/completions" if api == "completions" else "/v1/chat/completions")
+    assert received.body["stream"] is True
+    assert received.body["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+
+
+def test_request_body_merges_extra_but_always_streams() -> None:
+    target = Target("t", "http://h:1", api="chat", model="m")
+    spec = RequestSpec(0, "hi", 3, {"ignore_eos": True, "temperature": 0.0, "stream": False})
+    body = request_body(target, spec)
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    assert body["model"] == "m"
+    assert body["max_tokens"] == 3
+    assert body["ignore_eos"] is True
+    assert body["temperature"] == 0.0
+    assert body["stream"] is True
+    assert "prompt" not in body
+
+
+def test_base_url_with_or_without_v1() -> None:
+    assert Target("a", "http://h:1").url == "http://h:1/v1/completions"
+    assert Target("a", "http://h:1/v1/", api="chat").url == "http://h:1/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"name": "", "base_url": "http://h"}, "name"),
+        ({"name": "a", "base_url": "h:1"}, "base_url"),
+        ({"name": "a", "base_url": "http://h", "api": "embeddings"}, "api"),
+        ({"name": "a", "base_url": "http://h", "timeout_s": 0}, "timeout_s"),
+    ],
+)
+def test_target_validation_names_the_field(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Target(**kwargs)
+
+
+def test_make_client_pool_is_explicit() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        make_client(Target("a", "http://h"), 0)
+
+
+def test_comments_are_ignored(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "comments")
+    assert_ok(record)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_crlf_framing(stream_server: Any, api: str) -> None:
+    record, _ = fetch(stream_server, "crlf", api=api)
+    assert_ok(record)
+
+
+def test_events_split_across_reads(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "split", x_token_delay_s=0.002)
+    assert_ok(record)
+    # An event counts when its last piece arrives: the first token needs three writes.
+    assert record.ttft_ns is not None
+    assert record.ttft_ns >= 4 * MS
+
+
+def test_multi_line_data_fields(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "multiline_data")
+    assert_ok(record)
+
+
+def test_multi_token_events_counted_from_usage_deltas(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "multi_token", x_token_delay_s=0.01)
+    assert_ok(record)
+    assert record.chunk_tokens == [3, 2]
+    gaps = record.itl_gaps_ns()
+    assert len(gaps) == 2  # the second event's two tokens; the first event's extras count nothing
+    assert gaps[0] == gaps[1] == (record.chunk_ns[1] - record.chunk_ns[0]) / 2
+
+
+def test_multi_token_events_counted_from_token_ids(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "multi_token_ids")
+    assert_ok(record)
+    assert record.chunk_tokens == [3, 2]
+    assert record.prompt_tokens is None
+
+
+def test_multi_token_events_without_any_count_fall_back_to_one_per_event(
+    stream_server: Any,
+) -> None:
+    """The documented limitation: nothing in the stream says how many tokens an event holds."""
+    record, _ = fetch(stream_server, "multi_token_bare")
+    assert record.error_kind is None
+    assert record.chunk_tokens == [1, 1]
+    assert record.output_tokens == 2
+    assert record.text == " w0 w1 w2 w3 w4"
+
+
+def test_no_usage_counts_one_token_per_content_event(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "no_usage")
+    assert_ok(record)
+    assert record.prompt_tokens is None
+
+
+def test_usage_only_final_chunk_gives_token_counts(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "final_usage_only")
+    assert_ok(record)
+    assert record.prompt_tokens == 4
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_empty_chunks_are_not_tokens(stream_server: Any, api: str) -> None:
+    record, _ = fetch(stream_server, "empty_chunks", api=api)
+    assert_ok(record)
+    assert len(record.chunk_ns) == 5
+
+
+def test_role_only_first_chat_chunk_is_not_the_first_token(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, api="chat", x_token_delay_s=0.03, logprobs=True)
+    assert_ok(record)
+    # The role chunk goes out immediately; the first content token 30 ms later.
+    assert record.ttft_ns is not None
+    assert record.ttft_ns >= 30 * MS
+    assert record.chunk_tokens == [1] * 5
+    assert record.logprobs is not None
+    assert len(record.logprobs) == 5
+
+
+def test_role_only_chunk_without_usage_is_not_a_token(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "no_usage", api="chat", x_token_delay_s=0.03)
+    assert_ok(record)
+    assert record.ttft_ns is not None
+    assert record.ttft_ns >= 30 * MS
+
+
+def test_odd_index_values_tolerated(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "odd_index")
+    assert_ok(record)
+
+
+@pytest.mark.parametrize("scenario", ["error_event", "legacy_error_event"])
+def test_error_event_with_status_200_is_a_stream_error(stream_server: Any, scenario: str) -> None:
+    record, _ = fetch(stream_server, scenario)
+    assert record.status == 200
+    assert record.error_kind == "stream_error"
+    assert record.error_message is not None
+    assert "says no" in record.error_message
+    assert record.output_tokens == 2
+
+
+def test_missing_done_is_truncated(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "no_done")
+    assert record.error_kind == "truncated"
+    assert record.output_tokens == 5
+
+
+def test_connection_dropped_mid_stream_is_truncated(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "reset")
+    assert record.error_kind == "truncated"
+    assert record.output_tokens == 2
+
+
+def test_non_json_data_is_a_protocol_error(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "non_json")
+    assert record.error_kind == "protocol_error"
+    assert record.error_message is not None
+    assert "not json" in record.error_message
+
+
+def test_json_instead_of_a_stream_is_a_protocol_error(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "json_body")
+    assert record.error_kind == "protocol_error"
+
+
+def test_http_500(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "status_500")
+    assert record.status == 500
+    assert record.error_kind == "http_5xx"
+    assert record.error_message == "HTTP 500: status_500 says no"
+    assert record.first_token_ns is None
+    assert record.end_ns is not None
+
+
+def test_http_429(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, "status_429")
+    assert record.status == 429
+    assert record.error_kind == "http_4xx"
+    assert record.error_message == "HTTP 429: status_429 says no"
+
+
+def test_slow_first_byte_is_in_ttft(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, x_first_delay_s=0.1)
+    assert_ok(record)
+    assert record.ttft_ns is not None
+    assert record.ttft_ns >= 100 * MS
+
+
+def test_stalled_stream_times_out(stream_server: Any) -> None:
+    start = time.monotonic_ns()
+    record, _ = fetch(stream_server, "hang", timeout_s=0.2)
+    assert record.error_kind == "timeout"
+    assert record.error_message is not None
+    assert "0.2 s" in record.error_message
+    assert record.output_tokens == 5  # what arrived before the stall is kept
+    assert time.monotonic_ns() - start < 3_000 * MS
+
+
+def test_slow_first_byte_beyond_timeout(stream_server: Any) -> None:
+    record, _ = fetch(stream_server, x_first_delay_s=0.5, timeout_s=0.1)
+    assert record.error_kind == "timeout"
+    assert record.status is None
+
+
+def test_connection_refused_is_a_connect_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    target = Target("t", f"http://127.0.0.1:{port}")
+
+    async def main() -> RequestRecord:
+        async with make_client(target, 1) as client:
+            return await send_request(client, target, RequestSpec(0, "x", 1), time.monotonic_ns())
+
+    record = asyncio.run(main())
+    assert record.error_kind == "connect"
+    assert record.status is None
+    assert record.end_ns is not None
+    assert record.end_ns >= record.sent_ns
+
+
+def test_connection_is_reused_after_done(stream_server: Any) -> None:
+    """Draining after [DONE] keeps the connection alive, so later TTFTs carry no handshake."""
+
+    async def main() -> list[RequestRecord]:
+        async with stream_server() as server:
+            target = Target("t", server.url)
+            async with make_client(target, 1) as client:
+                out = []
+                for i in range(3):
+                    spec = RequestSpec(i, PROMPT, 3)
+                    out.append(await send_request(client, target, spec, time.monotonic_ns()))
+            assert server.connections == 1
+            return out
+
+    for record in asyncio.run(main()):
+        assert record.error_kind is None
+
+
+def test_cancellation_propagates(stream_server: Any) -> None:
+    async def main() -> None:
+        async with stream_server() as server:
+            target = Target("t", server.url)
+            spec = RequestSpec(0, PROMPT, 3, {"x_first_delay_s": 5})
+            async with make_client(target, 1) as client:
+                task = asyncio.create_task(send_request(client, target, spec, 0))
+                await server.request_seen.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(main())
+
+
+def test_unexpected_httpx_error_is_recorded_not_raised() -> None:
+    def boom(request: httpx.Request) -> httpx.Response:
+        raise httpx.UnsupportedProtocol("nope")
+
+    target = Target("t", "http://h:1")
+
+    async def main() -> RequestRecord:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(boom)) as client:
+            return await send_request(client, target, RequestSpec(0, "x", 1), 0)
+
+    record = asyncio.run(main())
+    assert record.error_kind == "connect"
+    assert record.error_message is not None
+    assert "UnsupportedProtocol" in record.error_message
+
+
+def test_pool_exhaustion_is_a_timeout_that_blames_the_client(stream_server: Any) -> None:
+    async def main() -> RequestRecord:
+        async with stream_server() as server:
+            patient = Target("t", server.url, timeout_s=5.0)
+            hasty = Target("t", server.url, timeout_s=0.1)
+            async with make_client(patient, 1) as client:
+                hog = asyncio.create_task(
+                    send_request(
+                        client, patient, RequestSpec(0, PROMPT, 2, {"x_scenario": "hang"}), 0
+                    )
+                )
+                await server.request_seen.wait()  # the only connection is now taken
+                record = await send_request(client, hasty, RequestSpec(1, PROMPT, 2), 0)
+                hog.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await hog
+                return record
+
+    record = asyncio.run(main())
+    assert record.error_kind == "timeout"
+    assert record.error_message is not None
+    assert "client pool" in record.error_message
