@@ -35,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     _common(run)
 
     demo = sub.add_parser("demo", help="run a gate on two local sim engines")
-    demo.add_argument("--clean", action="store_true", help="an identical candidate: expect continue")
+    demo.add_argument(
+        "--clean", action="store_true", help="an identical candidate: expect continue"
+    )
     _common(demo)
 
     mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
@@ -89,7 +91,9 @@ def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
     from gate.runs.service import GateRunner
 
     progress = ConsoleProgress()
-    runner = GateRunner(spec, settings, report_dir=args.report_dir, db_url=args.db, progress=progress)
+    runner = GateRunner(
+        spec, settings, report_dir=args.report_dir, db_url=args.db, progress=progress
+    )
 
     async def _main() -> None:
         task = asyncio.current_task()
@@ -125,7 +129,9 @@ def _migrate(settings: Settings, db: str | None) -> int:
     url = db or settings.resolved_database_url()
     engine = make_engine(url)
     upgrade(engine)
-    print(f"database at {engine.url.render_as_string(hide_password=True)} is at the latest revision")
+    print(
+        f"database at {engine.url.render_as_string(hide_password=True)} is at the latest revision"
+    )
     return 0
 
 

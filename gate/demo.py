@@ -16,16 +16,34 @@ REFERENCE_TTFT_MS = 40
 REGRESSED_TTFT_MS = 60  # 1.5x: large enough to see in the report, small enough to be realistic
 
 
-def demo_spec_dict(*, clean: bool = False, requests: int = 800, rate: float = 40.0) -> dict[str, Any]:
+def demo_spec_dict(
+    *, clean: bool = False, requests: int = 800, rate: float = 40.0
+) -> dict[str, Any]:
     cand_ttft = REFERENCE_TTFT_MS if clean else REGRESSED_TTFT_MS
     return {
         "name": "demo-clean" if clean else "demo-ttft-regression",
         "model": "demo-model",
         "reference": {
-            "command": [*SIM, "--ttft-ms", str(REFERENCE_TTFT_MS), "--seed", "1", "--tag", "demo-reference"],
+            "command": [
+                *SIM,
+                "--ttft-ms",
+                str(REFERENCE_TTFT_MS),
+                "--seed",
+                "1",
+                "--tag",
+                "demo-reference",
+            ],
         },
         "candidate": {
-            "command": [*SIM, "--ttft-ms", str(cand_ttft), "--seed", "2", "--tag", "demo-candidate"],
+            "command": [
+                *SIM,
+                "--ttft-ms",
+                str(cand_ttft),
+                "--seed",
+                "2",
+                "--tag",
+                "demo-candidate",
+            ],
         },
         "shape": {"sku": "H200", "gpus_per_engine": 1},
         "scenarios": [

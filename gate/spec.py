@@ -216,8 +216,7 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
             # A cross-field rule fails on the model (path without the field); the raw pass
             # above already named the exact field, so skip the model-level duplicate.
             if any(
-                p.message == problem.message and p.path.startswith(problem.path)
-                for p in problems
+                p.message == problem.message and p.path.startswith(problem.path) for p in problems
             ):
                 continue
             problems.append(problem)
@@ -253,7 +252,9 @@ def parse_spec_text(text: str, source: str = "spec", *, json_only: bool = False)
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([FieldProblem("(file)", f"invalid YAML{where}: {problem}")], source) from None
+        raise SpecError(
+            [FieldProblem("(file)", f"invalid YAML{where}: {problem}")], source
+        ) from None
     return parse_spec(data, source)
 
 

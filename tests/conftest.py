@@ -39,3 +39,8 @@ def processes_with(marker: str) -> list[int]:
         if marker in cmd and "State:\tZ" not in status:
             found.append(int(entry.name))
     return found
+
+
+@pytest.fixture
+def find_processes() -> object:
+    return processes_with

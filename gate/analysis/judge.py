@@ -13,12 +13,12 @@ when the whole interval lies above 1 + tolerance, passes when it lies below, and
 otherwise: the gate fails closed. With quantiles "auto", which quantiles are evaluated depends
 only on sample sizes (never on the latencies): a quantile is kept when its CS at the available
 samples lies within half its tail on each side (`_resolves`), judged at the alpha each would get
-if all were evaluated; the group's budget is then split over those kept, so the split still sums to the
-group's share. With "auto", a measured metric of which not one quantile can be bounded is an
-inconclusive check rather than a silent skip. Each arm's mixture is tuned at the arm's own
-sample size: the judge is meant to see each scenario once, at its planned end, where that is a
-valid choice; a caller that judges growing prefixes and stops on the first decisive one must
-hold t_opt fixed across looks (sequences.quantile_cs) to keep the time-uniform guarantee.
+if all were evaluated; the group's budget is then split over those kept, so the split still
+sums to the group's share. With "auto", a measured metric of which not one quantile can be
+bounded is an inconclusive check rather than a silent skip. Each arm's mixture is tuned at the
+arm's own sample size: the judge is meant to see each scenario once, at its planned end, where
+that is a valid choice; a caller that judges growing prefixes and stops on the first decisive
+one must hold t_opt fixed across looks (sequences.quantile_cs) to keep the time-uniform guarantee.
 
 Errors, per scenario: the one-sided Lindon-Malek count test (counts.py) on the arm labels of the
 errors in time order, plus an absolute ceiling on the candidate's error fraction.
@@ -29,9 +29,9 @@ Startup and crashes are single observations per engine, judged by deterministic 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 

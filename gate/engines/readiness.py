@@ -6,6 +6,7 @@ Each step is a phase with its own timestamp, so a timeout says where an engine s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -24,10 +25,8 @@ async def _port_open(host: str, port: int) -> bool:
     except (OSError, TimeoutError):
         return False
     writer.close()
-    try:
+    with contextlib.suppress(OSError):
         await writer.wait_closed()
-    except OSError:
-        pass
     return True
 
 
@@ -57,7 +56,9 @@ async def wait_ready(
         if alive is not None:
             why = alive()
             if why is not None:
-                raise EngineError(role, phases.stuck_in(order), f"{why} during {phases.stuck_in(order)}")
+                raise EngineError(
+                    role, phases.stuck_in(order), f"{why} during {phases.stuck_in(order)}"
+                )
 
     def timed_out(phase: str) -> ReadinessTimeout:
         return ReadinessTimeout(
@@ -92,8 +93,9 @@ async def wait_ready(
                 last = f"/health failed: {type(exc).__name__}"
             if time.monotonic() > deadline:
                 raise ReadinessTimeout(
-                    role, "healthy", f"was not ready after {timeout_s:g}s: stuck in phase "
-                    f"healthy ({last})"
+                    role,
+                    "healthy",
+                    f"was not ready after {timeout_s:g}s: stuck in phase healthy ({last})",
                 )
             await asyncio.sleep(POLL_S)
         phases.mark("healthy")
@@ -116,8 +118,9 @@ async def wait_ready(
                 last = f"/v1/models failed: {type(exc).__name__}"
             if time.monotonic() > deadline:
                 raise ReadinessTimeout(
-                    role, "model_listed", f"was not ready after {timeout_s:g}s: stuck in phase "
-                    f"model_listed ({last})"
+                    role,
+                    "model_listed",
+                    f"was not ready after {timeout_s:g}s: stuck in phase model_listed ({last})",
                 )
             await asyncio.sleep(POLL_S)
         phases.mark("model_listed")

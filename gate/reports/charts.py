@@ -43,8 +43,17 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return out
 
 
-def _frame(title: str, xlabel: str, ylabel: str, x0: float, x1: float, y0: float, y1: float,
-           body: list[str], legend: Sequence[str]) -> str:
+def _frame(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    x0: float,
+    x1: float,
+    y0: float,
+    y1: float,
+    body: list[str],
+    legend: Sequence[str],
+) -> str:
     pw, ph = W - ML - MR, H - MT - MB
 
     def sx(x: float) -> float:
@@ -63,12 +72,20 @@ def _frame(title: str, xlabel: str, ylabel: str, x0: float, x1: float, y0: float
     for t in _ticks(x0, x1):
         x = sx(t)
         parts.append(f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{MT + ph}" class="grid"/>')
-        parts.append(f'<text x="{x:.1f}" y="{MT + ph + 14}" class="tick" text-anchor="middle">{_fmt(t)}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{MT + ph + 14}" class="tick" text-anchor="middle">'
+            f"{_fmt(t)}</text>"
+        )
     for t in _ticks(y0, y1, 4):
         y = sy(t)
         parts.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{ML + pw}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(t)}</text>')
-    parts.append(f'<text x="{ML + pw / 2}" y="{H - 6}" class="axis" text-anchor="middle">{escape(xlabel)}</text>')
+        parts.append(
+            f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(t)}</text>'
+        )
+    parts.append(
+        f'<text x="{ML + pw / 2}" y="{H - 6}" class="axis" text-anchor="middle">'
+        f"{escape(xlabel)}</text>"
+    )
     parts.append(
         f'<text x="14" y="{MT + ph / 2}" class="axis" text-anchor="middle" '
         f'transform="rotate(-90 14 {MT + ph / 2})">{escape(ylabel)}</text>'
@@ -83,8 +100,12 @@ def _frame(title: str, xlabel: str, ylabel: str, x0: float, x1: float, y0: float
     return "".join(parts)
 
 
-def cdf_chart(series: Mapping[str, npt.NDArray[np.float64]], title: str, unit: str,
-              quantiles: Sequence[float] = (0.5, 0.9, 0.99)) -> str:
+def cdf_chart(
+    series: Mapping[str, npt.NDArray[np.float64]],
+    title: str,
+    unit: str,
+    quantiles: Sequence[float] = (0.5, 0.9, 0.99),
+) -> str:
     """Empirical CDFs overlaid, with dashed markers at the quantiles the judge looks at."""
     data = {k: np.sort(v[np.isfinite(v)]) for k, v in series.items()}
     data = {k: v for k, v in data.items() if v.size}
@@ -106,7 +127,9 @@ def cdf_chart(series: Mapping[str, npt.NDArray[np.float64]], title: str, unit: s
             x = ML + (min(float(v[i]), x1) - x0) / (x1 - x0) * pw
             y = MT + ph - (i + 1) / n * ph
             pts.append(f"{x:.1f},{y:.1f}")
-        body.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" stroke-width="2"/>')
+        body.append(
+            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" stroke-width="2"/>'
+        )
         for q in quantiles:
             if n * (1 - q) < 1:
                 continue
@@ -123,8 +146,12 @@ def cdf_chart(series: Mapping[str, npt.NDArray[np.float64]], title: str, unit: s
     return _frame(title, unit, "fraction of requests", x0, x1, 0.0, 1.0, body, list(data))
 
 
-def scatter_chart(series: Mapping[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
-                  title: str, xlabel: str, ylabel: str) -> str:
+def scatter_chart(
+    series: Mapping[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> str:
     """Per-request latency against send time: drift, bursts and overload show as shapes."""
     data = {k: (x, y) for k, (x, y) in series.items() if x.size}
     if not data:
@@ -178,12 +205,20 @@ def timeline_chart(phases: Mapping[str, Mapping[str, float]], title: str) -> str
         for i, (name, at) in enumerate(items):
             x = 110 + at / t1 * pw
             label_y = y + 20 + (i % 2) * 10
-            parts.append(f'<circle cx="{x:.1f}" cy="{y}" r="3.5" fill="{color}">'
-                         f"<title>{escape(name)} at {at:.3f}s</title></circle>")
-            parts.append(f'<text x="{x:.1f}" y="{label_y}" class="tick" text-anchor="middle">{escape(name)}</text>')
+            parts.append(
+                f'<circle cx="{x:.1f}" cy="{y}" r="3.5" fill="{color}">'
+                f"<title>{escape(name)} at {at:.3f}s</title></circle>"
+            )
+            parts.append(
+                f'<text x="{x:.1f}" y="{label_y}" class="tick" text-anchor="middle">'
+                f"{escape(name)}</text>"
+            )
     for t in _ticks(0.0, t1):
         x = 110 + t / t1 * pw
-        parts.append(f'<text x="{x:.1f}" y="{height - 6}" class="tick" text-anchor="middle">{_fmt(t)}s</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{height - 6}" class="tick" text-anchor="middle">'
+            f"{_fmt(t)}s</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 

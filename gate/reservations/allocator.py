@@ -87,7 +87,9 @@ def allocate(
             return Blocked("gpu_memory", f"no eligible node has >= {lim:g} GiB per GPU", eliminated)
     stage("health", [n for n in remaining if n.healthy and not n.cordoned and not n.taints])
     if not remaining:
-        return Blocked("health", "every eligible node is unhealthy, cordoned or tainted", eliminated)
+        return Blocked(
+            "health", "every eligible node is unhealthy, cordoned or tainted", eliminated
+        )
     total_need = shape.gpus_per_engine * shape.engines
     stage("size", [n for n in remaining if n.gpus >= shape.gpus_per_engine])
     if not remaining:
@@ -123,7 +125,10 @@ def allocate(
         g = shape.gpus_per_engine
         engines = tuple(
             EnginePlacement(
-                role, node.name, tuple(gpus[i * g : (i + 1) * g]), node.normalised_sku,
+                role,
+                node.name,
+                tuple(gpus[i * g : (i + 1) * g]),
+                node.normalised_sku,
                 dict(node.topology),
             )
             for i, role in enumerate(ROLES[: shape.engines])
@@ -134,7 +139,8 @@ def allocate(
     taken: dict[str, int] = {}
     for role in ROLES[: shape.engines]:
         options = [
-            n for n in remaining
+            n
+            for n in remaining
             if len(free[n.name]) - taken.get(n.name, 0) >= shape.gpus_per_engine
         ]
         if placements:

@@ -126,12 +126,13 @@ def heartbeat(factory: sessionmaker[Session], reservation_id: int, ttl_s: float)
     """Extend an active lease; False when it was already reaped or released."""
     expires = _now() + timedelta(seconds=ttl_s)
     with transaction(factory) as session:
-        n = session.execute(
+        renewed = session.scalars(
             update(Reservation)
             .where(Reservation.id == reservation_id, Reservation.state == "active")
             .values(expires_at=expires)
-        ).rowcount
-        if not n:
+            .returning(Reservation.id)
+        ).all()
+        if not renewed:
             return False
         session.execute(
             update(GpuLease)

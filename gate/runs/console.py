@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from gate.spec import GateSpec
@@ -99,7 +106,9 @@ def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"[dim]note: {note}[/dim]")
     verdict = doc.get("verdict", "hold")
     color = "green" if verdict == "continue" else "red"
-    console.print(f"\n[bold {color}]{verdict.upper()}[/bold {color}]  gate {doc.get('gate_id', '')}")
+    console.print(
+        f"\n[bold {color}]{verdict.upper()}[/bold {color}]  gate {doc.get('gate_id', '')}"
+    )
     for r in doc.get("reasons") or []:
         console.print(f"  [{color}]-[/{color}] {r['check']}: {r['message']}")
     if doc.get("report"):

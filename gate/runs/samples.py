@@ -44,7 +44,9 @@ class Columns:
     error: npt.NDArray[np.int16]  # -1 success, else index into ERROR_KINDS
     output_tokens: npt.NDArray[np.int32]
     itl_mean_ns: npt.NDArray[np.float64]  # NaN when fewer than 2 tokens
-    gap_offsets: npt.NDArray[np.int64]  # request i's token gaps: gaps[gap_offsets[i]:gap_offsets[i+1]]
+    gap_offsets: npt.NDArray[
+        np.int64
+    ]  # request i's token gaps: gaps[gap_offsets[i]:gap_offsets[i+1]]
     gaps_ns: npt.NDArray[np.float64]
 
     def __len__(self) -> int:

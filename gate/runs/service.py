@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +25,7 @@ from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.errors import GateCancelled, GateError
 from gate.core.settings import Settings
-from gate.engines.launchers import Engine, EndpointEngine, ProcessEngine
+from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.reports.html import write_report
@@ -95,10 +95,14 @@ class LazyRequests(Sequence[RequestSpec]):
             raise IndexError(i)
         block = i // 256
         if self._block[0] != block:
-            prompts = synthetic_prompts(256, self._sc.prompt_tokens, seed=self._seed * 1_000_003 + block)
+            prompts = synthetic_prompts(
+                256, self._sc.prompt_tokens, seed=self._seed * 1_000_003 + block
+            )
             self._block = (block, prompts)
         prompt = self._block[1][i % 256]
-        return RequestSpec(request_id=i, prompt=prompt, max_tokens=self._sc.max_tokens, extra=self._extra)
+        return RequestSpec(
+            request_id=i, prompt=prompt, max_tokens=self._sc.max_tokens, extra=self._extra
+        )
 
     def __iter__(self) -> Iterator[RequestSpec]:
         for i in range(self._len):
@@ -109,7 +113,7 @@ class LazyRequests(Sequence[RequestSpec]):
 class ScenarioResult:
     name: str
     columns: dict[str, Columns]
-    summaries: dict[str, dict[str, Any]]
+    summaries: Mapping[str, Mapping[str, Any]]
     duration_s: float
     aborted: bool
 
@@ -145,7 +149,11 @@ class GateRunner:
         self.progress.phase(role, phase, at_s, detail)
         if self.factory is not None:
             with transaction(self.factory) as s:
-                s.add(GatePhase(gate_id=self.gate_id, role=role, phase=phase, at_s=at_s, detail=detail))
+                s.add(
+                    GatePhase(
+                        gate_id=self.gate_id, role=role, phase=phase, at_s=at_s, detail=detail
+                    )
+                )
                 run = s.get(GateRun, self.gate_id)
                 if run is not None:
                     run.phase = phase if role == "gate" else f"{role}:{phase}"
@@ -192,7 +200,10 @@ class GateRunner:
         except GateError as exc:
             error, state = exc, "error"
         except asyncio.CancelledError:
-            error, state = GateCancelled("the gate was interrupted before it could decide"), "cancelled"
+            error, state = (
+                GateCancelled("the gate was interrupted before it could decide"),
+                "cancelled",
+            )
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -260,7 +271,7 @@ class GateRunner:
             self.engines[role] = self._make_engine(role, getattr(self.spec, role), placement)
         tasks = [asyncio.create_task(self.engines[r].start()) for r in ROLES]
         try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
             for t in tasks:
                 t.cancel()
@@ -271,8 +282,12 @@ class GateRunner:
 
     def _targets(self, scenario_api: str) -> list[Target]:
         return [
-            Target(name=role, base_url=self.engines[role].base_url, api=scenario_api,  # type: ignore[arg-type]
-                   model=self.spec.model)
+            Target(
+                name=role,
+                base_url=self.engines[role].base_url,
+                api=scenario_api,  # type: ignore[arg-type]
+                model=self.spec.model,
+            )
             for role in ROLES
         ]
 
@@ -282,9 +297,7 @@ class GateRunner:
         first = self.spec.scenarios[0]
         reqs = LazyRequests(first, seed=self.spec.seed + 7_919, length=ENGINE_WARMUP_REQUESTS)
         result = await run_paired(self._targets(first.api), reqs, concurrency=2)
-        failed = [
-            (role, r) for role, recs in result.records.items() for r in recs if r.error_kind
-        ]
+        failed = [(role, r) for role, recs in result.records.items() for r in recs if r.error_kind]
         self._check_crashes()
         if self.crashes:
             c = self.crashes[0]
@@ -294,8 +307,11 @@ class GateRunner:
             self.engines[role].phases.mark("ready")
         if failed:
             role, rec = failed[0]
-            self.gate_phase("warmup_errors", f"{len(failed)} warm-up requests failed; first: "
-                            f"{role} {rec.error_kind}: {rec.error_message}")
+            self.gate_phase(
+                "warmup_errors",
+                f"{len(failed)} warm-up requests failed; first: "
+                f"{role} {rec.error_kind}: {rec.error_message}",
+            )
 
     def _check_crashes(self) -> None:
         seen = {c.role for c in self.crashes}
@@ -327,8 +343,12 @@ class GateRunner:
         else:
             assert sc.rate is not None
             offsets = build_offsets(
-                sc.arrival, sc.rate, requests=sc.requests, duration_s=sc.duration_s,
-                burstiness=sc.burstiness, seed=seed,
+                sc.arrival,
+                sc.rate,
+                requests=sc.requests,
+                duration_s=sc.duration_s,
+                burstiness=sc.burstiness,
+                seed=seed,
             )
             n = int(offsets.size)
         reqs = LazyRequests(sc, seed=seed, length=n)
@@ -350,8 +370,12 @@ class GateRunner:
         t0 = time.monotonic()
         try:
             result = await run_paired(
-                self._targets(sc.api), reqs, offsets_s=offsets, concurrency=concurrency,
-                on_record=on_record, stop=stop,
+                self._targets(sc.api),
+                reqs,
+                offsets_s=offsets,
+                concurrency=concurrency,
+                on_record=on_record,
+                stop=stop,
             )
         finally:
             aborted = stop.is_set() and bool(self.crashes)
@@ -366,9 +390,7 @@ class GateRunner:
             role: columns_from_records(result.records.get(role, []), result.start_ns)
             for role in ROLES
         }
-        summaries = {
-            role: summarize(result.records.get(role, []), duration) for role in ROLES
-        }
+        summaries = {role: summarize(result.records.get(role, []), duration) for role in ROLES}
         return ScenarioResult(sc.name, columns, summaries, duration, aborted)
 
     def _judge(self) -> Verdict:
@@ -497,7 +519,9 @@ class GateRunner:
                 "placement": placement,
                 "phases": {k: round(v, 3) for k, v in phases.items()},
                 "ready_s": ready,
-                "crash": None if crash is None else {
+                "crash": None
+                if crash is None
+                else {
                     "at_s": round(crash.at_s, 3),
                     "exit_code": crash.exit_code,
                     "description": crash.description,
@@ -518,8 +542,12 @@ class GateRunner:
         }
 
     def _persist(
-        self, document: dict[str, Any], verdict: Verdict | None, state: str,
-        finished: datetime, report: str,
+        self,
+        document: dict[str, Any],
+        verdict: Verdict | None,
+        state: str,
+        finished: datetime,
+        report: str,
     ) -> None:
         with transaction(self._db()) as s:
             run = s.get(GateRun, self.gate_id)
@@ -534,20 +562,39 @@ class GateRunner:
             for r in self.results:
                 for role in ROLES:
                     cols = r.columns[role]
-                    s.add(SampleSet(gate_id=self.gate_id, scenario=r.name, role=role,
-                                    requests=len(cols), columns=cols.to_bytes()))
+                    s.add(
+                        SampleSet(
+                            gate_id=self.gate_id,
+                            scenario=r.name,
+                            role=role,
+                            requests=len(cols),
+                            columns=cols.to_bytes(),
+                        )
+                    )
             if verdict is not None:
                 for c in verdict.checks:
                     lo, hi = c.interval if c.interval else (None, None)
-                    s.add(CheckResult(
-                        gate_id=self.gate_id, check_id=c.id, group=c.group, scenario=c.scenario,
-                        metric=c.metric, quantile=c.quantile, reference=_finite(c.reference),
-                        candidate=_finite(c.candidate), ratio=_finite(c.ratio),
-                        interval_lo=_finite(lo), interval_hi=_finite(hi),
-                        threshold=_finite(c.threshold), decision=c.decision,
-                        samples_reference=c.samples[0], samples_candidate=c.samples[1],
-                        alpha=c.alpha, message=c.message,
-                    ))
+                    s.add(
+                        CheckResult(
+                            gate_id=self.gate_id,
+                            check_id=c.id,
+                            group=c.group,
+                            scenario=c.scenario,
+                            metric=c.metric,
+                            quantile=c.quantile,
+                            reference=_finite(c.reference),
+                            candidate=_finite(c.candidate),
+                            ratio=_finite(c.ratio),
+                            interval_lo=_finite(lo),
+                            interval_hi=_finite(hi),
+                            threshold=_finite(c.threshold),
+                            decision=c.decision,
+                            samples_reference=c.samples[0],
+                            samples_candidate=c.samples[1],
+                            alpha=c.alpha,
+                            message=c.message,
+                        )
+                    )
 
 
 def _finite(x: float | None) -> float | None:

@@ -33,7 +33,11 @@ def test_issue_example_validates_as_written() -> None:
     assert spec.candidate.url == "http://127.0.0.1:8001"
     sc = spec.scenarios[0]
     assert (sc.arrival, sc.rate, sc.requests, sc.prompt_tokens, sc.max_tokens) == (
-        "poisson", 10, 300, 128, 32,
+        "poisson",
+        10,
+        300,
+        128,
+        32,
     )
     assert spec.policy.alpha == 0.05
 
@@ -70,7 +74,13 @@ def test_three_mistakes_are_all_named() -> None:
 
 def test_cross_field_rules() -> None:
     base = yaml_example()
-    base["scenarios"][0] = {"name": "s", "arrival": "poisson", "rate": 1, "requests": 3, "duration_s": 4}
+    base["scenarios"][0] = {
+        "name": "s",
+        "arrival": "poisson",
+        "rate": 1,
+        "requests": 3,
+        "duration_s": 4,
+    }
     with pytest.raises(SpecError) as info:
         parse_spec(base)
     assert [p.path for p in info.value.problems] == ["scenarios[0].requests"]

@@ -21,25 +21,34 @@ SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", 
 
 def _engine(tmp_path: Path, argv: list[str], timeout: float = 20.0, **kw: object) -> ProcessEngine:
     return ProcessEngine(
-        role="candidate", argv_template=argv, model="demo-model",
-        phases=PhaseLog("candidate", Clock()), log_path=tmp_path / "engine.log",
-        readiness_timeout_s=timeout, **kw,  # type: ignore[arg-type]
+        role="candidate",
+        argv_template=argv,
+        model="demo-model",
+        phases=PhaseLog("candidate", Clock()),
+        log_path=tmp_path / "engine.log",
+        readiness_timeout_s=timeout,
+        **kw,  # type: ignore[arg-type]
     )
 
 
 def test_render_argv_fills_placeholders_without_a_shell() -> None:
-    argv = render_argv(["vllm", "serve", "{model}", "--port={port}", "--tp", "{tp}", "$(rm -rf /)"],
-                       {"model": "m", "port": "8000", "tp": "2"})
+    argv = render_argv(
+        ["vllm", "serve", "{model}", "--port={port}", "--tp", "{tp}", "$(rm -rf /)"],
+        {"model": "m", "port": "8000", "tp": "2"},
+    )
     assert argv == ["vllm", "serve", "m", "--port=8000", "--tp", "2", "$(rm -rf /)"]
     assert render_argv(["python", "-V"], {})[0] == sys.executable
 
 
-def test_process_engine_walks_every_phase_and_sets_gpus(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+def test_process_engine_walks_every_phase_and_sets_gpus(
+    tmp_path: Path, find_processes: Callable[[str], list[int]]
+) -> None:
     tag = uuid.uuid4().hex
     placement = EnginePlacement("candidate", "h0", (2, 3), "H200", {})
     env_dump = tmp_path / "env.txt"
-    eng = _engine(tmp_path, [*SIM, "--tag", tag, "--load-s", "0.2", "--warmup-s", "0.2"],
-                  placement=placement)
+    eng = _engine(
+        tmp_path, [*SIM, "--tag", tag, "--load-s", "0.2", "--warmup-s", "0.2"], placement=placement
+    )
 
     async def go() -> None:
         await eng.start()
@@ -59,7 +68,9 @@ def test_process_engine_walks_every_phase_and_sets_gpus(tmp_path: Path, find_pro
     assert find_processes(tag) == []
 
 
-def test_hang_at_startup_times_out_naming_the_phase(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+def test_hang_at_startup_times_out_naming_the_phase(
+    tmp_path: Path, find_processes: Callable[[str], list[int]]
+) -> None:
     tag = uuid.uuid4().hex
     eng = _engine(tmp_path, [sys.executable, "-c", "import time; time.sleep(60)", tag], timeout=1.0)
 
@@ -105,7 +116,9 @@ def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
 
 
 def test_wrong_model_is_named(tmp_path: Path) -> None:
-    eng = _engine(tmp_path, [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"])
+    eng = _engine(
+        tmp_path, [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"]
+    )
 
     async def go() -> None:
         try:
@@ -117,7 +130,9 @@ def test_wrong_model_is_named(tmp_path: Path) -> None:
         asyncio.run(go())
 
 
-def test_teardown_kills_the_whole_process_group(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+def test_teardown_kills_the_whole_process_group(
+    tmp_path: Path, find_processes: Callable[[str], list[int]]
+) -> None:
     """An engine that forks a child (like a server with workers): both must be gone."""
     tag = uuid.uuid4().hex
     script = (
@@ -149,7 +164,10 @@ def test_crash_is_detected_with_exit_status_and_log(tmp_path: Path) -> None:
         await eng.start()
         async with httpx.AsyncClient(base_url=eng.base_url) as c:
             with pytest.raises(httpx.HTTPError):
-                await c.post("/v1/completions", json={"model": "demo-model", "prompt": "a b", "max_tokens": 3})
+                await c.post(
+                    "/v1/completions",
+                    json={"model": "demo-model", "prompt": "a b", "max_tokens": 3},
+                )
         for _ in range(100):
             if eng.crashed():
                 break
@@ -164,7 +182,9 @@ def test_crash_is_detected_with_exit_status_and_log(tmp_path: Path) -> None:
 
 def test_endpoint_unreachable_is_fast_and_named() -> None:
     port = free_port()
-    eng = EndpointEngine("candidate", f"http://127.0.0.1:{port}", "demo-model", PhaseLog("candidate", Clock()))
+    eng = EndpointEngine(
+        "candidate", f"http://127.0.0.1:{port}", "demo-model", PhaseLog("candidate", Clock())
+    )
     t0 = time.monotonic()
     with pytest.raises(EngineUnreachable, match="unreachable"):
         asyncio.run(eng.start())
@@ -178,7 +198,9 @@ def test_endpoint_attach_times_readiness(tmp_path: Path) -> None:
     async def go() -> EndpointEngine:
         await server.start()
         try:
-            eng = EndpointEngine("candidate", server.base_url, "demo-model", PhaseLog("candidate", Clock()))
+            eng = EndpointEngine(
+                "candidate", server.base_url, "demo-model", PhaseLog("candidate", Clock())
+            )
             await eng.start()
             return eng
         finally:

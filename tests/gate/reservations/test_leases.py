@@ -33,18 +33,26 @@ def test_grants_are_disjoint_until_full(factory: sessionmaker[Session]) -> None:
     assert info.value.blocked.code == "free_capacity" and info.value.blocked.retryable
     leases.release(factory, grants[0].reservation_id, "done")
     again = leases.reserve(factory, INV, SHAPE, holder="t6", gate_id=None, ttl_s=60)
-    assert {k for _, k in again.placement.gpu_keys()} == {k for _, k in grants[0].placement.gpu_keys()}
+    assert {k for _, k in again.placement.gpu_keys()} == {
+        k for _, k in grants[0].placement.gpu_keys()
+    }
     with transaction(factory) as s:
         r = s.get(Reservation, grants[0].reservation_id)
         assert r is not None and r.state == "released" and r.release_reason == "done"
 
 
 def test_expired_leases_are_reaped_and_heartbeat_extends(factory: sessionmaker[Session]) -> None:
-    grants = [leases.reserve(factory, INV, SHAPE, holder="x", gate_id=None, ttl_s=60) for _ in range(4)]
+    grants = [
+        leases.reserve(factory, INV, SHAPE, holder="x", gate_id=None, ttl_s=60) for _ in range(4)
+    ]
     assert leases.heartbeat(factory, grants[1].reservation_id, 120)
     past = datetime.now(UTC) - timedelta(seconds=1)
     with transaction(factory) as s:
-        s.execute(update(Reservation).where(Reservation.id == grants[0].reservation_id).values(expires_at=past))
+        s.execute(
+            update(Reservation)
+            .where(Reservation.id == grants[0].reservation_id)
+            .values(expires_at=past)
+        )
     g = leases.reserve(factory, INV, SHAPE, holder="y", gate_id=None, ttl_s=60)
     assert g.reservation_id > grants[-1].reservation_id  # a new, larger fence token
     with transaction(factory) as s:

@@ -1,0 +1,253 @@
+"""Whole gates through the real command: real sim engine processes, real HTTP, real SQLite."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+
+SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+
+
+def sim(tag: str, *flags: str) -> list[str]:
+    return [*SIM, "--tag", tag, *flags]
+
+
+def spec(
+    tmp_path: Path,
+    reference: dict[str, Any],
+    candidate: dict[str, Any],
+    *,
+    requests: int = 240,
+    rate: float = 40.0,
+    **extra: Any,
+) -> Path:
+    doc = {
+        "name": "t",
+        "model": "demo-model",
+        "reference": reference,
+        "candidate": candidate,
+        "scenarios": [
+            {
+                "name": "steady",
+                "arrival": "poisson",
+                "rate": rate,
+                "requests": requests,
+                "prompt_tokens": 64,
+                "max_tokens": 16,
+            }
+        ],
+        **extra,
+    }
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def gate(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            *args,
+            "--db",
+            f"sqlite:///{tmp_path / 'g.db'}",
+            "--report-dir",
+            str(tmp_path / "reports"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")},
+    )
+
+
+def db_rows(tmp_path: Path, sql: str) -> list[Any]:
+    eng = create_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    with eng.connect() as c:
+        rows = list(c.execute(text(sql)))
+    eng.dispose()
+    return rows
+
+
+@pytest.fixture
+def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
+    t = uuid.uuid4().hex
+    yield t
+    assert find_processes(t) == [], "an engine process outlived its gate"
+
+
+def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
+    p = spec(tmp_path, {"command": sim(tag, "--seed", "1")}, {"command": sim(tag, "--seed", "2")})
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "continue" and doc["reasons"] == []
+    ids = {c["id"] for c in doc["checks"]}
+    assert {"steady.ttft.p50", "steady.ttft.p90", "steady.itl.p50", "steady.errors"} <= ids
+    assert all(c["decision"] == "pass" for c in doc["checks"])
+    assert Path(doc["report"]).is_file() and Path(doc["document"]).is_file()
+    ref, cand = doc["engines"]["reference"], doc["engines"]["candidate"]
+    assert ref["placement"]["gpus"] != cand["placement"]["gpus"]
+    for e in (ref, cand):
+        assert list(e["phases"])[:5] == [
+            "launched",
+            "process_up",
+            "port_open",
+            "healthy",
+            "model_listed",
+        ]
+        assert e["ready_s"] > 0
+    # Persisted: the run, its phases, both arms' samples, every check; GPUs released.
+    assert db_rows(tmp_path, "select state, verdict from gates") == [("complete", "continue")]
+    assert db_rows(tmp_path, "select count(*) from sample_sets")[0][0] == 2
+    assert db_rows(tmp_path, "select count(*) from checks")[0][0] == len(doc["checks"])
+    assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
+    assert db_rows(tmp_path, "select state from reservations") == [("released",)]
+    assert "continue" in out.stderr.lower()
+
+
+def test_ttft_regression_holds_naming_ttft(tmp_path: Path, tag: str) -> None:
+    p = spec(
+        tmp_path, {"command": sim(tag, "--ttft-ms", "40")}, {"command": sim(tag, "--ttft-ms", "60")}
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "hold"
+    assert any("ttft" in r["check"] for r in doc["reasons"])
+    fail = next(c for c in doc["checks"] if c["id"] == "steady.ttft.p50")
+    assert fail["decision"] == "fail" and 1.3 < fail["ratio"] < 1.7
+    assert fail["interval"][0] > fail["threshold"]
+
+
+def test_demo_holds_on_ttft_and_exits_zero(tmp_path: Path) -> None:
+    out = gate(tmp_path, "demo", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "hold"
+    assert any("ttft" in r["check"].lower() or "TTFT" in r["message"] for r in doc["reasons"])
+    assert "report:" in out.stderr and Path(doc["report"]).is_file()
+
+
+def test_url_candidate_that_runs(tmp_path: Path, tag: str) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gate.engines.sim", "--port", str(port), "--tag", tag],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        p = spec(tmp_path, {"command": sim(tag)}, {"url": f"http://127.0.0.1:{port}"})
+        out = gate(tmp_path, "run", str(p), "--json")
+        doc = json.loads(out.stdout)
+        assert out.returncode == 0, out.stderr
+        assert doc["verdict"] == "continue"
+        assert doc["engines"]["candidate"]["kind"] == "endpoint"
+        assert "attached" in doc["engines"]["candidate"]["phases"]
+        assert server.poll() is None, "an attached engine must not be torn down by the gate"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_url_where_nothing_listens(tmp_path: Path, tag: str) -> None:
+    port = _free_port()
+    p = spec(tmp_path, {"command": sim(tag)}, {"url": f"http://127.0.0.1:{port}"})
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "hold" and doc["state"] == "error"
+    assert "candidate" in doc["reasons"][0]["message"]
+    assert "unreachable" in doc["reasons"][0]["message"]
+    assert db_rows(tmp_path, "select state, verdict from gates") == [("error", "hold")]
+    assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
+
+
+def test_spec_with_three_mistakes(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(
+        "name: bad\nmodel: demo-model\n"
+        "reference: {command: [python, -m, gate.engines.sim], url: 'http://x:1'}\n"
+        "candidate: {url: 'http://127.0.0.1:8001'}\n"
+        "scenarios:\n  - {name: steady, rate: -1, requests: 10, max_tokens: 0}\n"
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2
+    doc = json.loads(out.stdout)
+    checks = {r["check"] for r in doc["reasons"]}
+    assert checks == {"spec.reference", "spec.scenarios[0].rate", "spec.scenarios[0].max_tokens"}
+    assert "3 mistakes" in out.stderr
+
+
+def test_crash_mid_load_holds_naming_the_crash(tmp_path: Path, tag: str) -> None:
+    p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag, "--crash-after-requests", "60")})
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    crash = next(r for r in doc["reasons"] if r["check"] == "crash.candidate")
+    assert "exited with code 1" in crash["message"]
+    assert doc["engines"]["candidate"]["crash"]["exit_code"] == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_tears_down_and_records(tmp_path: Path, tag: str, sig: signal.Signals) -> None:
+    p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=2000, rate=20)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "run",
+            str(p),
+            "--json",
+            "--db",
+            f"sqlite:///{tmp_path / 'g.db'}",
+            "--report-dir",
+            str(tmp_path / "reports"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")},
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        if "scenario:steady" in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + stderr
+    doc = json.loads(stdout)
+    assert doc["state"] == "cancelled" and doc["verdict"] == "hold"
+    assert db_rows(tmp_path, "select state from gates") == [("cancelled",)]
+    assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
