@@ -23,7 +23,7 @@ STYLE = {"reference": "blue", "candidate": "dark_orange", "gate": "white"}
 
 class ConsoleProgress:
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._last_pct = -1
@@ -82,7 +82,7 @@ def _fmt_ratio(v: Any) -> str:
 
 
 def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console(stderr=True, highlight=False)
+    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     checks = doc.get("checks") or []
     if checks:
         table = Table(title="checks", title_justify="left", show_lines=False)
