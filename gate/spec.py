@@ -10,10 +10,18 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gate.analysis.policy import Policy
 from gate.core.errors import FieldProblem, SpecError
@@ -21,6 +29,15 @@ from gate.core.errors import FieldProblem, SpecError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 PLACEHOLDERS = ("port", "model", "gpus", "tp", "host")
 MAX_SPEC_BYTES = 1_000_000
+
+
+def _check_name(v: str) -> str:
+    if not NAME_RE.match(v):
+        raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
+    return v
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
 
 
 class _Strict(BaseModel):
@@ -81,7 +98,7 @@ ENGINE_KIND_MESSAGE = "give exactly one of `command` (launch) or `url` (attach)"
 
 
 class ScenarioSpec(_Strict):
-    name: str
+    name: Name
     api: Literal["completions", "chat"] = "completions"
     arrival: Literal["poisson", "constant", "gamma", "concurrency"] = "poisson"
     rate: float | None = Field(default=None, gt=0, le=100_000, description="requests/s")
@@ -93,13 +110,6 @@ class ScenarioSpec(_Strict):
     max_tokens: int = Field(default=32, ge=1, le=1_000_000)
     ignore_eos: bool = Field(default=True, description="fixed output lengths keep ITL comparable")
     temperature: float = Field(default=0.0, ge=0, le=2)
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
@@ -142,7 +152,7 @@ class ShapeSpec(_Strict):
 
 
 class GateSpec(_Strict):
-    name: str
+    name: Name
     model: str = Field(min_length=1, max_length=500)
     reference: EngineSpec
     candidate: EngineSpec
@@ -153,13 +163,6 @@ class GateSpec(_Strict):
     )
     policy: Policy = Field(default_factory=Policy)
     seed: int = Field(default=0, ge=0)
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
-        return v
 
     @model_validator(mode="after")
     def _unique_scenarios(self) -> GateSpec:

@@ -39,6 +39,7 @@ ErrorKind = Literal[
 ]
 """Why a request failed; ``None`` on a record means it succeeded."""
 
+# Append-only: the gate stores an index into this tuple in its sample columns.
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 

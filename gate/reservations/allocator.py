@@ -22,7 +22,7 @@ class ShapeRequest:
     gpus_per_engine: int = 1
     min_gpu_memory_gib: float | None = None
     same_node: bool = True
-    engines: int = 2
+    roles: tuple[str, ...] = ROLES  # the engines that need GPUs (attached ones do not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ def allocate(
         return Blocked(
             "health", "every eligible node is unhealthy, cordoned or tainted", eliminated
         )
-    total_need = shape.gpus_per_engine * shape.engines
+    total_need = shape.gpus_per_engine * len(shape.roles)
     stage("size", [n for n in remaining if n.gpus >= shape.gpus_per_engine])
     if not remaining:
         return Blocked(
@@ -107,7 +107,7 @@ def allocate(
             if not could:
                 return Blocked(
                     "topology",
-                    f"no single node has {total_need} GPUs for both engines",
+                    f"no single node has {total_need} GPUs for {len(shape.roles)} engine(s)",
                     {**eliminated, "topology": len(remaining)},
                     retryable=False,
                     per_node_free=per_node_free,
@@ -131,13 +131,13 @@ def allocate(
                 node.normalised_sku,
                 dict(node.topology),
             )
-            for i, role in enumerate(ROLES[: shape.engines])
+            for i, role in enumerate(shape.roles)
         )
         return Placement(engines)
     # Different nodes allowed: same SKU class; place each engine best-fit in turn.
     placements: list[EnginePlacement] = []
     taken: dict[str, int] = {}
-    for role in ROLES[: shape.engines]:
+    for role in shape.roles:
         options = [
             n
             for n in remaining

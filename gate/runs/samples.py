@@ -17,18 +17,11 @@ import numpy as np
 import numpy.typing as npt
 
 from gate.analysis.types import ArmSamples
+from loadgen.records import ERROR_KINDS as LOADGEN_ERROR_KINDS
 from loadgen.records import RequestRecord
 
-ERROR_KINDS = (
-    "connect",
-    "timeout",
-    "http_4xx",
-    "http_5xx",
-    "stream_error",
-    "protocol_error",
-    "truncated",
-    "cancelled",
-)
+# Stored columns hold an index into this tuple; loadgen only ever appends kinds to it.
+ERROR_KINDS: tuple[str, ...] = LOADGEN_ERROR_KINDS
 
 
 @dataclass(frozen=True, slots=True)

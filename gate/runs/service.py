@@ -186,8 +186,11 @@ class GateRunner:
         heartbeat: asyncio.Task[None] | None = None
         try:
             self.grant = await asyncio.to_thread(self._reserve)
-            self.gate_phase("reserved", self.grant.describe())
-            heartbeat = asyncio.create_task(self._heartbeat())
+            if self.grant is not None:
+                self.gate_phase("reserved", self.grant.describe())
+                heartbeat = asyncio.create_task(self._heartbeat())
+            else:
+                self.gate_phase("reserved", "nothing to reserve: both engines are attached")
             await self._launch_all()
             await self._warm_up()
             for scenario in self.spec.scenarios:
@@ -214,7 +217,10 @@ class GateRunner:
         engine.dispose()
         return self.outcome
 
-    def _reserve(self) -> leases.Grant:
+    def _reserve(self) -> leases.Grant | None:
+        roles = tuple(r for r in ROLES if getattr(self.spec, r).kind == "process")
+        if not roles:
+            return None  # both engines are attached endpoints: their GPUs are not ours to hold
         inv_path = self.spec.inventory or self.settings.inventory
         inventory = load_inventory(inv_path)
         shape = ShapeRequest(
@@ -222,6 +228,7 @@ class GateRunner:
             gpus_per_engine=self.spec.shape.gpus_per_engine,
             min_gpu_memory_gib=self.spec.shape.min_gpu_memory_gib,
             same_node=self.spec.shape.same_node,
+            roles=roles,
         )
         return leases.reserve(
             self._db(),
@@ -509,7 +516,7 @@ class GateRunner:
             if eng and eng.launched and "ready" in phases and "launched" in phases:
                 ready = round(phases["ready"] - phases["launched"], 3)
             placement = None
-            if self.grant is not None:
+            if self.grant is not None and es.kind == "process":
                 p = self.grant.placement.for_role(role)
                 placement = {"node": p.node, "gpus": list(p.gpus), "sku": p.sku}
             out[role] = {

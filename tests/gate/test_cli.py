@@ -253,3 +253,20 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_blocked_reservation_holds_with_the_layer(tmp_path: Path, tag: str) -> None:
+    p = spec(
+        tmp_path,
+        {"command": sim(tag)},
+        {"command": sim(tag)},
+        shape={"sku": "H200", "gpus_per_engine": 8},
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "hold"
+    assert doc["reasons"][0]["check"] == "gate.reservation_blocked"
+    assert "(topology)" in doc["reasons"][0]["message"]
+    assert "16 GPUs" in doc["reasons"][0]["message"]
+    assert doc["engines"]["reference"]["pid"] is None  # nothing was launched
