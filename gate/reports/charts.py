@@ -174,51 +174,73 @@ def scatter_chart(
     return _frame(title, xlabel, ylabel, x0, x1, y0, y1, body, list(data))
 
 
+PHASE_COLORS = {
+    "launched": "#c6dbef",
+    "attached": "#c6dbef",
+    "process_up": "#9ecae1",
+    "port_open": "#6baed6",
+    "healthy": "#4292c6",
+    "model_listed": "#2171b5",
+    "warmup_done": "#08519c",
+    "ready": "#08306b",
+}
+
+
 def timeline_chart(phases: Mapping[str, Mapping[str, float]], title: str) -> str:
-    """Each engine's lifecycle on the gate's clock: where the startup time went."""
-    rows = [(role, ph) for role, ph in phases.items() if ph]
+    """Each engine's way to ready as stacked segments on the gate's clock: a segment is the time
+    spent reaching the phase that ends it, so the long bar is where startup time went."""
+    rows = [
+        (role, {k: v for k, v in ph.items() if k in PHASE_COLORS}) for role, ph in phases.items()
+    ]
+    rows = [(role, ph) for role, ph in rows if ph]
     if not rows:
         return _empty(title)
     t1 = max(max(ph.values()) for _, ph in rows) or 1.0
-    row_h = 46
-    height = MT + row_h * len(rows) + 30
-    pw = W - 110 - MR
+    left, row_h, top = 90, 34, 30
+    pw = W - left - 56  # room for the total at the end of each bar
+    legend_y = top + row_h * len(rows) + 26
+    height = legend_y + 56
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
-        f'aria-label="{escape(title)}" class="chart">',
+        f'aria-label="{escape(title)}" class="chart timeline">',
         f"<title>{escape(title)}</title>",
         f'<text x="{ML}" y="16" class="chart-title">{escape(title)}</text>',
     ]
-    for r, (role, ph) in enumerate(rows):
-        y = MT + r * row_h + 14
-        color = COLORS.get(role, "#555")
-        parts.append(f'<text x="8" y="{y + 5}" class="axis">{escape(role)}</text>')
-        items = sorted(ph.items(), key=lambda kv: kv[1])
-        start = items[0][1]
-        end = ph.get("ready", items[-1][1])
-        x_a = 110 + start / t1 * pw
-        x_b = 110 + end / t1 * pw
-        parts.append(
-            f'<rect x="{x_a:.1f}" y="{y - 6}" width="{max(x_b - x_a, 1):.1f}" height="12" '
-            f'fill="{color}" fill-opacity="0.35"/>'
-        )
-        for i, (name, at) in enumerate(items):
-            x = 110 + at / t1 * pw
-            label_y = y + 20 + (i % 2) * 10
-            parts.append(
-                f'<circle cx="{x:.1f}" cy="{y}" r="3.5" fill="{color}">'
-                f"<title>{escape(name)} at {at:.3f}s</title></circle>"
-            )
-            parts.append(
-                f'<text x="{x:.1f}" y="{label_y}" class="tick" text-anchor="middle">'
-                f"{escape(name)}</text>"
-            )
     for t in _ticks(0.0, t1):
-        x = 110 + t / t1 * pw
+        x = left + t / t1 * pw
         parts.append(
-            f'<text x="{x:.1f}" y="{height - 6}" class="tick" text-anchor="middle">'
+            f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{legend_y - 18}" class="grid"/>'
+        )
+        parts.append(
+            f'<text x="{x:.1f}" y="{legend_y - 6}" class="tick" text-anchor="middle">'
             f"{_fmt(t)}s</text>"
         )
+    for r, (role, ph) in enumerate(rows):
+        y = top + r * row_h
+        parts.append(f'<text x="8" y="{y + 15}" class="axis">{escape(role)}</text>')
+        prev = 0.0
+        for name, at in sorted(ph.items(), key=lambda kv: kv[1]):
+            x_a, x_b = left + prev / t1 * pw, left + at / t1 * pw
+            parts.append(
+                f'<rect x="{x_a:.1f}" y="{y}" width="{max(x_b - x_a, 1.5):.1f}" height="20" '
+                f'fill="{PHASE_COLORS[name]}"><title>{escape(role)}: {escape(name)} at '
+                f"{at:.3f}s (+{at - prev:.3f}s)</title></rect>"
+            )
+            prev = at
+        parts.append(
+            f'<text x="{left + prev / t1 * pw + 4:.1f}" y="{y + 15}" '
+            f'class="tick">{prev:.2f}s</text>'
+        )
+    x, ly = float(left), legend_y + 8
+    for name, color in PHASE_COLORS.items():
+        if name == "attached":
+            continue
+        width = 14 + 6.2 * len(name) + 10
+        if x + width > W - MR:
+            x, ly = float(left), ly + 16
+        parts.append(f'<rect x="{x:.0f}" y="{ly}" width="10" height="10" fill="{color}"/>')
+        parts.append(f'<text x="{x + 13:.0f}" y="{ly + 9}" class="tick">{escape(name)}</text>')
+        x += width
     parts.append("</svg>")
     return "".join(parts)
 

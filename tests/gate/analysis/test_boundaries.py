@@ -1,0 +1,18 @@
+"""The judge and the allocator are pure cores: importing them pulls in no I/O library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+IO_MODULES = ("sqlalchemy", "httpx", "alembic", "gate.core.database", "gate.core.settings")
+
+
+def test_pure_cores_import_no_io() -> None:
+    code = (
+        "import sys\n"
+        "import gate.analysis, gate.analysis.judge, gate.reservations.allocator\n"
+        f"bad = [m for m in sys.modules if m.split('.')[0] in {IO_MODULES!r} or m in {IO_MODULES!r}]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
