@@ -25,6 +25,7 @@ from pydantic import (
 
 from gate.analysis.policy import Policy
 from gate.core.errors import FieldProblem, SpecError
+from gate.reservations.allocator import LEVELS, Level, ShapeRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 PLACEHOLDERS = ("port", "model", "gpus", "tp", "host")
@@ -144,11 +145,52 @@ class ShapeSpec(_Strict):
     """The GPU shape each engine gets; both engines get the same shape, on disjoint GPUs."""
 
     sku: str | None = Field(default=None, description="GPU product, e.g. H200; any when unset")
-    gpus_per_engine: int = Field(default=1, ge=1, le=64)
     min_gpu_memory_gib: float | None = Field(default=None, gt=0)
-    same_node: bool = Field(
-        default=True, description="put both engines on one host so they share one topology domain"
+    gpus_per_engine: int = Field(default=1, ge=1, le=4096)
+    nodes_per_engine: int = Field(default=1, ge=1, le=512)
+    engine_level: Level = Field(
+        default="host", description="the topology level that must contain each whole engine"
     )
+    together: Level | None = Field(
+        default=None,
+        description="the level whose one domain holds both engines (default: engine_level); "
+        "`any` only asks for the same SKU class",
+    )
+    regions: list[str] = Field(default_factory=list, description="allowed regions (any if empty)")
+    providers: list[str] = Field(default_factory=list)
+    pools: list[str] = Field(default_factory=list)
+    headroom_gpus: int = Field(default=0, ge=0, description="GPUs to leave free in the domain")
+    wait_s: float = Field(
+        default=0.0, ge=0, le=86_400, description="wait this long for capacity when blocked"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShapeSpec:
+        if self.gpus_per_engine % self.nodes_per_engine:
+            raise ValueError("gpus_per_engine must be a multiple of nodes_per_engine")
+        if self.nodes_per_engine > 1 and self.engine_level == "host":
+            raise ValueError(
+                "a multi-node engine needs an engine_level above host (clique, subblock, block, "
+                "cluster, region or any)"
+            )
+        if LEVELS.index(self.together or self.engine_level) < LEVELS.index(self.engine_level):
+            raise ValueError("together must be at or above engine_level")
+        return self
+
+    def request(self, roles: tuple[str, ...]) -> ShapeRequest:
+        return ShapeRequest(
+            sku=self.sku,
+            min_gpu_memory_gib=self.min_gpu_memory_gib,
+            gpus_per_engine=self.gpus_per_engine,
+            nodes_per_engine=self.nodes_per_engine,
+            engine_level=self.engine_level,
+            together=self.together,
+            regions=tuple(self.regions),
+            providers=tuple(self.providers),
+            pools=tuple(self.pools),
+            headroom_gpus=self.headroom_gpus,
+            roles=roles,
+        )
 
 
 class GateSpec(_Strict):

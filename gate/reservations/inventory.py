@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import gate
 from gate.core.errors import FieldProblem, SpecError
@@ -37,10 +37,17 @@ class Node(BaseModel):
     sku: str
     gpu_memory_gib: float = Field(gt=0)
     gpus: int = Field(ge=1, le=1024)
+    allocated_gpus: int = Field(default=0, ge=0, description="GPUs used by other workloads")
     topology: dict[str, str] = Field(default_factory=dict)
     healthy: bool = True
     cordoned: bool = False
     taints: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _allocated_fits(self) -> Node:
+        if self.allocated_gpus > self.gpus:
+            raise ValueError(f"allocated_gpus ({self.allocated_gpus}) exceeds gpus ({self.gpus})")
+        return self
 
     @property
     def normalised_sku(self) -> str:

@@ -30,7 +30,7 @@ from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.reports.html import write_report
 from gate.reservations import leases
-from gate.reservations.allocator import Placement, ShapeRequest
+from gate.reservations.allocator import Placement
 from gate.reservations.inventory import load_inventory
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.samples import Columns, columns_from_records, drop_warmup
@@ -223,13 +223,7 @@ class GateRunner:
             return None  # both engines are attached endpoints: their GPUs are not ours to hold
         inv_path = self.spec.inventory or self.settings.inventory
         inventory = load_inventory(inv_path)
-        shape = ShapeRequest(
-            sku=self.spec.shape.sku,
-            gpus_per_engine=self.spec.shape.gpus_per_engine,
-            min_gpu_memory_gib=self.spec.shape.min_gpu_memory_gib,
-            same_node=self.spec.shape.same_node,
-            roles=roles,
-        )
+        shape = self.spec.shape.request(roles)
         return leases.reserve(
             self._db(),
             inventory,

@@ -30,7 +30,7 @@ def test_grants_are_disjoint_until_full(factory: sessionmaker[Session]) -> None:
     assert [g.reservation_id for g in grants] == sorted(g.reservation_id for g in grants)
     with pytest.raises(leases.BlockedReservation) as info:
         leases.reserve(factory, INV, SHAPE, holder="t5", gate_id=None, ttl_s=60)
-    assert info.value.blocked.code == "free_capacity" and info.value.blocked.retryable
+    assert info.value.blocked.code == "lease_conflict" and info.value.blocked.retryable
     leases.release(factory, grants[0].reservation_id, "done")
     again = leases.reserve(factory, INV, SHAPE, holder="t6", gate_id=None, ttl_s=60)
     assert {k for _, k in again.placement.gpu_keys()} == {
