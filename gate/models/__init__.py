@@ -2,6 +2,15 @@
 
 from gate.models.base import Base
 from gate.models.gates import CheckResult, GatePhase, GateRun, SampleSet
-from gate.models.reservations import GpuLease, Reservation
+from gate.models.reservations import GpuLease, InventoryLock, Reservation
 
-__all__ = ["Base", "CheckResult", "GatePhase", "GateRun", "GpuLease", "Reservation", "SampleSet"]
+__all__ = [
+    "Base",
+    "CheckResult",
+    "GatePhase",
+    "GateRun",
+    "GpuLease",
+    "InventoryLock",
+    "Reservation",
+    "SampleSet",
+]

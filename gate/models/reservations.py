@@ -32,6 +32,17 @@ class Reservation(Base):
     release_reason: Mapped[str | None] = mapped_column(Text)
 
 
+class InventoryLock(Base):
+    """One row per inventory: reservers of one inventory take its row lock (SELECT ... FOR
+    UPDATE on PostgreSQL) so they allocate one at a time against committed state, instead of
+    racing for the same GPUs and retrying."""
+
+    __tablename__ = "inventory_locks"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    grants: Mapped[int] = mapped_column(Integer, default=0)
+
+
 class GpuLease(Base):
     __tablename__ = "gpu_leases"
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import transaction
 from gate.core.errors import ReservationError
-from gate.models import GpuLease, Reservation
+from gate.models import GpuLease, InventoryLock, Reservation
 from gate.reservations.allocator import Blocked, Placement, ShapeRequest, allocate
 from gate.reservations.inventory import Inventory
 
@@ -66,6 +66,18 @@ def reap_expired(session: Session, now: datetime | None = None) -> int:
     return len(expired)
 
 
+def _lock_inventory(session: Session, name: str) -> InventoryLock:
+    """Take the inventory's row lock for this transaction (FOR UPDATE on PostgreSQL; SQLite
+    transactions are already serialised by BEGIN IMMEDIATE)."""
+    query = select(InventoryLock).where(InventoryLock.name == name).with_for_update()
+    row = session.scalars(query).one_or_none()
+    if row is None:
+        session.add(InventoryLock(name=name, grants=0))
+        session.flush()  # a concurrent creator makes this an IntegrityError: the caller retries
+        row = session.scalars(query).one()
+    return row
+
+
 def placement_to_json(placement: Placement) -> dict[str, Any]:
     return {"engines": [asdict(e) for e in placement.engines]}
 
@@ -83,6 +95,7 @@ def reserve(
     for _attempt in range(MAX_RACE_RETRIES):
         try:
             with transaction(factory) as session:
+                lock = _lock_inventory(session, inventory.name)
                 reap_expired(session)
                 held = session.execute(
                     select(GpuLease.node, GpuLease.gpu_index).where(
@@ -115,6 +128,7 @@ def reserve(
                             expires_at=expires,
                         )
                     )
+                lock.grants += 1
                 session.flush()
                 return Grant(res.id, result, expires)
         except IntegrityError:
