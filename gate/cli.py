@@ -40,8 +40,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(demo)
 
+    cap = sub.add_parser(
+        "capacity", help="how many gate shapes fit the inventory now, per topology domain"
+    )
+    cap.add_argument("--inventory", type=Path, help="inventory YAML (default: the local example)")
+    cap.add_argument(
+        "--shape",
+        default="",
+        help="key=value pairs, e.g. sku=H200,gpus_per_engine=8 or "
+        "sku=GB200,gpus_per_engine=16,nodes_per_engine=4,engine_level=clique",
+    )
+    cap.add_argument("--spec", type=Path, help="take the shape from a gate spec instead")
+    cap.add_argument("--db", help="subtract GPUs held by active gate reservations in this DB")
+    cap.add_argument("--json", action="store_true", help="print the capacity document")
+
     mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
     mig.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
+
+    cal = sub.add_parser("calibrate", help="simulate gates: false-hold rate and power vs Kayenta")
+    cal.add_argument("--runs", type=int, help="simulated gates per case (default 20)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
+    cal.add_argument("--limit", type=int, help="requests per arm at the limit (default 20000)")
+    cal.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     return p
 
 
@@ -53,9 +73,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "calibrate":
+        from gate.calibrate import run_calibration
+
+        return run_calibration(args.runs, args.seed, args.json, args.limit)
     settings = Settings()
     if args.command == "migrate":
         return _migrate(settings, args.db)
+    if args.command == "capacity":
+        return _capacity(settings, args)
     if args.command == "demo":
         from gate.demo import demo_spec
 
@@ -121,6 +147,50 @@ def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(outcome.document, indent=2, allow_nan=False))
     return outcome.exit_code
+
+
+def _capacity(settings: Settings, args: argparse.Namespace) -> int:
+    import time
+
+    from gate.reservations.allocator import ShapeRequest
+    from gate.reservations.inventory import load_inventory
+    from gate.reservations.report import capacity_document, parse_shape
+    from gate.runs.console import print_capacity
+
+    try:
+        inventory = load_inventory(args.inventory or settings.inventory)
+        if args.spec:
+            from gate.spec import load_spec
+
+            shape = load_spec(args.spec).shape.request(("reference", "candidate"))
+        else:
+            shape = ShapeRequest(**parse_shape(args.shape))
+    except SpecError as exc:
+        print(f"gate: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ValueError, TypeError) as exc:
+        print(f"gate: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    held: list[tuple[str, int]] = []
+    if args.db:
+        from gate.core.database import make_engine, make_sessionmaker, upgrade
+        from gate.reservations.leases import active_leases
+
+        engine = make_engine(args.db)
+        upgrade(engine)
+        held = [
+            (lease.node, lease.gpu_index)
+            for lease in active_leases(make_sessionmaker(engine))
+            if lease.inventory == inventory.name
+        ]
+    t0 = time.perf_counter()
+    doc = capacity_document(inventory, shape, held, 0.0)
+    doc["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_capacity(doc)
+    return 0
 
 
 def _migrate(settings: Settings, db: str | None) -> int:

@@ -113,3 +113,41 @@ def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"  [{color}]-[/{color}] {r['check']}: {r['message']}")
     if doc.get("report"):
         console.print(f"report: {doc['report']}")
+
+
+def print_capacity(doc: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(highlight=False, soft_wrap=True)
+    shape = doc["shape"]
+    desc = (
+        f"{shape['gpus_per_engine']} GPUs per engine"
+        + (f" on {shape['nodes_per_engine']} nodes" if shape["nodes_per_engine"] > 1 else "")
+        + (f", {shape['sku']}" if shape.get("sku") else "")
+        + f", engines in one {shape['engine_level']}, both in one {doc['level']}"
+    )
+    console.print(
+        f"[bold]{doc['inventory']}[/bold]: {doc['nodes']} nodes, {doc['gpus']} GPUs; shape: {desc}"
+    )
+    table = Table(title_justify="left")
+    for col in ("domain", "nodes", "free GPUs", "engines", "gates"):
+        table.add_column(col, justify="left" if col == "domain" else "right")
+    rows = doc["per_domain"]
+    for f in rows[:40]:
+        table.add_row(
+            f["domain"], str(f["nodes"]), str(f["free_gpus"]), str(f["engines"]), str(f["gates"])
+        )
+    if len(rows) > 40:
+        table.add_row(f"... {len(rows) - 40} more domains", "", "", "", "")
+    console.print(table)
+    color = "green" if doc["gates"] else "red"
+    console.print(
+        f"[bold {color}]{doc['gates']} gate shape(s) fit now[/bold {color}] "
+        f"({doc['engines']} engines, {doc['free_gpus']} free GPUs on {doc['eligible_nodes']} "
+        f"eligible nodes; computed in {doc['elapsed_ms']:.1f} ms)"
+    )
+    b = doc.get("blocked")
+    if b:
+        wait = "waiting can help" if b["retryable"] else "waiting will not help"
+        console.print(f"[red]blocked ({b['code']})[/red]: {b['message']}; {wait}")
+        removed = ", ".join(f"{k} {v}" for k, v in b["eliminated"].items() if v)
+        if removed:
+            console.print(f"[dim]nodes eliminated per stage: {removed}[/dim]")

@@ -12,7 +12,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, overload
@@ -30,7 +30,7 @@ from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.reports.html import write_report
 from gate.reservations import leases
-from gate.reservations.allocator import Placement
+from gate.reservations.allocator import Blocked, Placement
 from gate.reservations.inventory import load_inventory
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.samples import Columns, columns_from_records, drop_warmup
@@ -137,6 +137,7 @@ class GateRunner:
         self.started = datetime.now(UTC)
         self.phase_rows: list[tuple[str, str, float, str | None]] = []
         self.outcome: GateOutcome | None = None
+        self.blocked: Blocked | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class GateRunner:
         state = "complete"
         heartbeat: asyncio.Task[None] | None = None
         try:
-            self.grant = await asyncio.to_thread(self._reserve)
+            self.grant = await self._reserve_or_wait()
             if self.grant is not None:
                 self.gate_phase("reserved", self.grant.describe())
                 heartbeat = asyncio.create_task(self._heartbeat())
@@ -216,6 +217,25 @@ class GateRunner:
         self.outcome = self._finish(verdict, error, state)
         engine.dispose()
         return self.outcome
+
+    async def _reserve_or_wait(self) -> leases.Grant | None:
+        """Reserve now, or, when the block is one that waiting can lift and the shape allows
+        it (`shape.wait_s`), retry until the deadline; the last blocked reason ends the gate."""
+        deadline = time.monotonic() + self.spec.shape.wait_s
+        delay = 1.0
+        announced = False
+        while True:
+            try:
+                return await asyncio.to_thread(self._reserve)
+            except leases.BlockedReservation as exc:
+                self.blocked = exc.blocked
+                if not exc.blocked.retryable or time.monotonic() + delay > deadline:
+                    raise
+                if not announced:
+                    self.gate_phase("waiting_for_capacity", f"{exc.blocked.code}: {exc.message}")
+                    announced = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 15.0)
 
     def _reserve(self) -> leases.Grant | None:
         roles = tuple(r for r in ROLES if getattr(self.spec, r).kind == "process")
@@ -535,8 +555,19 @@ class GateRunner:
 
     def _reservation_doc(self) -> dict[str, Any] | None:
         if self.grant is None:
-            return None
+            if self.blocked is None:
+                return None
+            b = self.blocked
+            return {
+                "state": "blocked",
+                "code": b.code,
+                "message": b.message,
+                "retryable": b.retryable,
+                "eliminated": b.eliminated,
+                "per_domain": [asdict(f) for f in b.per_domain[:50]],
+            }
         return {
+            "state": "released",
             "id": self.grant.reservation_id,
             "fence": self.grant.reservation_id,
             "placement": leases.placement_to_json(self.grant.placement),

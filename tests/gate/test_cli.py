@@ -267,6 +267,85 @@ def test_blocked_reservation_holds_with_the_layer(tmp_path: Path, tag: str) -> N
     doc = json.loads(out.stdout)
     assert doc["verdict"] == "hold"
     assert doc["reasons"][0]["check"] == "gate.reservation_blocked"
-    assert "(topology)" in doc["reasons"][0]["message"]
-    assert "16 GPUs" in doc["reasons"][0]["message"]
+    assert "(free_capacity)" in doc["reasons"][0]["message"]
+    assert "needs 16" in doc["reasons"][0]["message"]
+    assert doc["reservation"]["state"] == "blocked" and not doc["reservation"]["retryable"]
     assert doc["engines"]["reference"]["pid"] is None  # nothing was launched
+
+
+def _hold_all_gpus(tmp_path: Path, ttl_s: float) -> None:
+    from gate.core.database import make_engine, make_sessionmaker, upgrade
+    from gate.reservations import leases
+    from gate.reservations.allocator import ShapeRequest
+    from gate.reservations.inventory import load_inventory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    upgrade(engine)
+    leases.reserve(
+        make_sessionmaker(engine),
+        load_inventory(),
+        ShapeRequest(gpus_per_engine=4),
+        holder="another-gate",
+        gate_id=None,
+        ttl_s=ttl_s,
+    )
+    engine.dispose()
+
+
+def test_blocked_by_another_gate_waits_then_holds(tmp_path: Path, tag: str) -> None:
+    _hold_all_gpus(tmp_path, ttl_s=600)
+    p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, shape={"wait_s": 2})
+    t0 = time.monotonic()
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    assert time.monotonic() - t0 >= 2
+    doc = json.loads(out.stdout)
+    assert doc["reservation"]["state"] == "blocked"
+    assert doc["reservation"]["code"] == "lease_conflict" and doc["reservation"]["retryable"]
+    assert "waiting_for_capacity" in out.stderr
+
+
+def test_waits_for_an_expiring_lease_then_runs(tmp_path: Path, tag: str) -> None:
+    _hold_all_gpus(tmp_path, ttl_s=2)
+    p = spec(
+        tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, shape={"wait_s": 60}, requests=200
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    doc = json.loads(out.stdout)
+    assert doc["reservation"]["state"] == "released", out.stderr
+    assert "waiting_for_capacity" in out.stderr
+    assert db_rows(tmp_path, "select state from reservations order by id") == [
+        ("expired",),
+        ("released",),
+    ]
+
+
+def test_capacity_command(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "capacity",
+            "--inventory",
+            "examples/inventory/gb200-nvl72.yaml",
+            "--shape",
+            "sku=GB200,gpus_per_engine=16,nodes_per_engine=4,engine_level=clique",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["gates"] == 3 and doc["engines"] == 7 and doc["level"] == "clique"
+    assert [d["gates"] for d in doc["per_domain"]] == [2, 1]
+    bad = subprocess.run(
+        [sys.executable, "-m", "gate", "capacity", "--shape", "gpus=8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "unknown key 'gpus'" in bad.stderr
