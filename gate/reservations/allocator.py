@@ -20,10 +20,9 @@ engines share one NVLink/host domain); `together: any` only asks for the same SK
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gate.reservations.inventory import Node, normalise_sku
 
@@ -130,8 +129,7 @@ class Placement:
         return [(e.role, (n, g)) for e in self.engines for n, gpus in e.nodes for g in gpus]
 
 
-@dataclass(frozen=True, slots=True)
-class DomainFit:
+class DomainFit(NamedTuple):
     domain: str
     nodes: int
     free_gpus: int
@@ -199,71 +197,137 @@ def _engine_capacity(slots: Sequence[int], n: int) -> int:
 
 @dataclass
 class _View:
-    """Eligible nodes grouped pair-domain -> engine-domain -> nodes, with free GPU indices."""
+    """Eligible nodes grouped pair-domain -> engine-domain -> nodes, with free GPU counts.
+
+    Only counts are needed to count shapes; the free GPU indices of a node are materialised
+    when a placement takes GPUs from it, which keeps capacity() on a 10,000-node fleet fast.
+    """
 
     shape: ShapeRequest
-    free: dict[str, list[int]]
+    free_count: dict[str, int]
+    usable: dict[str, int]
+    held_by_node: dict[str, set[int]]
     groups: dict[str, dict[str, list[Node]]]
+    lists: dict[str, list[int]] = field(default_factory=dict)
 
     def slots(self, node: Node) -> int:
-        return len(self.free[node.name]) // self.shape.gpus_per_node
+        return self.free_count[node.name] // self.shape.gpus_per_node
+
+    def free_list(self, name: str) -> list[int]:
+        if name not in self.lists:
+            taken = self.held_by_node.get(name, set())
+            self.lists[name] = [g for g in range(self.usable[name]) if g not in taken]
+        return self.lists[name]
+
+    def take(self, name: str, count: int) -> tuple[int, ...]:
+        gpus = self.free_list(name)
+        got, self.lists[name] = gpus[:count], gpus[count:]
+        self.free_count[name] -= len(got)
+        return tuple(got)
 
     def engine_caps(self, pair: str) -> dict[str, int]:
-        n = self.shape.nodes_per_engine
+        n, gpn, free = self.shape.nodes_per_engine, self.shape.gpus_per_node, self.free_count
+        if n == 1:
+            return {
+                dom: sum(free[x.name] // gpn for x in nodes)
+                for dom, nodes in self.groups[pair].items()
+            }
         return {
-            dom: _engine_capacity([self.slots(x) for x in nodes], n)
+            dom: _engine_capacity([free[x.name] // gpn for x in nodes], n)
             for dom, nodes in self.groups[pair].items()
         }
 
     def fit(self, pair: str, headroom: bool = True) -> DomainFit:
-        nodes = [x for group in self.groups[pair].values() for x in group]
-        free = sum(len(self.free[x.name]) for x in nodes)
+        free = self.free_count
+        domains = self.groups[pair]
+        count = sum(len(nodes) for nodes in domains.values())
+        free_gpus = sum(free[x.name] for nodes in domains.values() for x in nodes)
         engines = sum(self.engine_caps(pair).values())
+        return self._fit(pair, count, free_gpus, engines, headroom)
+
+    def _fit(
+        self, pair: str, count: int, free_gpus: int, engines: int, headroom: bool
+    ) -> DomainFit:
         gates = engines // len(self.shape.roles)
         if headroom and self.shape.headroom_gpus:
-            gates = min(gates, max(0, free - self.shape.headroom_gpus) // self.shape.gpus_per_gate)
-        return DomainFit(pair, len(nodes), free, engines, gates)
+            spare = max(0, free_gpus - self.shape.headroom_gpus)
+            gates = min(gates, spare // self.shape.gpus_per_gate)
+        return DomainFit(pair, count, free_gpus, engines, gates)
+
+    def fits(self, headroom: bool = True) -> dict[str, DomainFit]:
+        """Every pair domain's fit in one pass (the hot loop of capacity and allocate)."""
+        if self.shape.nodes_per_engine > 1:
+            return {p: self.fit(p, headroom) for p in self.groups}
+        gpn, free = self.shape.gpus_per_node, self.free_count
+        out: dict[str, DomainFit] = {}
+        for pair, domains in self.groups.items():
+            count = free_gpus = engines = 0
+            for nodes in domains.values():
+                for x in nodes:
+                    f = free[x.name]
+                    free_gpus += f
+                    engines += f // gpn
+                count += len(nodes)
+            out[pair] = self._fit(pair, count, free_gpus, engines, headroom)
+        return out
 
 
 def _view(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], *, base: bool) -> _View:
     """`base` ignores GPUs held by other workloads (allocated) and reservations: the empty fleet."""
-    free: dict[str, list[int]] = {}
-    groups: dict[str, dict[str, list[Node]]] = defaultdict(lambda: defaultdict(list))
+    held_by_node: dict[str, set[int]] = {}
+    if not base:
+        for name, g in held:
+            held_by_node.setdefault(name, set()).add(g)
+    free_count: dict[str, int] = {}
+    usable_of: dict[str, int] = {}
+    groups: dict[str, dict[str, list[Node]]] = {}
+    pair_level, engine_level = shape.pair_level, shape.engine_level
+    same = pair_level == engine_level
     for x in nodes:
         usable = x.gpus if base else x.gpus - x.allocated_gpus
-        free[x.name] = [g for g in range(usable) if (x.name, g) not in held]
-        groups[domain_of(x, shape.pair_level)][domain_of(x, shape.engine_level)].append(x)
-    return _View(shape, free, groups)
+        usable_of[x.name] = usable
+        taken = held_by_node.get(x.name)
+        free_count[x.name] = usable - sum(1 for g in taken if g < usable) if taken else usable
+        pair = domain_of(x, pair_level)
+        eng = pair if same else domain_of(x, engine_level)
+        groups.setdefault(pair, {}).setdefault(eng, []).append(x)
+    return _View(shape, free_count, usable_of, held_by_node, groups)
 
 
 def _eligible(
     nodes: Sequence[Node], shape: ShapeRequest
 ) -> tuple[list[Node], dict[str, int], str | None]:
-    """Apply the eligibility stages in order; return the survivors, the count each stage
-    removed, and the first stage that removed everything (or None)."""
+    """Apply the eligibility stages in order (one pass); return the survivors, the count each
+    stage removed, and the first stage that removed everything (or None)."""
     want_sku = normalise_sku(shape.sku) if shape.sku else None
-    tests: tuple[tuple[str, Callable[[Node], bool]], ...] = (
-        ("region", lambda x: not shape.regions or x.region in shape.regions),
-        ("provider", lambda x: not shape.providers or x.provider in shape.providers),
-        ("policy", lambda x: not shape.pools or x.pool in shape.pools),
-        ("sku", lambda x: want_sku is None or x.normalised_sku == want_sku),
-        (
-            "gpu_memory",
-            lambda x: (
-                shape.min_gpu_memory_gib is None or x.gpu_memory_gib >= shape.min_gpu_memory_gib
-            ),
-        ),
-        ("health", lambda x: x.healthy and not x.cordoned and not x.taints),
-    )
-    eliminated: dict[str, int] = {}
-    remaining = list(nodes)
-    for stage, keep in tests:
-        survivors = [x for x in remaining if keep(x)]
-        eliminated[stage] = len(remaining) - len(survivors)
-        remaining = survivors
-        if not remaining:
-            return [], eliminated, stage
-    return remaining, eliminated, None
+    regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
+    min_mem = shape.min_gpu_memory_gib
+    names = STAGES[:6]
+    removed = [0] * len(names)
+    survivors: list[Node] = []
+    for x in nodes:
+        if regions and x.region not in regions:
+            removed[0] += 1
+        elif providers and x.provider not in providers:
+            removed[1] += 1
+        elif pools and x.pool not in pools:
+            removed[2] += 1
+        elif want_sku is not None and normalise_sku(x.sku) != want_sku:
+            removed[3] += 1
+        elif min_mem is not None and x.gpu_memory_gib < min_mem:
+            removed[4] += 1
+        elif not x.healthy or x.cordoned or x.taints:
+            removed[5] += 1
+        else:
+            survivors.append(x)
+    eliminated = dict(zip(names, removed, strict=True))
+    if survivors:
+        return survivors, eliminated, None
+    # The first stage that left nothing: the last one that removed any node.
+    last = max((i for i, r in enumerate(removed) if r), default=0)
+    for later in names[last + 1 :]:
+        eliminated.pop(later, None)
+    return [], eliminated, names[last]
 
 
 def _stage_message(stage: str, shape: ShapeRequest) -> str:
@@ -286,7 +350,7 @@ def capacity(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] 
     """How many gate shapes fit now, per domain of the `together` level and in total."""
     eligible, _, _ = _eligible(nodes, shape)
     view = _view(eligible, shape, set(held), base=False)
-    fits = tuple(sorted((view.fit(p) for p in view.groups), key=lambda f: (-f.gates, f.domain)))
+    fits = tuple(sorted(view.fits().values(), key=lambda f: (-f.gates, f.domain)))
     return Capacity(
         gates=sum(f.gates for f in fits),
         engines=sum(f.engines for f in fits),
@@ -305,7 +369,7 @@ def allocate(
     if stage is not None:
         return Blocked(stage, _stage_message(stage, shape), eliminated, RETRYABLE[stage])
     view = _view(eligible, shape, held_set, base=False)
-    fits = {p: view.fit(p) for p in view.groups}
+    fits = view.fits()
     options = [f for f in fits.values() if f.gates >= 1]
     if options:
         # Best fit: the domain with the fewest gate shapes left that still fits, so the large
@@ -324,7 +388,7 @@ def _place(view: _View, pair: str) -> Placement:
         # The engine domain with the least room that still fits one engine: tight packing.
         dom = min(
             (d for d, c in caps.items() if c >= 1),
-            key=lambda d: (caps[d], sum(len(view.free[x.name]) for x in view.groups[pair][d]), d),
+            key=lambda d: (caps[d], sum(view.free_count[x.name] for x in view.groups[pair][d]), d),
         )
         members = [x for x in view.groups[pair][dom] if view.slots(x) >= 1]
         if n == 1:
@@ -334,10 +398,7 @@ def _place(view: _View, pair: str) -> Placement:
             # Several distinct nodes: the ones with the most slots left first, which is what
             # keeps the domain's remaining engine capacity at its maximum (exchange argument).
             chosen = sorted(members, key=lambda x: (-view.slots(x), x.name))[:n]
-        workers = []
-        for x in chosen:
-            take, view.free[x.name] = view.free[x.name][:gpn], view.free[x.name][gpn:]
-            workers.append((x.name, tuple(take)))
+        workers = [(x.name, view.take(x.name, gpn)) for x in chosen]
         engines.append(EnginePlacement(role, tuple(workers), chosen[0].normalised_sku, dom))
     return Placement(tuple(engines), pair)
 
@@ -354,8 +415,8 @@ def _diagnose(
     roles, n, gpn = len(shape.roles), shape.nodes_per_engine, shape.gpus_per_node
     no_leases = _view(eligible, shape, set(), base=False)
     out = dict(eliminated)
-    out["free_capacity"] = sum(1 for x in eligible if len(no_leases.free[x.name]) < gpn)
-    free_total = sum(len(v) for v in no_leases.free.values())
+    out["free_capacity"] = sum(1 for x in eligible if no_leases.free_count[x.name] < gpn)
+    free_total = sum(no_leases.free_count.values())
     if free_total < shape.gpus_per_gate:
         # The GPU-count view: not enough free GPUs anywhere, whatever the topology. Waiting
         # helps only if the eligible fleet is big enough when empty.
@@ -367,11 +428,11 @@ def _diagnose(
             sum(x.gpus for x in eligible) >= shape.gpus_per_gate,
             fits,
         )
-    no_headroom_fit = {p: no_leases.fit(p, headroom=False) for p in no_leases.groups}
+    no_headroom_fit = no_leases.fits(headroom=False)
     if not any(f.gates >= 1 for f in no_headroom_fit.values()):
         out["topology"] = sum(f.nodes for f in no_headroom_fit.values())
         empty = _view(eligible, shape, set(), base=True)
-        possible = any(empty.fit(p, headroom=False).gates >= 1 for p in empty.groups)
+        possible = any(f.gates >= 1 for f in empty.fits(headroom=False).values())
         where = f"one {shape.pair_level} domain"
         if not possible:
             msg = (
@@ -384,7 +445,7 @@ def _diagnose(
                 f"{shape.gpus_per_engine} GPUs in {where} now"
             )
         return Blocked("topology", msg, out, possible, fits)
-    with_headroom = {p: no_leases.fit(p) for p in no_leases.groups}
+    with_headroom = no_leases.fits()
     if not any(f.gates >= 1 for f in with_headroom.values()):
         out["transition_headroom"] = sum(
             f.nodes for p, f in with_headroom.items() if no_headroom_fit[p].gates >= 1

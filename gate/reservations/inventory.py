@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from gate.core.errors import FieldProblem, SpecError
 _SKU_RE = re.compile(r"(?:NVIDIA[-_ ]?)?(?:TESLA[-_ ]?)?([A-Z]+\d+[A-Z]*)", re.IGNORECASE)
 
 
+@lru_cache(maxsize=4096)
 def normalise_sku(raw: str) -> str:
     """`NVIDIA-H200`, `nvidia h200 141gb`, `H200-SXM` -> `H200`."""
     m = _SKU_RE.search(raw.strip())

@@ -66,7 +66,7 @@ def capacity_document(
         "nodes": len(inventory.nodes),
         "gpus": sum(n.gpus for n in inventory.nodes),
         "held_by_gates": len(held),
-        "per_domain": [asdict(f) for f in cap.per_domain],
+        "per_domain": [f._asdict() for f in cap.per_domain],
         "blocked": blocked,
         "elapsed_ms": round(elapsed_ms, 3),
     }

@@ -12,7 +12,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, overload
@@ -564,7 +564,7 @@ class GateRunner:
                 "message": b.message,
                 "retryable": b.retryable,
                 "eliminated": b.eliminated,
-                "per_domain": [asdict(f) for f in b.per_domain[:50]],
+                "per_domain": [f._asdict() for f in b.per_domain[:50]],
             }
         return {
             "state": "released",
