@@ -7,11 +7,12 @@ This package never imports ``gate``: the gate depends on it, not the other way r
 
 from loadgen.client import Api, RequestSpec, Target, make_client, request_body, send_request
 from loadgen.metrics import Distribution, Summary, distribution, summarize
-from loadgen.prompts import WORDS, chat_messages, synthetic_prompts
+from loadgen.prompts import WORDS, LengthDist, chat_messages, synthetic_prompts
 from loadgen.records import ERROR_KINDS, ErrorKind, RequestRecord, read_jsonl, write_jsonl
 from loadgen.runner import PairedResult, run_paired
-from loadgen.schedule import ARRIVALS, Arrival, build_offsets
+from loadgen.schedule import ARRIVALS, Arrival, Phase, PhasedSchedule, build_offsets, build_phased
 from loadgen.sse import DONE, ServerSentEvent, SSEParser
+from loadgen.transport import LoadgenTransport, StreamTap
 
 __all__ = [
     "ARRIVALS",
@@ -22,14 +23,20 @@ __all__ = [
     "Arrival",
     "Distribution",
     "ErrorKind",
+    "LengthDist",
+    "LoadgenTransport",
     "PairedResult",
+    "Phase",
+    "PhasedSchedule",
     "RequestRecord",
     "RequestSpec",
     "SSEParser",
     "ServerSentEvent",
+    "StreamTap",
     "Summary",
     "Target",
     "build_offsets",
+    "build_phased",
     "chat_messages",
     "distribution",
     "make_client",

@@ -23,17 +23,17 @@ Reasoning deltas (``reasoning_content``/``reasoning``) count as tokens but are n
 Failures never raise: they come back as a record with ``error_kind`` set, so one bad request
 cannot end a load run. Only cancellation propagates.
 
-Client CPU cost: about 6 ms of CPU per 16-token request (~0.3 ms per streamed event, nearly all
-of it in httpx/httpcore/anyio; the SSE parsing and JSON here are ~10%) on this two-core class of
-machine, so one process keeps up with roughly 100 such requests/s per core. Past that, requests
-leave late; ``dispatch_delay_ms`` shows it, which is why it is always reported.
+Client CPU cost: with the lean transport (``loadgen.transport``, the default for http
+targets) a 64-token stream costs about 3 ms of client CPU on this two-core class of machine
+(~40 us per streamed event: JSON decoding, SSE framing, the event loop), against ~8 ms with
+httpx's default transport. ``dispatch_delay_ms`` is always reported so that a client that
+fell behind shows it; ``--workers`` spreads one schedule over processes.
 
 Connection pooling: :func:`make_client` builds one ``httpx.AsyncClient`` per target with explicit
 limits sized by the caller to the most requests that can be in flight, so the client never
-queues requests behind httpx's silent default of 100 connections. A shared client costs CPU
-(httpcore scans its pool on every request; a client per stream measured ~2.5x faster on two
-cores), but at the rates a deploy gate drives it keeps dispatch delay small, keeps connections
-warm across requests, and ``dispatch_delay_ms`` reports it if it ever does not keep up.
+queues requests where no timestamp can see them. Body events are stamped with the receive time
+of the socket read that delivered them, and ``sent_ns`` is the instant the request was written
+to the socket (both from the lean transport; with another transport, the times around httpx).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -52,12 +52,15 @@ import httpx
 from loadgen.prompts import chat_messages
 from loadgen.records import ErrorKind, RequestRecord
 from loadgen.sse import DONE, ServerSentEvent, SSEParser
+from loadgen.transport import LoadgenTransport, StreamTap
 
 Api = Literal["completions", "chat"]
 
 _MAX_MESSAGE = 500
 _DRAIN_S = 1.0
 _NONFINITE_LOGPROB = -9999.0  # vLLM's own JSON stand-in for -inf
+_KEEPALIVE_S = 30.0
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner, without json.loads' Python wrappers
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +101,27 @@ class Target:
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """What to send; ``extra`` is merged into the body last (ignore_eos, temperature, seed,
-    logprobs, return_token_ids ...), except that ``stream`` is always true."""
+    logprobs, return_token_ids ...), except that ``stream`` is always true.
+
+    ``messages`` replaces the single user message built from ``prompt`` (chat history from a
+    trace or a dataset); on the completions API they are flattened into one prompt. ``parent``
+    makes the request the next turn of a conversation: it is sent only after the parent has
+    finished on the same target, with the parent's messages and that target's own answer
+    before ``prompt``, as a user of a chat application would.
+    """
 
     request_id: int
     prompt: str
     max_tokens: int
     extra: Mapping[str, Any] = field(default_factory=dict)
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    parent: int | None = None
 
 
-def make_client(target: Target, max_connections: int) -> httpx.AsyncClient:
+Message = dict[str, Any]
+
+
+def make_client(target: Target, max_connections: int, *, lean: bool = True) -> httpx.AsyncClient:
     """A client for one target whose pool holds ``max_connections`` open connections.
 
     Size it to the most requests that can be in flight at once, so requests never wait for a
@@ -117,25 +132,35 @@ def make_client(target: Target, max_connections: int) -> httpx.AsyncClient:
     """
     if max_connections < 1:
         raise ValueError(f"max_connections: must be >= 1, got {max_connections}")
+    https = urlsplit(target.base_url).scheme == "https"
     return httpx.AsyncClient(
         limits=httpx.Limits(
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
-            keepalive_expiry=30.0,
+            keepalive_expiry=_KEEPALIVE_S,
         ),
         timeout=httpx.Timeout(target.timeout_s),
         trust_env=False,
         # Loading the CA bundle costs ~0.1 s of CPU per client; only https targets need it.
-        verify=urlsplit(target.base_url).scheme == "https",
+        verify=https,
+        transport=None
+        if https or not lean
+        else LoadgenTransport(max_connections=max_connections, keepalive_expiry=_KEEPALIVE_S),
     )
 
 
-def request_body(target: Target, req: RequestSpec) -> dict[str, Any]:
+def request_body(
+    target: Target, req: RequestSpec, history: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """The JSON body; ``history`` is the conversation so far (for a follow-up turn)."""
     body: dict[str, Any] = {"model": target.model}
+    messages = conversation(req, history)
     if target.api == "chat":
-        body["messages"] = chat_messages(req.prompt)
-    else:
+        body["messages"] = messages
+    elif len(messages) == 1 and messages[0].get("content") == req.prompt:
         body["prompt"] = req.prompt
+    else:
+        body["prompt"] = flatten(messages)
     body["max_tokens"] = req.max_tokens
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     body.update(req.extra)
@@ -143,16 +168,54 @@ def request_body(target: Target, req: RequestSpec) -> dict[str, Any]:
     return body
 
 
+def conversation(req: RequestSpec, history: Sequence[Mapping[str, Any]] = ()) -> list[Message]:
+    """The chat messages a request stands for: its history, then its own turn."""
+    if req.messages is not None:
+        return [*map(dict, history), *map(dict, req.messages)]
+    return [*map(dict, history), *chat_messages(req.prompt)]
+
+
+def flatten(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Chat history as one completions prompt: the contents, one paragraph each.
+
+    Role markup is left out on purpose: it is model-specific (the engine's chat template),
+    and a completions prompt that guessed it would be wrong for most models.
+    """
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+    return "\n\n".join(parts)
+
+
 async def send_request(
-    client: httpx.AsyncClient, target: Target, req: RequestSpec, intended_ns: int
+    client: httpx.AsyncClient,
+    target: Target,
+    req: RequestSpec,
+    intended_ns: int,
+    *,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> RequestRecord:
-    """Stream one request and return its record; never raises except on cancellation."""
-    body = request_body(target, req)
+    """Stream one request and return its record; never raises except on cancellation.
+
+    Every request carries ``X-Request-Id: <request_id>``, so a server's own log (the sim's
+    truth log, an engine's access log) can be joined to our records.
+    """
+    body = request_body(target, req, history)
     state = _StreamState()
     record = RequestRecord(
         request_id=req.request_id, target=target.name, intended_ns=intended_ns, sent_ns=0
     )
-    headers = {"accept": "text/event-stream", "accept-encoding": "identity"}
+    headers = {
+        "accept": "text/event-stream",
+        "accept-encoding": "identity",
+        "x-request-id": str(req.request_id),
+    }
     got_headers = False
     record.sent_ns = time.monotonic_ns()
     try:
@@ -160,6 +223,12 @@ async def send_request(
             "POST", target.url, json=body, headers=headers, timeout=target.timeout_s
         ) as response:
             got_headers = True
+            tap = response.extensions.get("loadgen.tap")
+            if isinstance(tap, StreamTap):
+                # The instant the bytes reached the socket, not before httpx built the request.
+                record.sent_ns = tap.sent_ns
+            else:
+                tap = None
             record.status = response.status_code
             content_type = response.headers.get("content-type", "")
             if response.status_code >= 300:
@@ -167,7 +236,7 @@ async def send_request(
             elif content_type.startswith("application/json"):
                 await _read_error(response, state, "protocol_error", "not an event stream")
             else:
-                await _consume(response, state)
+                await _consume(response, state, tap, target.timeout_s)
     except httpx.PoolTimeout as exc:
         # Client-side queueing, not the engine: say so, since the kind alone cannot.
         why = f"no free connection in the client pool for {target.timeout_s:g} s"
@@ -201,19 +270,42 @@ async def _read_error(
     state.fail(kind, f"{message} ({why})" if why else message)
 
 
-async def _consume(response: httpx.Response, state: _StreamState) -> None:
+async def _consume(
+    response: httpx.Response, state: _StreamState, tap: StreamTap | None, timeout_s: float
+) -> None:
     parser = SSEParser()
-    stream = response.aiter_bytes()
-    async for chunk in stream:
-        now = time.monotonic_ns()
-        for event in parser.feed(chunk):
-            if not state.handle(event, now):
-                return await _drain(stream, state)
+    if tap is not None and _identity(response):
+        feed = parser.feed
+        handle = state.handle
+
+        def sink(chunk: bytes, now: int) -> bool:
+            for event in feed(chunk):  # noqa: SIM110 - no generator per read on the hot path
+                if not handle(event, now):
+                    return False
+            return True
+
+        await tap.consume(sink, read_timeout=timeout_s, drain_s=_DRAIN_S)
+        if state.done or state.error_kind is not None:
+            return None
+    else:
+        stream = response.aiter_raw() if _identity(response) else response.aiter_bytes()
+        async for chunk in stream:
+            now = time.monotonic_ns()
+            for event in parser.feed(chunk):
+                if not state.handle(event, now):
+                    return await _drain(stream, state)
     now = time.monotonic_ns()
     for event in parser.close():
         if not state.handle(event, now):
             return None
     return None
+
+
+def _identity(response: httpx.Response) -> bool:
+    """Raw bytes skip httpx's decoder; only a server that ignored our identity request needs
+    it."""
+    encoding: str = response.headers.get("content-encoding", "identity")
+    return encoding.lower() == "identity"
 
 
 async def _drain(stream: AsyncIterator[bytes], state: _StreamState) -> None:
@@ -275,33 +367,37 @@ class _StreamState:
             self.error_message = message[:_MAX_MESSAGE]
 
     def handle(self, event: ServerSentEvent, now: int) -> bool:
+        # This runs once per streamed event: keep it to dict lookups and exact type checks
+        # (``type(x) is int`` also rejects bools, which JSON cannot produce as numbers).
         self.end_ns = now
-        if event.data == DONE:
+        data = event.data
+        if data == DONE:
             self.done = True
             return False
         try:
-            obj = json.loads(event.data)
+            obj = _decode(data)
         except ValueError:
-            self.fail("protocol_error", f"non-JSON event data: {event.data[:200]!r}")
+            self.fail("protocol_error", f"non-JSON event data: {data[:200]!r}")
             return False
-        if not isinstance(obj, dict):
-            self.fail("protocol_error", f"event data is not a JSON object: {event.data[:200]!r}")
+        if type(obj) is not dict:
+            self.fail("protocol_error", f"event data is not a JSON object: {data[:200]!r}")
             return False
         if "error" in obj or obj.get("object") == "error":
             self.fail("stream_error", _error_message(obj) or "error event in stream")
             return False
         usage = obj.get("usage")
         completion: int | None = None
-        if isinstance(usage, dict):
-            if _is_int(usage.get("prompt_tokens")):
-                self.prompt_tokens = usage["prompt_tokens"]
-            if _is_int(usage.get("completion_tokens")):
-                completion = usage["completion_tokens"]
-                self.usage_completion = completion
+        if type(usage) is dict:
+            prompt = usage.get("prompt_tokens")
+            if type(prompt) is int:
+                self.prompt_tokens = prompt
+            value = usage.get("completion_tokens")
+            if type(value) is int:
+                completion = self.usage_completion = value
         choices = obj.get("choices")
         if choices is None or choices == []:
             return True  # usage-only final chunk, or a chunk we have no use for
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             self.fail("protocol_error", "'choices' is not a list")
             return False
         return self._choices(choices, completion, now)
@@ -313,30 +409,35 @@ class _StreamState:
         n_ids = 0
         n_logprobs = 0
         for choice in choices:
-            if not isinstance(choice, dict):
+            if type(choice) is not dict:
                 self.fail("protocol_error", "a choice is not a JSON object")
                 return False
             piece = choice.get("text")
             delta = choice.get("delta")
-            if isinstance(delta, dict):
+            if type(delta) is dict:
                 content = delta.get("content")
-                if isinstance(content, str):
+                if type(content) is str:
                     piece = content
                 for key in ("reasoning_content", "reasoning"):
                     value = delta.get(key)
-                    if isinstance(value, str) and value:
+                    if type(value) is str and value:
                         has_content = True
-            if isinstance(piece, str) and piece:
+            if type(piece) is str and piece:
                 self.text.append(piece)
                 has_content = True
             ids = choice.get("token_ids")
-            if isinstance(ids, list):
-                clean = [i for i in ids if _is_int(i)]
-                self.token_ids = (self.token_ids or []) + clean
+            if type(ids) is list:
+                clean = [i for i in ids if type(i) is int]
+                if self.token_ids is None:
+                    self.token_ids = clean
+                else:
+                    self.token_ids.extend(clean)
                 n_ids += len(clean)
-            n_logprobs += self._logprobs(choice.get("logprobs"))
+            logprobs = choice.get("logprobs")
+            if logprobs is not None:
+                n_logprobs += self._logprobs(logprobs)
             reason = choice.get("finish_reason")
-            if isinstance(reason, str):
+            if type(reason) is str:
                 self.finish_reason = reason
         if completion is not None:
             # Cumulative usage minus what earlier events were credited: exact with continuous
@@ -358,16 +459,19 @@ class _StreamState:
         return True
 
     def _logprobs(self, logprobs: Any) -> int:
-        if not isinstance(logprobs, dict):
+        if type(logprobs) is not dict:
             return 0
         values: list[Any] = []
-        if isinstance(logprobs.get("token_logprobs"), list):  # completions
+        if type(logprobs.get("token_logprobs")) is list:  # completions
             values = logprobs["token_logprobs"]
-        elif isinstance(logprobs.get("content"), list):  # chat
-            values = [e.get("logprob") for e in logprobs["content"] if isinstance(e, dict)]
+        elif type(logprobs.get("content")) is list:  # chat
+            values = [e.get("logprob") for e in logprobs["content"] if type(e) is dict]
         chosen = [_finite(v) for v in values if _is_number(v)]
         if chosen:
-            self.logprobs = (self.logprobs or []) + chosen
+            if self.logprobs is None:
+                self.logprobs = chosen
+            else:
+                self.logprobs.extend(chosen)
         return len(chosen)
 
     def fill(self, record: RequestRecord) -> None:
@@ -385,6 +489,21 @@ class _StreamState:
         record.token_ids = self.token_ids
         record.logprobs = self.logprobs
         record.finish_reason = self.finish_reason
+
+
+def _decode(data: str) -> Any:
+    """``json.loads`` for one event's data, calling the C scanner directly for the usual
+    compact object; anything else (whitespace, trailing bytes, errors) takes ``json.loads``
+    so the result and the errors are exactly its."""
+    if data[:1] == "{":
+        try:
+            obj, end = _scan(data, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(data):
+                return obj
+    return json.loads(data)
 
 
 def _is_int(value: Any) -> bool:

@@ -15,6 +15,11 @@ gets the same text. The list is built in so that nothing is downloaded.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 
 _WORD_TEXT = """
@@ -54,6 +59,8 @@ _WORD_TEXT = """
 WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 """Short, common English words; most are one BPE token."""
 
+_WORD_ARRAY = np.asarray(WORDS)
+
 
 def synthetic_prompts(n: int, prompt_tokens: int, *, seed: int = 0) -> list[str]:
     """``n`` distinct prompts of exactly ``prompt_tokens`` words, reproducible by ``seed``.
@@ -89,3 +96,160 @@ def synthetic_prompts(n: int, prompt_tokens: int, *, seed: int = 0) -> list[str]
 def chat_messages(prompt: str) -> list[dict[str, str]]:
     """The single-turn chat form of a prompt, so both APIs are sent the same text."""
     return [{"role": "user", "content": prompt}]
+
+
+# --------------------------------------------------------------------------- length distributions
+
+LengthKind = Literal["fixed", "uniform", "normal", "lognormal"]
+LENGTH_KINDS: tuple[LengthKind, ...] = ("fixed", "uniform", "normal", "lognormal")
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDist:
+    """A distribution of lengths in tokens, always clipped to ``[minimum, maximum]``.
+
+    ``mean`` is the fixed length, the centre of ``uniform`` (which spans ``mean +- spread``),
+    the mean of ``normal`` (standard deviation ``spread``) and the mean of ``lognormal``
+    (``spread`` is the sigma of the log, so the median is ``mean * exp(-spread^2 / 2)``).
+    Real prompt and output lengths are right-skewed, which is what ``lognormal`` is for.
+    """
+
+    kind: LengthKind = "fixed"
+    mean: float = 128.0
+    spread: float = 0.0
+    minimum: int = 1
+    maximum: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.kind not in LENGTH_KINDS:
+            raise ValueError(f"kind: must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}")
+        if not (math.isfinite(self.mean) and self.mean >= 1):
+            raise ValueError(f"mean: must be a finite number >= 1, got {self.mean!r}")
+        if not (math.isfinite(self.spread) and self.spread >= 0):
+            raise ValueError(f"spread: must be a finite number >= 0, got {self.spread!r}")
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(
+                f"minimum/maximum: need 1 <= minimum <= maximum, got {self.minimum}, {self.maximum}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> LengthDist:
+        """``"128"``, ``"fixed:128"``, ``"uniform:128:64"``, ``"lognormal:256:0.6"`` ..."""
+        parts = text.split(":")
+        try:
+            if len(parts) == 1:
+                return cls("fixed", float(parts[0]))
+            kind = parts[0]
+            numbers = [float(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"not a length distribution: {text!r}") from None
+        if kind not in LENGTH_KINDS or not 1 <= len(numbers) <= 2:
+            raise ValueError(
+                f"not a length distribution: {text!r} (use KIND:MEAN[:SPREAD], KIND one of "
+                f"{', '.join(LENGTH_KINDS)})"
+            )
+        return cls(kind, numbers[0], numbers[1] if len(numbers) > 1 else 0.0)
+
+    def sample(self, n: int, rng: np.random.Generator) -> list[int]:
+        """``n`` integer lengths drawn from ``rng``."""
+        if self.kind == "fixed" or self.spread == 0:
+            values = np.full(n, self.mean)
+        elif self.kind == "uniform":
+            values = rng.uniform(self.mean - self.spread, self.mean + self.spread, size=n)
+        elif self.kind == "normal":
+            values = rng.normal(self.mean, self.spread, size=n)
+        else:
+            mu = math.log(self.mean) - self.spread**2 / 2
+            values = rng.lognormal(mu, self.spread, size=n)
+        clipped = np.clip(np.rint(values), self.minimum, self.maximum)
+        return [int(v) for v in clipped.tolist()]
+
+
+def sample_lengths(n: int, lengths: LengthDist, *, seed: int = 0) -> list[int]:
+    """``n`` lengths, reproducible by ``seed``; the first ``k`` do not depend on ``n``."""
+    _check_count_and_seed(n, seed)
+    rng = np.random.default_rng([seed, 1])
+    return lengths.sample(n, rng) if n else []
+
+
+def varied_prompts(n: int, lengths: LengthDist, *, seed: int = 0) -> list[str]:
+    """``n`` prompts whose word counts follow ``lengths``, reproducible by ``seed``.
+
+    Words are built-in single-token words, so on the sim a length is exact; on a real engine
+    fit them with :func:`loadgen.tokens.fit_prompts`. Prompts are not forced distinct (short
+    fixed lengths could not be); the words are random, so collisions are rare beyond a few
+    words.
+    """
+    counts = sample_lengths(n, lengths, seed=seed)
+    rng = np.random.default_rng([seed, 2])
+    return [_words(rng, k) for k in counts]
+
+
+def shared_prefix_prompts(
+    n: int,
+    *,
+    groups: int,
+    prefix_tokens: int,
+    suffix: LengthDist,
+    seed: int = 0,
+) -> list[str]:
+    """Prompts in ``groups`` families sharing a ``prefix_tokens``-word prefix (a system prompt,
+    a shared document), each with its own random suffix.
+
+    Prompt ``i`` belongs to group ``i % groups``, so every group recurs throughout the run the
+    way a prefix cache sees it in production, rather than in one block.
+    """
+    _check_count_and_seed(n, seed)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups: must be an integer >= 1, got {groups!r}")
+    if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, int) or prefix_tokens < 1:
+        raise ValueError(f"prefix_tokens: must be an integer >= 1, got {prefix_tokens!r}")
+    rng = np.random.default_rng([seed, 3])
+    prefixes = [_words(rng, prefix_tokens) for _ in range(groups)]
+    tails = varied_prompts(n, suffix, seed=seed)
+    return [f"{prefixes[i % groups]} {tails[i]}" for i in range(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A multi-turn chat: the user's turns in order, and reference answers where known.
+
+    Only the user turns are sent; each follow-up is sent with the engine's own previous
+    answers (see ``RequestSpec.parent``). ``answers`` (from a dataset) only size
+    ``max_tokens``.
+    """
+
+    turns: tuple[str, ...]
+    answers: tuple[str, ...] = ()
+
+
+def synthetic_conversations(
+    n: int, *, turns: int, lengths: LengthDist, seed: int = 0
+) -> list[Conversation]:
+    """``n`` conversations of ``turns`` user turns each, turn lengths from ``lengths``."""
+    _check_count_and_seed(n, seed)
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ValueError(f"turns: must be an integer >= 1, got {turns!r}")
+    texts = varied_prompts(n * turns, lengths, seed=seed)
+    return [Conversation(tuple(texts[i * turns : (i + 1) * turns])) for i in range(n)]
+
+
+def _words(rng: np.random.Generator, k: int) -> str:
+    return " ".join(_WORD_ARRAY[rng.integers(0, len(WORDS), size=k)].tolist())
+
+
+def _check_count_and_seed(n: int, seed: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n: must be a non-negative integer, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+
+
+def word_lists(lengths: Sequence[int], *, seed: int = 0, slack: float = 2.0) -> list[list[str]]:
+    """Seeded word sequences ``slack`` times longer than each length, for fitting a prompt to
+    an engine's token count (:func:`loadgen.tokens.fit_prompts`) by taking a prefix."""
+    rng = np.random.default_rng([seed, 4])
+    return [
+        _WORD_ARRAY[rng.integers(0, len(WORDS), size=math.ceil(n * slack) + 4)].tolist()
+        for n in lengths
+    ]

@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from loadgen.client import RequestSpec, Target, make_client, send_request
+from loadgen.client import Message, RequestSpec, Target, conversation, make_client, send_request
 from loadgen.records import RequestRecord
 
 
@@ -75,6 +75,7 @@ async def run_paired(
     stop: asyncio.Event | None = None,
     clients: Mapping[str, httpx.AsyncClient] | None = None,
     warmup: Sequence[RequestSpec] = (),
+    start_ns: int | None = None,
 ) -> PairedResult:
     """Drive every target with the same requests; give exactly one of ``offsets_s`` (open loop)
     or ``concurrency`` (closed loop).
@@ -88,6 +89,15 @@ async def run_paired(
 
     ``warmup`` requests go to every target at once before the clock starts and are discarded
     (use prompts the run does not, or the engines' prefix caches will flatter the run).
+
+    ``start_ns`` fixes the schedule's zero on the monotonic clock (``time.monotonic_ns()``)
+    instead of "now": worker processes sharing one schedule all pass the same instant, which
+    is valid across processes because the monotonic clock is system-wide.
+
+    A request with a ``parent`` (a conversation's next turn) waits, on each target, for that
+    target's answer to its parent and is then sent with the conversation so far. Its intended
+    time is the later of its scheduled instant and the parent's last byte, so dispatch delay
+    still measures only the client.
     """
     _validate(targets, requests, offsets_s, concurrency, clients)
     records: dict[str, list[RequestRecord]] = {t.name: [] for t in targets}
@@ -95,9 +105,27 @@ async def run_paired(
     # Open loop can in the worst case have every request in flight at once; closed loop never
     # more than its slots. A pool this size means httpx itself never queues a request.
     need = max(1, len(requests) if concurrency is None else concurrency)
+    parents = {r.parent for r in requests if r.parent is not None}
+    turns: dict[tuple[str, int], asyncio.Future[tuple[list[Message], int]]] = {}
+
+    def turn(name: str, request_id: int) -> asyncio.Future[tuple[list[Message], int]]:
+        key = (name, request_id)
+        if key not in turns:
+            turns[key] = asyncio.get_running_loop().create_future()
+        return turns[key]
 
     async def one(client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int) -> None:
-        record = await send_request(client, target, req, at)
+        history: list[Message] = []
+        if req.parent is not None:
+            history, parent_end = await turn(target.name, req.parent)
+            at = max(at, parent_end)
+        record = await send_request(client, target, req, at, history=history)
+        if req.request_id in parents:
+            answer = {"role": "assistant", "content": record.text}
+            ended = record.end_ns if record.end_ns is not None else time.monotonic_ns()
+            turn(target.name, req.request_id).set_result(
+                ([*conversation(req, history), answer], ended)
+            )
         records[target.name].append(record)
         if on_record is not None:
             on_record(record)
@@ -119,7 +147,8 @@ async def run_paired(
             if stop.is_set():
                 flight.abort.set()
             watcher = asyncio.create_task(_forward(stop, flight.abort))
-        start_ns = time.monotonic_ns()
+        if start_ns is None:
+            start_ns = time.monotonic_ns()
         try:
             if offsets_s is not None:
                 await _open_loop(targets, requests, offsets_s, start_ns, pool, flight, one)
@@ -140,6 +169,8 @@ async def run_paired(
     return PairedResult(start_ns=start_ns, end_ns=end_ns, records=records)
 
 
+_EARLY_NS = 500_000
+
 _One = Callable[[httpx.AsyncClient, Target, RequestSpec, int], Coroutine[Any, Any, None]]
 
 
@@ -154,8 +185,11 @@ async def _open_loop(
 ) -> None:
     due = start_ns + np.rint(np.asarray(offsets_s, dtype=np.float64) * 1e9).astype(np.int64)
     for i, (req, at) in enumerate(zip(requests, due.tolist(), strict=True)):
-        # Sleep until the absolute instant (re-checking, never waking early), or until abort.
-        while (wait_ns := at - time.monotonic_ns()) > 0:
+        # Sleep until the absolute instant, or until abort. The event loop's epoll waits are
+        # whole milliseconds rounded up, so a timer fires up to 1 ms late; aiming half a
+        # millisecond early centres the wake-up on the instant (the request then spends a
+        # few hundred microseconds in httpx before its bytes leave, which ``sent_ns`` sees).
+        while (wait_ns := at - _EARLY_NS - time.monotonic_ns()) > 0:
             if await flight.aborted_within(wait_ns / 1e9):
                 return
         if flight.abort.is_set():
@@ -293,6 +327,14 @@ def _validate(
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
         raise ValueError("requests: request_id values must be unique")
+    seen: set[int] = set()
+    for r in requests:
+        if r.parent is not None and r.parent not in seen:
+            raise ValueError(
+                f"requests: request {r.request_id} names parent {r.parent}, which is not an "
+                "earlier request of the run"
+            )
+        seen.add(r.request_id)
     if (offsets_s is None) == (concurrency is None):
         raise ValueError("offsets_s/concurrency: give exactly one of offsets_s or concurrency")
     if offsets_s is not None:

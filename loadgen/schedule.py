@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -124,3 +126,153 @@ def _offsets(
     offsets[0] = 0.0
     np.cumsum(_gaps(arrival, rate, burstiness, n - 1, rng), out=offsets[1:])
     return offsets
+
+
+# --------------------------------------------------------------------------- phased schedules
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One stretch of a phased scenario: ``duration_s`` seconds at ``rate`` requests/s, or a
+    linear ramp from ``rate`` to ``end_rate``.
+
+    A rate of 0 is allowed (an idle gap, or a ramp that starts from nothing). ``arrival`` and
+    ``burstiness`` mean what they mean in :func:`build_offsets`; in a ramp the gaps are drawn
+    in "expected requests" rather than seconds and mapped back through the ramp (time
+    rescaling), so a Poisson ramp is an exact inhomogeneous Poisson process.
+    """
+
+    name: str
+    duration_s: float
+    rate: float
+    end_rate: float | None = None
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name: a phase needs a name")
+        _positive("duration_s", self.duration_s)
+        for label, value in (("rate", self.rate), ("end_rate", self.end_rate)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{label}: must be a finite number >= 0, got {value!r}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}")
+        _positive("burstiness", self.burstiness)
+
+    @property
+    def expected_requests(self) -> float:
+        end = self.rate if self.end_rate is None else self.end_rate
+        return (self.rate + end) / 2 * self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class PhasedSchedule:
+    """Offsets for a whole phased scenario, with each request's phase.
+
+    ``phase_index[i]`` is the index into ``phases`` of request ``i``, so results can be cut
+    by phase (the overload phase, the recovery phase) after one continuous run.
+    """
+
+    phases: tuple[Phase, ...]
+    offsets_s: npt.NDArray[np.float64]
+    phase_index: npt.NDArray[np.int64]
+
+    @property
+    def starts_s(self) -> list[float]:
+        """When each phase begins, in seconds from the start of the schedule."""
+        starts = [0.0]
+        for phase in self.phases[:-1]:
+            starts.append(starts[-1] + phase.duration_s)
+        return starts
+
+    @property
+    def duration_s(self) -> float:
+        return float(sum(p.duration_s for p in self.phases))
+
+    def phase_names(self) -> list[str]:
+        """The phase name of every request, in schedule order."""
+        names = [p.name for p in self.phases]
+        return [names[i] for i in self.phase_index.tolist()]
+
+
+def build_phased(phases: Sequence[Phase], *, seed: int = 0) -> PhasedSchedule:
+    """Compile phases into one sorted, seeded schedule of absolute offsets.
+
+    The first request of the first phase is sent at 0, as in :func:`build_offsets`. Later
+    phases continue where the previous one ended; their first arrival follows the phase's
+    own process from the phase start (a constant phase sends at its start, a Poisson one
+    after a random gap). Phases are drawn from one generator in order, so the same seed and
+    phases give the same schedule.
+    """
+    if not phases:
+        raise ValueError("phases: need at least one phase")
+    names = [p.name for p in phases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"phases: names must be unique, got {names}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+    expected = sum(p.expected_requests for p in phases)
+    if expected > MAX_REQUESTS:
+        raise ValueError(f"phases: {expected:.0f} expected requests exceeds {MAX_REQUESTS}")
+    rng = np.random.default_rng(seed)
+    parts: list[npt.NDArray[np.float64]] = []
+    index: list[npt.NDArray[np.int64]] = []
+    start = 0.0
+    for k, phase in enumerate(phases):
+        local = _phase_offsets(phase, rng, first_at_zero=k == 0)
+        parts.append(start + local)
+        index.append(np.full(len(local), k, dtype=np.int64))
+        start += phase.duration_s
+    return PhasedSchedule(
+        phases=tuple(phases),
+        offsets_s=np.concatenate(parts) if parts else np.zeros(0),
+        phase_index=np.concatenate(index) if index else np.zeros(0, dtype=np.int64),
+    )
+
+
+def _phase_offsets(
+    phase: Phase, rng: np.random.Generator, *, first_at_zero: bool
+) -> npt.NDArray[np.float64]:
+    """Offsets within one phase, in [0, duration_s)."""
+    r0 = phase.rate
+    r1 = phase.rate if phase.end_rate is None else phase.end_rate
+    total = (r0 + r1) / 2 * phase.duration_s  # expected requests: the phase in "Lambda" units
+    if total <= 0:
+        return np.zeros(0, dtype=np.float64)
+    # Arrivals of a unit-rate process on [0, total), then mapped to seconds.
+    if phase.arrival == "constant":
+        units = np.arange(math.ceil(total) + 1, dtype=np.float64)
+    else:
+        batch = int(total + 6.0 * math.sqrt(total) + 16)
+        first = (
+            0.0 if first_at_zero else float(_gaps(phase.arrival, 1.0, phase.burstiness, 1, rng)[0])
+        )
+        chunks = [
+            first
+            + np.concatenate(
+                ([0.0], np.cumsum(_gaps(phase.arrival, 1.0, phase.burstiness, batch - 1, rng)))
+            )
+        ]
+        while chunks[-1][-1] < total:
+            last = chunks[-1][-1]
+            chunks.append(last + np.cumsum(_gaps(phase.arrival, 1.0, phase.burstiness, batch, rng)))
+        units = np.concatenate(chunks)
+    units = units[units < total]
+    return _unramp(units, r0, r1, phase.duration_s)
+
+
+def _unramp(
+    units: npt.NDArray[np.float64], r0: float, r1: float, duration_s: float
+) -> npt.NDArray[np.float64]:
+    """Invert the cumulative rate ``L(t) = r0 t + (r1 - r0) t^2 / (2 D)`` at ``units``."""
+    if r0 == r1:
+        return units / r0
+    a = (r1 - r0) / (2.0 * duration_s)
+    disc = np.maximum(r0 * r0 + 4.0 * a * units, 0.0)
+    # 2L / (r0 + sqrt(...)) is the stable root: no cancellation when a is small.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(units > 0, 2.0 * units / (r0 + np.sqrt(disc)), 0.0)
+    return np.minimum(np.asarray(t, dtype=np.float64), np.nextafter(duration_s, 0.0))

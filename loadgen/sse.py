@@ -21,7 +21,7 @@ cannot be told apart from a stream cut mid-line.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DONE = "[DONE]"
 """The data OpenAI-compatible servers send as the last event of a stream."""
@@ -30,8 +30,9 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class ServerSentEvent:
+class ServerSentEvent(NamedTuple):
+    """One dispatched event; a tuple so that building one per streamed token stays cheap."""
+
     data: str
     event: str = "message"
     id: str | None = None
@@ -56,14 +57,17 @@ class SSEParser:
         """Consume one read; returns the events it completed, in order."""
         if not chunk:
             return []
-        self._buf += chunk
+        buf = self._buf
+        buf += chunk
         if not self._bom_checked:
-            if len(self._buf) < len(_BOM) and _BOM.startswith(self._buf):
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
                 return []  # could still be a split BOM
-            if self._buf.startswith(_BOM):
-                del self._buf[: len(_BOM)]
+            if buf.startswith(_BOM):
+                del buf[: len(_BOM)]
             self._bom_checked = True
-        return self._drain(final=False)
+        if b"\r" in buf:
+            return self._drain(final=False)
+        return self._drain_lf()
 
     def close(self) -> list[ServerSentEvent]:
         """End of stream: dispatch a pending event that only lacked its blank line."""
@@ -74,8 +78,10 @@ class SSEParser:
         return events
 
     def _drain(self, *, final: bool) -> list[ServerSentEvent]:
-        events: list[ServerSentEvent] = []
         buf = self._buf
+        if b"\r" not in buf:
+            return self._drain_lf()
+        events: list[ServerSentEvent] = []
         end = len(buf)
         pos = 0
         while True:
@@ -91,6 +97,31 @@ class SSEParser:
                 events.append(event)
         if pos:
             del buf[:pos]
+        return events
+
+    def _drain_lf(self) -> list[ServerSentEvent]:
+        """The common framing (LF only) without a regex: split off every complete line at
+        once and handle ``data:`` and blank lines inline; anything else goes to ``_line``."""
+        buf = self._buf
+        last = buf.rfind(b"\n")
+        if last < 0:
+            return []
+        lines = bytes(buf[:last]).split(b"\n")
+        del buf[: last + 1]
+        events: list[ServerSentEvent] = []
+        for raw in lines:
+            if not raw:
+                if self._has_data:
+                    events.append(self._dispatch())
+                else:
+                    self._event = ""
+            elif raw.startswith(b"data: "):
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                self._has_data = True
+            else:
+                event = self._line(raw)
+                if event is not None:
+                    events.append(event)
         return events
 
     def _line(self, raw: bytes) -> ServerSentEvent | None:
@@ -117,11 +148,12 @@ class SSEParser:
         return None
 
     def _dispatch(self) -> ServerSentEvent:
+        data = self._data
         event = ServerSentEvent(
-            data="\n".join(self._data),
-            event=self._event or "message",
-            id=self._last_id,
-            retry=self._retry,
+            data[0] if len(data) == 1 else "\n".join(data),
+            self._event or "message",
+            self._last_id,
+            self._retry,
         )
         self._data = []
         self._has_data = False

@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +57,7 @@ class Received:
     path: str
     body: dict[str, Any]
     at_ns: int
+    request_id: str | None = None  # the X-Request-Id header
 
 
 @dataclass
@@ -171,12 +175,15 @@ async def _read_request(reader: asyncio.StreamReader) -> Received | None:
     lines = head.decode("latin-1").split("\r\n")
     _method, path, _version = lines[0].split(" ", 2)
     length = 0
+    request_id = None
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "content-length":
             length = int(value)
+        elif name.strip().lower() == "x-request-id":
+            request_id = value.strip()
     raw = await reader.readexactly(length) if length else b"{}"
-    return Received(path=path, body=json.loads(raw), at_ns=at_ns)
+    return Received(path=path, body=json.loads(raw), at_ns=at_ns, request_id=request_id)
 
 
 def _event(obj: Any) -> bytes:
@@ -371,3 +378,59 @@ def threaded_server() -> Iterator[ThreadedServer]:
     """For code that runs its own event loop (the CLI): the server lives in a second thread."""
     with _threaded() as server:
         yield server
+
+
+# --------------------------------------------------------------------------- the real sim engine
+# Started as a process (``python -m gate.engines.sim``), never imported: loadgen and its tests
+# must not depend on ``gate`` as a library.
+
+FAST = ["--load-s", "0", "--warmup-s", "0", "--ttft-ms", "2", "--itl-ms", "1", "--jitter", "0"]
+
+
+@contextlib.contextmanager
+def _sim(*args: str, timeout_s: float = 60.0) -> Iterator[str]:
+    """Yield the base URL of a running sim; stop it afterwards."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gate.engines.sim", "--port", "0", *FAST, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        url = None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+        assert url is not None, "the sim did not announce its port"
+        _wait_ready(url, deadline)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _wait_ready(url: str, deadline: float) -> None:
+    import httpx
+
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the sim never became healthy")
+
+
+@pytest.fixture
+def sim() -> Callable[..., contextlib.AbstractContextManager[str]]:
+    """``with sim(*flags) as url``: a fast, jitter-free sim engine on a free port."""
+    return _sim

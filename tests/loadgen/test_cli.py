@@ -41,7 +41,8 @@ def test_json_summary_open_loop(
     assert set(summary["throughput"]) == {"requests_per_s", "output_tokens_per_s"}
     written = list(read_jsonl(records))
     assert [r.request_id for r in written] == list(range(10))
-    received = threaded_server.server.received
+    received = [r for r in threaded_server.server.received if r.path != "/tokenize"]
+    assert len(received) == 10
     assert all(len(r.body["prompt"].split()) == 6 for r in received)
     assert all(r.body["ignore_eos"] is True for r in received)
 
@@ -56,7 +57,8 @@ def test_table_output_closed_loop_chat(
     assert "TTFT ms" in out
     assert "4/4 ok" in out
     assert threaded_server.server.max_active <= 2
-    assert threaded_server.server.received[0].path == "/v1/chat/completions"
+    paths = {r.path for r in threaded_server.server.received}
+    assert paths == {"/tokenize", "/v1/chat/completions"}  # the length probe, then the load
 
 
 def test_every_request_failing_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +103,27 @@ def test_argument_errors_exit_2_naming_the_flag(
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert "--concurrency" in capsys.readouterr().out
+
+
+def test_workers_json_and_slo(
+    threaded_server: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    records = tmp_path / "r.jsonl"
+    argv = ["--url", threaded_server.url, "--rate", "200", "--requests", "20", "--workers", "2"]
+    argv += ["--max-tokens", "2", "--prompt-tokens", "4", "--json", "--records", str(records)]
+    argv += ["--slo", "ttft_ms=5000", "--slo", "tpot_ms=5000", "--tokenizer", "estimate"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary) == KEYS | {"goodput"}
+    assert summary["requests"] == {"sent": 20, "ok": 20, "errors": 0}
+    assert summary["goodput"]["requests"] == 20
+    assert [r.request_id for r in read_jsonl(records)] == list(range(20))
+
+
+def test_scenario_with_phases(threaded_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--url", threaded_server.url, "--scenario", "normal", "--rate", "100"]
+    argv += ["--requests", "5", "--max-tokens", "2", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["requests"]["sent"] == 5
+    assert main([*argv[:3], "recovery", "--json", "--requests", "5"]) == 2  # not a knob of it
+    assert "--scenario" in capsys.readouterr().err

@@ -361,3 +361,35 @@ def test_pool_exhaustion_is_a_timeout_that_blames_the_client(stream_server: Any)
     assert record.error_kind == "timeout"
     assert record.error_message is not None
     assert "client pool" in record.error_message
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_request_id_header_and_both_transports_agree(stream_server: Any, lean: bool) -> None:
+    """The lean transport and httpx's own give the same record for the same stream."""
+
+    async def main() -> tuple[RequestRecord, Any]:
+        async with stream_server() as server:
+            target = Target("t", server.url)
+            spec = RequestSpec(42, PROMPT, 4, {"return_token_ids": True, "x_token_delay_s": 0.002})
+            async with make_client(target, 1, lean=lean) as client:
+                return await send_request(client, target, spec, time.monotonic_ns()), server
+
+    record, server = asyncio.run(main())
+    assert_ok(record, tokens=4)
+    assert record.token_ids == [100, 101, 102, 103]
+    assert server.received[0].request_id == "42"
+    # sent_ns is the socket write (lean) or just before httpx (default): before the server saw it.
+    assert record.sent_ns <= server.received[0].at_ns
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_messages_and_history_shape_the_body(api: str) -> None:
+    target = Target("t", "http://h:1", api=api)  # type: ignore[arg-type]
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    body = request_body(target, RequestSpec(0, "c", 1), history)
+    if api == "chat":
+        assert body["messages"] == [*history, {"role": "user", "content": "c"}]
+    else:
+        assert body["prompt"] == "a\n\nb\n\nc"
+    spec = RequestSpec(0, "", 1, messages=({"role": "system", "content": "s"},))
+    assert "messages" in request_body(Target("t", "http://h:1", api="chat"), spec)

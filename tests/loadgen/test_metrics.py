@@ -124,3 +124,28 @@ def test_distribution_helper() -> None:
 def test_bad_duration(bad: float) -> None:
     with pytest.raises(ValueError, match="duration_s"):
         summarize([], bad)
+
+
+def test_goodput_counts_requests_meeting_every_slo() -> None:
+    records = [
+        ok_record(0, ttft_ms=100, gaps_ms=[10, 10]),  # meets both
+        ok_record(1, ttft_ms=300, gaps_ms=[10, 10]),  # TTFT too slow
+        ok_record(2, ttft_ms=100, gaps_ms=[60, 60]),  # TPOT too slow
+        ok_record(3, ttft_ms=200, gaps_ms=[]),  # one token: no TPOT, meets; TTFT == limit meets
+        failed(4, "http_5xx"),  # never good
+    ]
+    s = summarize(records, duration_s=2.0, slos={"ttft_ms": 200, "tpot_ms": 50})
+    good = s["goodput"]
+    assert good["requests"] == 2
+    assert good["requests_per_s"] == 1.0
+    assert good["fraction"] == pytest.approx(2 / 5)
+    assert good["slos"] == {"ttft_ms": 200.0, "tpot_ms": 50.0}
+    assert "goodput" not in summarize(records, 2.0)  # no SLOs: the keys the gate expects
+    e2e = summarize(records, 2.0, slos={"e2e_ms": 210})["goodput"]
+    assert e2e["requests"] == 2  # 120 ms and 200 ms end to end; 220 and 320 are not
+
+
+@pytest.mark.parametrize("slos", [{"latency": 1.0}, {"ttft_ms": 0}, {"ttft_ms": "fast"}])
+def test_bad_slos_are_named(slos: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="slos"):
+        summarize([], 1.0, slos=slos)  # type: ignore[arg-type]

@@ -315,3 +315,36 @@ def test_warmup_requests_are_sent_but_not_recorded(stream_server: Any) -> None:
         assert len(prompts) == 5
     assert len(seen) == 6
     assert all(r.request_id < 100 for recs in result.records.values() for r in recs)
+
+
+def test_multi_turn_follow_ups_carry_each_targets_own_answer(stream_server: Any) -> None:
+    reqs = [
+        RequestSpec(0, "first question", 2),
+        RequestSpec(1, "other user", 2),
+        RequestSpec(2, "follow up", 3, parent=0),
+    ]
+
+    async def main() -> tuple[PairedResult, Any]:
+        async with stream_server(first_delay_s=0.05) as a:
+            target = Target("a", a.url, api="chat")
+            result = await run_paired([target], reqs, offsets_s=np.zeros(3))
+            return result, a
+
+    result, server = asyncio.run(main())
+    follow = next(r for r in server.received if r.request_id == "2")
+    assert follow.body["messages"] == [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": " w0 w1"},
+        {"role": "user", "content": "follow up"},
+    ]
+    recs = result.records["a"]
+    parent_end = recs[0].end_ns
+    assert parent_end is not None
+    assert recs[2].intended_ns >= parent_end  # waited for the answer, and says so
+    assert recs[2].sent_ns >= parent_end
+    with pytest.raises(ValueError, match="parent"):
+        asyncio.run(
+            run_paired(
+                [Target("a", "http://h:1")], [RequestSpec(0, "x", 1, parent=5)], concurrency=1
+            )
+        )

@@ -114,3 +114,63 @@ def test_bad_input_names_the_parameter(kwargs: dict[str, Any], name: str) -> Non
 
 def test_numpy_integer_request_count_is_accepted() -> None:
     assert len(build_offsets("poisson", 1.0, requests=np.int64(3))) == 3  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- phased schedules
+
+from loadgen.schedule import Phase, build_phased  # noqa: E402
+
+
+def test_phased_schedule_is_reproducible_and_marks_phases() -> None:
+    phases = [
+        Phase("baseline", 10, 10),
+        Phase("ramp", 10, 10, 50),
+        Phase("overload", 5, 80, arrival="constant"),
+        Phase("idle", 2, 0),
+        Phase("recovery", 10, 10, arrival="gamma", burstiness=0.5),
+    ]
+    a = build_phased(phases, seed=3)
+    b = build_phased(phases, seed=3)
+    np.testing.assert_array_equal(a.offsets_s, b.offsets_s)
+    np.testing.assert_array_equal(a.phase_index, b.phase_index)
+    assert not np.array_equal(a.offsets_s, build_phased(phases, seed=4).offsets_s)
+    assert a.offsets_s[0] == 0.0
+    assert np.all(np.diff(a.offsets_s) >= 0)
+    assert a.starts_s == [0.0, 10.0, 20.0, 25.0, 27.0]
+    assert a.duration_s == 37.0
+    counts = np.bincount(a.phase_index, minlength=5)
+    assert counts[2] == 400  # constant: exactly rate * duration
+    assert counts[3] == 0  # an idle phase sends nothing
+    for k, start in enumerate(a.starts_s):
+        mine = a.offsets_s[a.phase_index == k]
+        assert np.all((mine >= start) & (mine < start + phases[k].duration_s))
+    assert set(a.phase_names()) == {"baseline", "ramp", "overload", "recovery"}
+
+
+def test_ramp_rate_rises_linearly() -> None:
+    s = build_phased([Phase("ramp", 100.0, 10.0, 90.0)], seed=1)
+    first, last = np.histogram(s.offsets_s, bins=[0, 10, 90, 100])[0][[0, 2]]
+    # Expected 150 requests in the first 10 s (rate 10 -> 18) and 870 in the last (82 -> 90).
+    assert abs(first - 140) < 5 * np.sqrt(140)
+    assert abs(last - 860) < 5 * np.sqrt(860)
+    assert abs(len(s.offsets_s) - 5000) < 5 * np.sqrt(5000)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"name": "", "duration_s": 1, "rate": 1}, "name"),
+        ({"name": "a", "duration_s": 0, "rate": 1}, "duration_s"),
+        ({"name": "a", "duration_s": 1, "rate": -1}, "rate"),
+        ({"name": "a", "duration_s": 1, "rate": 1, "end_rate": float("nan")}, "end_rate"),
+        ({"name": "a", "duration_s": 1, "rate": 1, "arrival": "x"}, "arrival"),
+    ],
+)
+def test_phase_validation_names_the_field(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name}"):
+        Phase(**kwargs)
+
+
+def test_phase_names_must_be_unique() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        build_phased([Phase("a", 1, 1), Phase("a", 1, 1)])

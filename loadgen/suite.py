@@ -1,0 +1,688 @@
+"""The built-in scenario suite: named, typed, tunable workloads, and the probe runners.
+
+Each entry is a frozen dataclass whose fields are its knobs with defaults; ``build(seed,
+**overrides)`` returns a :class:`BuiltScenario` (requests plus either open-loop offsets or a
+closed-loop concurrency, and the phases of a phased scenario). Overrides are field names, so
+a gate spec entry such as ``{suite: peak, rate: 40}`` maps onto ``get("peak").build(seed,
+rate=40)`` one to one, and a misspelt knob is an error naming the scenario's real knobs.
+
+- ``normal``: steady Poisson at a nominal rate;
+- ``peak``: the same at a higher sustained rate;
+- ``overload``: nominal, then well beyond capacity, then nominal again;
+- ``recovery``: the same shape, with the phase after the overload marked ``recovery`` so its
+  latency can be compared with the ``baseline`` phase before it (how fast does it return?);
+- ``compatibility``: a fixed set of request shapes; :func:`run_probes` sends each and checks
+  the answer against the OpenAI schema;
+- ``correctness``: greedy probes with logprobs; :func:`run_correctness` returns per-probe
+  token ids and logprobs for divergence checks between two engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from loadgen.client import RequestSpec, Target, make_client
+from loadgen.prompts import LengthDist, sample_lengths, synthetic_prompts, varied_prompts
+from loadgen.schedule import Arrival, Phase, PhasedSchedule, build_offsets, build_phased
+
+# --------------------------------------------------------------------------- load scenarios
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltScenario:
+    """What a runner needs: exactly one of ``offsets_s`` and ``concurrency`` is set."""
+
+    name: str
+    requests: list[RequestSpec]
+    offsets_s: npt.NDArray[np.float64] | None = None
+    concurrency: int | None = None
+    phases: PhasedSchedule | None = None
+
+
+def _requests(
+    n: int,
+    prompt_tokens: int | LengthDist,
+    max_tokens: int | LengthDist,
+    extra: Mapping[str, Any],
+    seed: int,
+) -> list[RequestSpec]:
+    if isinstance(prompt_tokens, LengthDist):
+        prompts = varied_prompts(n, prompt_tokens, seed=seed)
+    else:
+        prompts = synthetic_prompts(n, prompt_tokens, seed=seed)
+    if isinstance(max_tokens, LengthDist):
+        outs = sample_lengths(n, max_tokens, seed=seed + 1)
+    else:
+        outs = [max_tokens] * n
+    return [RequestSpec(i, p, outs[i], dict(extra)) for i, p in enumerate(prompts)]
+
+
+_DEFAULT_EXTRA: Mapping[str, Any] = {"ignore_eos": True, "temperature": 0.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Steady:
+    """Open loop at one rate for a number of requests (or a duration)."""
+
+    name: ClassVar[str] = "normal"
+    rate: float = 10.0
+    requests: int | None = 300
+    duration_s: float | None = None
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0
+    prompt_tokens: int | LengthDist = 128
+    max_tokens: int | LengthDist = 128
+    extra: Mapping[str, Any] = field(default_factory=lambda: dict(_DEFAULT_EXTRA))
+
+    def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
+        me = _replace(self, overrides)
+        if me.duration_s is not None:
+            offsets = build_offsets(
+                me.arrival, me.rate, duration_s=me.duration_s, burstiness=me.burstiness, seed=seed
+            )
+        else:
+            offsets = build_offsets(
+                me.arrival, me.rate, requests=me.requests, burstiness=me.burstiness, seed=seed
+            )
+        reqs = _requests(len(offsets), me.prompt_tokens, me.max_tokens, me.extra, seed)
+        return BuiltScenario(me.name, reqs, offsets_s=offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class Normal(Steady):
+    """Steady Poisson at a nominal rate."""
+
+    name: ClassVar[str] = "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class Peak(Steady):
+    """A higher sustained rate: the busiest hour, not a spike."""
+
+    name: ClassVar[str] = "peak"
+    rate: float = 40.0
+    requests: int | None = 1200
+
+
+@dataclass(frozen=True, slots=True)
+class Overload:
+    """Nominal load, then ``overload_rate`` (beyond capacity) for a while, then nominal."""
+
+    name: ClassVar[str] = "overload"
+    rate: float = 10.0
+    overload_rate: float = 80.0
+    before_s: float = 10.0
+    overload_s: float = 15.0
+    after_s: float = 20.0
+    ramp_s: float = 0.0
+    arrival: Arrival = "poisson"
+    prompt_tokens: int | LengthDist = 128
+    max_tokens: int | LengthDist = 128
+    extra: Mapping[str, Any] = field(default_factory=lambda: dict(_DEFAULT_EXTRA))
+    after_name: ClassVar[str] = "after"
+
+    def phases(self) -> list[Phase]:
+        out = [Phase("baseline", self.before_s, self.rate, arrival=self.arrival)]
+        if self.ramp_s > 0:
+            out.append(Phase("ramp", self.ramp_s, self.rate, self.overload_rate, self.arrival))
+        out.append(Phase("overload", self.overload_s, self.overload_rate, arrival=self.arrival))
+        out.append(Phase(self.after_name, self.after_s, self.rate, arrival=self.arrival))
+        return out
+
+    def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
+        me = _replace(self, overrides)
+        schedule = build_phased(me.phases(), seed=seed)
+        reqs = _requests(len(schedule.offsets_s), me.prompt_tokens, me.max_tokens, me.extra, seed)
+        return BuiltScenario(me.name, reqs, offsets_s=schedule.offsets_s, phases=schedule)
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery(Overload):
+    """Overload, then a marked ``recovery`` phase at the nominal rate: compare its latency
+    over time with ``baseline`` to see how fast the engine drains its queue."""
+
+    name: ClassVar[str] = "recovery"
+    after_name: ClassVar[str] = "recovery"
+    after_s: float = 30.0
+
+
+# --------------------------------------------------------------------------- probes
+
+
+ProbeKind = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One request shape. ``body`` is merged over the model and ``messages``/``prompt``;
+    ``accept`` lists the statuses that count as a correct answer (a clean 400 for a request
+    beyond the context is correct)."""
+
+    name: str
+    api: ProbeKind
+    body: Mapping[str, Any]
+    stream: bool = False
+    accept: tuple[int, ...] = (200,)
+    prompt: str = "The quick brown fox jumps over the lazy dog."
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    """What one probe got back: ``ok`` is an accepted status with a well-formed body."""
+
+    name: str
+    api: ProbeKind
+    stream: bool
+    status: int | None
+    well_formed: bool
+    problems: list[str]
+    elapsed_ms: float
+    accepted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.accepted and self.well_formed
+
+
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def default_probes(max_model_len: int | None = None) -> list[Probe]:
+    """The fixed compatibility set; the long-prompt probe needs the context length."""
+    probes = [
+        Probe("completions", "completions", {"max_tokens": 8}),
+        Probe("completions_stream", "completions", {"max_tokens": 8}, stream=True),
+        Probe("chat", "chat", {"max_tokens": 8}),
+        Probe("chat_stream", "chat", {"max_tokens": 8}, stream=True),
+        Probe(
+            "stream_usage",
+            "chat",
+            {"max_tokens": 8, "stream_options": {"include_usage": True}},
+            stream=True,
+        ),
+        Probe("stop_sequence", "completions", {"max_tokens": 32, "stop": [" the", "\n"]}),
+        Probe("max_tokens_1", "completions", {"max_tokens": 1}),
+        Probe("max_tokens_1_stream", "chat", {"max_tokens": 1}, stream=True),
+        Probe("max_tokens_large", "completions", {"max_tokens": 1 << 20}, accept=(200, 400)),
+        Probe("logprobs", "completions", {"max_tokens": 8, "logprobs": 5}),
+        Probe("chat_logprobs", "chat", {"max_tokens": 8, "logprobs": True, "top_logprobs": 5}),
+        Probe("seed", "completions", {"max_tokens": 8, "seed": 1234, "temperature": 0.8}),
+        Probe(
+            "unicode",
+            "chat",
+            {"max_tokens": 8},
+            prompt="Ünïcödé ✓ — 中文 テスト 😀 עברית\u200b end",
+        ),
+        Probe(
+            "json_format",
+            "chat",
+            {"max_tokens": 16, "response_format": {"type": "json_object"}},
+            prompt="Reply with a JSON object with a key 'ok'.",
+        ),
+        Probe(
+            "tool_call",
+            "chat",
+            {"max_tokens": 32, "tools": [_TOOL], "tool_choice": "auto"},
+            prompt="What is the weather in Paris?",
+        ),
+    ]
+    if max_model_len is not None and max_model_len > 16:
+        words = synthetic_prompts(1, max(1, max_model_len - 16), seed=7)[0]
+        probes.append(
+            Probe("long_prompt", "completions", {"max_tokens": 4}, accept=(200, 400), prompt=words)
+        )
+        over = synthetic_prompts(1, max_model_len + 8, seed=8)[0]
+        probes.append(
+            Probe("over_context", "completions", {"max_tokens": 4}, accept=(400,), prompt=over)
+        )
+    return probes
+
+
+@dataclass(frozen=True, slots=True)
+class Compatibility:
+    """A fixed probe set of request shapes; run it with :func:`run_probes`.
+
+    ``build`` gives the streaming probes as ordinary requests (one at a time), so the shapes
+    can also ride along in a load run; the full check, including non-streaming shapes and
+    schema validation, is :func:`run_probes`.
+    """
+
+    name: ClassVar[str] = "compatibility"
+    max_model_len: int | None = None
+
+    def probes(self) -> list[Probe]:
+        return default_probes(self.max_model_len)
+
+    def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
+        me = _replace(self, overrides)
+        reqs = [
+            RequestSpec(i, p.prompt, int(p.body.get("max_tokens", 16)), _extra(p.body))
+            for i, p in enumerate(x for x in me.probes() if x.stream and x.api == "completions")
+        ]
+        return BuiltScenario(me.name, reqs, concurrency=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Correctness:
+    """Greedy probes with logprobs: temperature 0, fixed seeds, top-5 logprobs and token ids,
+    so that two engines serving the same weights can be compared token by token."""
+
+    name: ClassVar[str] = "correctness"
+    probes_count: int = 8
+    prompt_tokens: int = 32
+    max_tokens: int = 32
+    top_logprobs: int = 5
+
+    def requests(self, seed: int = 0) -> list[RequestSpec]:
+        prompts = synthetic_prompts(self.probes_count, self.prompt_tokens, seed=seed)
+        return [
+            RequestSpec(
+                i,
+                p,
+                self.max_tokens,
+                {
+                    "temperature": 0.0,
+                    "seed": seed + i,
+                    "logprobs": self.top_logprobs,
+                    "return_token_ids": True,
+                    "ignore_eos": True,
+                },
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
+        me = _replace(self, overrides)
+        return BuiltScenario(me.name, me.requests(seed), concurrency=1)
+
+
+Scenario = Normal | Peak | Overload | Recovery | Compatibility | Correctness
+
+SUITE: dict[str, Callable[[], Scenario]] = {
+    "normal": Normal,
+    "peak": Peak,
+    "overload": Overload,
+    "recovery": Recovery,
+    "compatibility": Compatibility,
+    "correctness": Correctness,
+}
+
+
+def get(name: str, **overrides: Any) -> Scenario:
+    """The suite entry ``name`` with its defaults replaced by ``overrides``."""
+    if name not in SUITE:
+        raise ValueError(f"scenario: unknown {name!r} (choose from {', '.join(SUITE)})")
+    scenario: Scenario = _replace(SUITE[name](), overrides)
+    return scenario
+
+
+def knobs(name: str) -> list[str]:
+    """The overridable fields of a suite entry, for help texts and spec validation."""
+    return [f.name for f in dataclasses.fields(get(name))]
+
+
+def _replace(obj: Any, overrides: Mapping[str, Any]) -> Any:
+    if not overrides:
+        return obj
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        known = ", ".join(sorted(names))
+        raise ValueError(f"{obj.name}: unknown setting(s) {', '.join(unknown)} (known: {known})")
+    return dataclasses.replace(obj, **overrides)
+
+
+def _extra(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "max_tokens"}
+
+
+# --------------------------------------------------------------------------- probe runners
+
+
+async def run_probes(
+    target: Target,
+    probes: Sequence[Probe] | None = None,
+    *,
+    client: httpx.AsyncClient | None = None,
+) -> list[ProbeResult]:
+    """Send every probe (one at a time) and check each answer against the OpenAI schema.
+
+    ``target.api`` is ignored: each probe names its own API. Without ``probes`` the default
+    set is used, sized to the context length the engine reports in ``/v1/models`` (vLLM's
+    ``max_model_len``) when it reports one. Never raises for an engine's answer: a refused
+    connection is a probe result with status ``None``.
+    """
+    async with _client_for(target, client) as http:
+        if probes is None:
+            probes = default_probes(await _max_model_len(http, target))
+        return [await _probe(http, target, p) for p in probes]
+
+
+async def _probe(http: httpx.AsyncClient, target: Target, probe: Probe) -> ProbeResult:
+    body: dict[str, Any] = {"model": target.model}
+    if probe.api == "chat":
+        body["messages"] = [{"role": "user", "content": probe.prompt}]
+    else:
+        body["prompt"] = probe.prompt
+    body.update(probe.body)
+    body["stream"] = probe.stream
+    url = _api_url(target, probe.api)
+    start = time.monotonic_ns()
+    result = ProbeResult(probe.name, probe.api, probe.stream, None, False, [], 0.0)
+    try:
+        response = await http.post(url, json=body, timeout=target.timeout_s)
+        payload = response.content
+        result.status = response.status_code
+    except httpx.HTTPError as exc:
+        result.problems.append(f"{type(exc).__name__}: {exc}")
+        result.elapsed_ms = (time.monotonic_ns() - start) / 1e6
+        return result
+    result.elapsed_ms = (time.monotonic_ns() - start) / 1e6
+    result.accepted = response.status_code in probe.accept
+    if response.status_code != 200:
+        result.problems.extend(_check_error(payload))
+    elif probe.stream:
+        result.problems.extend(_check_stream(payload, probe.api, probe.body))
+    else:
+        result.problems.extend(_check_body(payload, probe.api, probe.body))
+    result.well_formed = not result.problems
+    if not result.accepted:
+        result.problems.insert(0, f"status {response.status_code} not in {list(probe.accept)}")
+    return result
+
+
+def _api_url(target: Target, api: ProbeKind) -> str:
+    return dataclasses.replace(target, api=api).url
+
+
+async def _max_model_len(http: httpx.AsyncClient, target: Target) -> int | None:
+    base = target.base_url.rstrip("/")
+    url = (base if base.endswith("/v1") else base + "/v1") + "/models"
+    try:
+        data = (await http.get(url, timeout=target.timeout_s)).json()
+        for card in data.get("data", []):
+            if card.get("id") == target.model and isinstance(card.get("max_model_len"), int):
+                return int(card["max_model_len"])
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return None
+    return None
+
+
+@contextlib.asynccontextmanager
+async def _client_for(
+    target: Target, client: httpx.AsyncClient | None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The caller's client, or a fresh one (httpx's default transport: probes are few and
+    some are not streams) closed afterwards."""
+    if client is not None:
+        yield client
+        return
+    async with make_client(target, 2, lean=False) as owned:
+        yield owned
+
+
+# --------------------------------------------------------------------------- schema checks
+
+_FINISH = {"stop", "length", "tool_calls", "content_filter", "function_call", "abort", None}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_error(payload: bytes) -> list[str]:
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return ["error body is not JSON"]
+    error = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return ["error body lacks {'error': {'message': ...}}"]
+    return []
+
+
+def _check_usage(usage: Any, where: str) -> list[str]:
+    if not isinstance(usage, dict):
+        return [f"{where}: usage is not an object"]
+    return [
+        f"{where}: usage.{key} is not an integer"
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+        if not _is_int(usage.get(key))
+    ]
+
+
+def _check_logprobs(lp: Any, api: ProbeKind, where: str) -> list[str]:
+    if api == "completions":
+        if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+            return [f"{where}: logprobs lacks token_logprobs"]
+        if not isinstance(lp.get("tokens"), list):
+            return [f"{where}: logprobs lacks tokens"]
+        return []
+    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
+        return [f"{where}: logprobs lacks content"]
+    for entry in lp["content"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
+            return [f"{where}: a logprobs entry lacks logprob"]
+    return []
+
+
+def _check_choice(choice: Any, api: ProbeKind, body: Mapping[str, Any], chunk: bool) -> list[str]:
+    where = "chunk choice" if chunk else "choice"
+    if not isinstance(choice, dict):
+        return [f"{where} is not an object"]
+    problems: list[str] = []
+    if not _is_int(choice.get("index")):
+        problems.append(f"{where}: index is not an integer")
+    if choice.get("finish_reason") not in _FINISH:
+        problems.append(f"{where}: unknown finish_reason {choice.get('finish_reason')!r}")
+    if api == "completions":
+        if not isinstance(choice.get("text"), str):
+            problems.append(f"{where}: text is not a string")
+    else:
+        key = "delta" if chunk else "message"
+        message = choice.get(key)
+        if not isinstance(message, dict):
+            problems.append(f"{where}: {key} is not an object")
+        else:
+            content = message.get("content")
+            if content is not None and not isinstance(content, str):
+                problems.append(f"{where}: {key}.content is not a string or null")
+            if not chunk and message.get("role") != "assistant":
+                problems.append(f"{where}: message.role is not 'assistant'")
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                problems.append(f"{where}: {key}.tool_calls is not a list")
+    wants_logprobs = body.get("logprobs") not in (None, False, 0)
+    if wants_logprobs and not chunk:
+        problems.extend(_check_logprobs(choice.get("logprobs"), api, where))
+    return problems
+
+
+def _check_body(payload: bytes, api: ProbeKind, body: Mapping[str, Any]) -> list[str]:
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return ["body is not JSON"]
+    if not isinstance(obj, dict):
+        return ["body is not a JSON object"]
+    expected = "text_completion" if api == "completions" else "chat.completion"
+    problems: list[str] = []
+    if obj.get("object") != expected:
+        problems.append(f"object is {obj.get('object')!r}, not {expected!r}")
+    if not isinstance(obj.get("id"), str):
+        problems.append("id is not a string")
+    if not isinstance(obj.get("model"), str):
+        problems.append("model is not a string")
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return [*problems, "choices is not a non-empty list"]
+    for choice in choices:
+        problems.extend(_check_choice(choice, api, body, chunk=False))
+    problems.extend(_check_usage(obj.get("usage"), "body"))
+    usage = obj.get("usage")
+    limit = body.get("max_tokens")
+    used = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(limit, int) and isinstance(used, int) and used > limit:
+        problems.append(f"{used} completion tokens > max_tokens {limit}")
+    if body.get("response_format") == {"type": "json_object"} and api == "chat":
+        content = (
+            choices[0].get("message", {}).get("content") if isinstance(choices[0], dict) else None
+        )
+        try:
+            json.loads(content or "")
+        except ValueError:
+            problems.append("response_format json_object: content is not JSON")
+    return problems
+
+
+def _check_stream(payload: bytes, api: ProbeKind, body: Mapping[str, Any]) -> list[str]:
+    from loadgen.sse import DONE, SSEParser
+
+    parser = SSEParser()
+    events = [*parser.feed(payload), *parser.close()]
+    if not events:
+        return ["stream has no events"]
+    problems: list[str] = []
+    if events[-1].data != DONE:
+        problems.append("stream does not end with data: [DONE]")
+    expected = "text_completion" if api == "completions" else "chat.completion.chunk"
+    tokens = 0
+    saw_usage = False
+    for event in events:
+        if event.data == DONE:
+            continue
+        try:
+            obj = json.loads(event.data)
+        except ValueError:
+            problems.append("an event is not JSON")
+            continue
+        if not isinstance(obj, dict):
+            problems.append("an event is not a JSON object")
+            continue
+        if "error" in obj:
+            problems.append(f"error event: {obj['error']!r:.200}")
+            continue
+        if obj.get("object") != expected:
+            problems.append(f"chunk object is {obj.get('object')!r}, not {expected!r}")
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            problems.append("chunk choices is not a list")
+            continue
+        if not choices:
+            saw_usage = True
+            problems.extend(_check_usage(obj.get("usage"), "final chunk"))
+        for choice in choices:
+            problems.extend(_check_choice(choice, api, body, chunk=True))
+            if isinstance(choice, dict):
+                piece = (
+                    choice.get("text")
+                    if api == "completions"
+                    else (choice.get("delta") or {}).get("content")
+                )
+                tokens += 1 if piece else 0
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") and not saw_usage:
+        problems.append("include_usage requested but no usage chunk")
+    limit = body.get("max_tokens")
+    if isinstance(limit, int) and tokens > limit:
+        problems.append(f"{tokens} content events > max_tokens {limit}")
+    return sorted(set(problems), key=problems.index)
+
+
+# --------------------------------------------------------------------------- correctness
+
+
+@dataclass(slots=True)
+class CorrectnessResult:
+    """One greedy probe's output, token by token, for comparing engines."""
+
+    request_id: int
+    prompt: str
+    status: int | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    top_logprobs: list[dict[str, float]] | None
+    text: str
+    error: str | None = None
+
+
+async def run_correctness(
+    target: Target,
+    *,
+    scenario: Correctness | None = None,
+    seed: int = 0,
+    client: httpx.AsyncClient | None = None,
+) -> list[CorrectnessResult]:
+    """Send the greedy probes (non-streaming completions) and return what each produced.
+
+    Non-streaming, so that the answer is one JSON document whose logprobs need no
+    reassembly; ``return_token_ids`` is vLLM's (engines without it give ``token_ids=None``
+    and the comparison falls back to the logprob tokens' text).
+    """
+    scenario = scenario or Correctness()
+    out: list[CorrectnessResult] = []
+    async with _client_for(target, client) as http:
+        for req in scenario.requests(seed):
+            body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens}
+            body.update(req.extra)
+            body["stream"] = False
+            result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
+            try:
+                response = await http.post(
+                    _api_url(target, "completions"), json=body, timeout=target.timeout_s
+                )
+                result.status = response.status_code
+                obj = response.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                result.error = f"{type(exc).__name__}: {exc}"
+                out.append(result)
+                continue
+            choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
+            if response.status_code != 200 or not isinstance(choice, dict):
+                result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
+                out.append(result)
+                continue
+            result.text = choice.get("text") or ""
+            ids = choice.get("token_ids")
+            result.token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
+            lp = choice.get("logprobs")
+            if isinstance(lp, dict):
+                values = lp.get("token_logprobs")
+                if isinstance(values, list):
+                    result.logprobs = [float(v) for v in values if isinstance(v, int | float)]
+                tops = lp.get("top_logprobs")
+                if isinstance(tops, list):
+                    result.top_logprobs = [dict(t) for t in tops if isinstance(t, dict)]
+            out.append(result)
+    return out
+
+
+def first_divergence(a: CorrectnessResult, b: CorrectnessResult) -> int | None:
+    """Index of the first output token where two engines differ; ``None`` if they agree."""
+    left = a.token_ids if a.token_ids is not None else a.text.split()
+    right = b.token_ids if b.token_ids is not None else b.text.split()
+    for i, (x, y) in enumerate(zip(left, right, strict=False)):
+        if x != y:
+            return i
+    return None if len(left) == len(right) else min(len(left), len(right))
