@@ -98,8 +98,41 @@ class EngineSpec(_Strict):
 ENGINE_KIND_MESSAGE = "give exactly one of `command` (launch) or `url` (attach)"
 
 
+SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
+LOAD_SUITES = ("normal", "peak", "overload", "recovery")
+SUITE_OWN_KEYS = ("name", "suite", "api", "settings")
+
+
+def suite_knob_problems(suite: str, knobs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each knob the suite does not have, then for values it rejects."""
+    from loadgen import suite as catalogue
+
+    known = catalogue.knobs(suite)
+    out = [
+        (k, f"not a setting of suite {suite} (its settings: {', '.join(known)})")
+        for k in knobs
+        if k not in known
+    ]
+    if out:
+        return out
+    try:
+        if suite in LOAD_SUITES:
+            catalogue.get(suite, **knobs).build(seed=0)
+        else:
+            catalogue.get(suite, **knobs)
+    except (ValueError, TypeError) as exc:
+        return [("settings", f"suite {suite} rejects these settings: {exc}")]
+    return []
+
+
 class ScenarioSpec(_Strict):
+    """One load scenario: explicit (arrival, rate, requests, ...) or a named `suite` entry
+    (normal, peak, overload, recovery, compatibility, correctness) with its settings given
+    as plain keys, e.g. `{suite: peak, rate: 40}`."""
+
     name: Name
+    suite: Literal[SUITES] | None = None  # type: ignore[valid-type]
+    settings: dict[str, Any] = Field(default_factory=dict, description="the suite's knobs")
     api: Literal["completions", "chat"] = "completions"
     arrival: Literal["poisson", "constant", "gamma", "concurrency"] = "poisson"
     rate: float | None = Field(default=None, gt=0, le=100_000, description="requests/s")
@@ -112,12 +145,33 @@ class ScenarioSpec(_Strict):
     ignore_eos: bool = Field(default=True, description="fixed output lengths keep ITL comparable")
     temperature: float = Field(default=0.0, ge=0, le=2)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_suite_knobs(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("suite") is not None:
+            d = dict(data)
+            d.setdefault("name", d["suite"])
+            knobs = {k: d.pop(k) for k in list(d) if k not in SUITE_OWN_KEYS}
+            settings = d.get("settings")
+            d["settings"] = {**(settings if isinstance(settings, Mapping) else {}), **knobs}
+            return d
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
-        problems = scenario_cross_field_problems(self.model_dump())
+        if self.suite is not None:
+            problems = suite_knob_problems(self.suite, self.settings)
+        else:
+            if self.settings:
+                raise ValueError("`settings` belongs to a suite scenario; add `suite: NAME`")
+            problems = scenario_cross_field_problems(self.model_dump())
         if problems:
             raise ValueError(problems[0][1])
         return self
+
+    @property
+    def is_probe(self) -> bool:
+        return self.suite in ("compatibility", "correctness")
 
 
 def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -245,7 +299,12 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     scenarios = data.get("scenarios")
     if isinstance(scenarios, list):
         for i, sc in enumerate(scenarios):
-            if isinstance(sc, Mapping):
+            if isinstance(sc, Mapping) and isinstance(sc.get("suite"), str):
+                if sc["suite"] in SUITES:
+                    knobs = {k: v for k, v in sc.items() if k not in SUITE_OWN_KEYS}
+                    for field, msg in suite_knob_problems(sc["suite"], knobs):
+                        problems.append(FieldProblem(f"scenarios[{i}].{field}", msg))
+            elif isinstance(sc, Mapping):
                 for field, msg in scenario_cross_field_problems(sc):
                     problems.append(FieldProblem(f"scenarios[{i}].{field}", msg))
     for role in ("reference", "candidate"):

@@ -151,6 +151,7 @@ def scatter_chart(
     title: str,
     xlabel: str,
     ylabel: str,
+    markers: Sequence[tuple[str, float]] = (),
 ) -> str:
     """Per-request latency against send time: drift, bursts and overload show as shapes."""
     data = {k: (x, y) for k, (x, y) in series.items() if x.size}
@@ -171,6 +172,15 @@ def scatter_chart(
             py = MT + ph - (min(float(yi), y1) - y0) / (y1 - y0) * ph
             pts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="1.6"/>')
         body.append(f'<g fill="{color}" fill-opacity="0.55">{"".join(pts)}</g>')
+    for label, at in markers:
+        if not x0 < at < x1:
+            continue
+        px = ML + (at - x0) / (x1 - x0) * pw
+        body.append(
+            f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{MT + ph}" stroke="#57606a" '
+            f'stroke-dasharray="4 3"/><text x="{px + 3:.1f}" y="{MT + 10}" class="tick">'
+            f"{escape(label)}</text>"
+        )
     return _frame(title, xlabel, ylabel, x0, x1, y0, y1, body, list(data))
 
 

@@ -7,7 +7,7 @@ so a `<script>` in model output is shown, never run.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,12 @@ def _num(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def scenario_charts(name: str, columns: Mapping[str, Columns], warmup: int) -> dict[str, Markup]:
+def scenario_charts(
+    name: str,
+    columns: Mapping[str, Columns],
+    warmup: int,
+    phases: Sequence[tuple[str, float]] = (),
+) -> dict[str, Markup]:
     cols = {role: drop_warmup(c, warmup) for role, c in columns.items()}
     ttft = {role: c.ttft_ms() for role, c in cols.items()}
     itl = {role: c.itl_ms() for role, c in cols.items()}
@@ -54,7 +59,9 @@ def scenario_charts(name: str, columns: Mapping[str, Columns], warmup: int) -> d
         "ttft_cdf": Markup(cdf_chart(ttft, f"{name}: time to first token", "ms")),
         "itl_cdf": Markup(cdf_chart(itl, f"{name}: inter-token latency (per-request mean)", "ms")),
         "ttft_time": Markup(
-            scatter_chart(over_time, f"{name}: TTFT over time", "seconds into scenario", "ms")
+            scatter_chart(
+                over_time, f"{name}: TTFT over time", "seconds into scenario", "ms", phases
+            )
         ),
     }
 
@@ -63,7 +70,14 @@ def render_report(
     document: Mapping[str, Any], columns: Mapping[str, Mapping[str, Columns]], warmup: int = 0
 ) -> str:
     warm = warmup
-    charts = {name: scenario_charts(name, cols, warm) for name, cols in columns.items()}
+    marks = {
+        sc["name"]: [(p["name"], p["start_s"]) for p in sc.get("phases", [])]
+        for sc in document.get("scenarios", [])
+    }
+    charts = {
+        name: scenario_charts(name, cols, warm, marks.get(name, ()))
+        for name, cols in columns.items()
+    }
     phases = {role: e.get("phases", {}) for role, e in document.get("engines", {}).items()}
     timeline = Markup(timeline_chart(phases, "Engine lifecycle (seconds since the gate started)"))
     template = _env().get_template("report.html.j2")

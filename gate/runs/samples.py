@@ -37,10 +37,10 @@ class Columns:
     error: npt.NDArray[np.int16]  # -1 success, else index into ERROR_KINDS
     output_tokens: npt.NDArray[np.int32]
     itl_mean_ns: npt.NDArray[np.float64]  # NaN when fewer than 2 tokens
-    gap_offsets: npt.NDArray[
-        np.int64
-    ]  # request i's token gaps: gaps[gap_offsets[i]:gap_offsets[i+1]]
+    # request i's token gaps are gaps_ns[gap_offsets[i]:gap_offsets[i + 1]]
+    gap_offsets: npt.NDArray[np.int64]
     gaps_ns: npt.NDArray[np.float64]
+    phase: npt.NDArray[np.int16]  # index of the scenario phase the request was sent in
 
     def __len__(self) -> int:
         return int(self.request_id.size)
@@ -57,7 +57,10 @@ class Columns:
     @classmethod
     def from_bytes(cls, data: bytes) -> Columns:
         with np.load(io.BytesIO(data)) as z:
-            return cls(**{k: z[k] for k in cls.__slots__})
+            cols = {k: z[k] for k in cls.__slots__ if k in z.files}
+        # Columns added after a row was written get their neutral value.
+        cols.setdefault("phase", np.zeros(cols["request_id"].size, np.int16))
+        return cls(**cols)
 
     def ttft_ms(self) -> npt.NDArray[np.float64]:
         ok = self.ok & (self.first_token_ns >= 0)
@@ -89,7 +92,12 @@ class Columns:
         return {"requests": len(self), "ok": int(self.ok.sum()), "errors": self.errors()}
 
 
-def columns_from_records(records: Sequence[RequestRecord], start_ns: int) -> Columns:
+def columns_from_records(
+    records: Sequence[RequestRecord],
+    start_ns: int,
+    phase_of: npt.NDArray[np.int64] | None = None,
+) -> Columns:
+    """`phase_of[request_id]` is the phase index of each scheduled request (phased scenarios)."""
     n = len(records)
     rid = np.empty(n, np.int64)
     intended = np.empty(n, np.int64)
@@ -132,6 +140,9 @@ def columns_from_records(records: Sequence[RequestRecord], start_ns: int) -> Col
         itl_mean_ns=itl_mean,
         gap_offsets=offsets,
         gaps_ns=np.asarray(gaps, np.float64),
+        phase=(
+            phase_of[rid].astype(np.int16) if phase_of is not None and n else np.zeros(n, np.int16)
+        ),
     )
 
 
@@ -154,6 +165,7 @@ def drop_warmup(cols: Columns, warmup_requests: int) -> Columns:
         itl_mean_ns=cols.itl_mean_ns[keep],
         gap_offsets=offsets,
         gaps_ns=np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.float64),
+        phase=cols.phase[keep],
     )
 
 

@@ -35,12 +35,13 @@ from gate.reservations.inventory import load_inventory
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.samples import Columns, columns_from_records, drop_warmup
 from gate.spec import EngineSpec, GateSpec, ScenarioSpec, spec_to_dict
+from loadgen import suite as suite_catalogue
 from loadgen.client import RequestSpec, Target
 from loadgen.metrics import summarize
 from loadgen.prompts import synthetic_prompts
 from loadgen.records import RequestRecord
 from loadgen.runner import run_paired
-from loadgen.schedule import build_offsets
+from loadgen.schedule import PhasedSchedule, build_offsets
 
 ROLES = ("reference", "candidate")
 ENGINE_WARMUP_REQUESTS = 4
@@ -116,6 +117,7 @@ class ScenarioResult:
     summaries: Mapping[str, Mapping[str, Any]]
     duration_s: float
     aborted: bool
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (name, start_s)
 
 
 @dataclass
@@ -358,7 +360,18 @@ class GateRunner:
         seed = self.spec.seed * 7_777 + self.spec.scenarios.index(sc)
         offsets: np.ndarray | None = None
         concurrency: int | None = None
-        if sc.arrival == "concurrency":
+        phases: PhasedSchedule | None = None
+        reqs: Sequence[RequestSpec]
+        if sc.suite is not None:
+            built = suite_catalogue.get(sc.suite, **sc.settings).build(seed=seed)
+            reqs, offsets, concurrency, phases = (
+                built.requests,
+                built.offsets_s,
+                built.concurrency,
+                built.phases,
+            )
+            n = len(reqs)
+        elif sc.arrival == "concurrency":
             concurrency = sc.concurrency
             n = sc.requests if sc.requests is not None else CLOSED_LOOP_CAP
         else:
@@ -372,7 +385,8 @@ class GateRunner:
                 seed=seed,
             )
             n = int(offsets.size)
-        reqs = LazyRequests(sc, seed=seed, length=n)
+        if sc.suite is None:
+            reqs = LazyRequests(sc, seed=seed, length=n)
         total = n if n < CLOSED_LOOP_CAP else 0
         self.gate_phase(f"scenario:{sc.name}", f"{n if total else 'open-ended'} requests")
         self.progress.scenario_started(sc.name, total * len(ROLES))
@@ -407,12 +421,18 @@ class GateRunner:
         duration = time.monotonic() - t0
         self._check_crashes()
         self.progress.scenario_finished(sc.name)
+        phase_of = phases.phase_index if phases is not None else None
         columns = {
-            role: columns_from_records(result.records.get(role, []), result.start_ns)
+            role: columns_from_records(result.records.get(role, []), result.start_ns, phase_of)
             for role in ROLES
         }
         summaries = {role: summarize(result.records.get(role, []), duration) for role in ROLES}
-        return ScenarioResult(sc.name, columns, summaries, duration, aborted)
+        marks = (
+            [(p.name, s) for p, s in zip(phases.phases, phases.starts_s, strict=True)]
+            if phases is not None
+            else []
+        )
+        return ScenarioResult(sc.name, columns, summaries, duration, aborted, marks)
 
     def _judge(self) -> Verdict:
         warm = self.spec.policy.warmup_requests
@@ -500,6 +520,7 @@ class GateRunner:
                     "name": r.name,
                     "duration_s": round(r.duration_s, 3),
                     "aborted": r.aborted,
+                    "phases": [{"name": n, "start_s": round(s, 3)} for n, s in r.phases],
                     "reference": r.summaries["reference"],
                     "candidate": r.summaries["candidate"],
                 }
