@@ -46,12 +46,23 @@ class _Strict(BaseModel):
 
 
 class EngineSpec(_Strict):
-    """An engine to launch (`command`, an argv list) or one already running (`url`)."""
+    """An engine to launch (`command`, an argv list, or a `preset`) or one already running
+    (`url`)."""
 
     command: list[str] | None = Field(
         default=None,
         description="argv of the engine; {port}, {host}, {model}, {gpus}, {tp} are filled in.",
     )
+    preset: Literal["vllm", "sglang", "trtllm", "sim"] | None = Field(
+        default=None, description="a known engine: the gate builds its argv (see presets.py)"
+    )
+    binary: str | None = Field(
+        default=None, description="with a preset: the engine's program, e.g. a venv's vllm"
+    )
+    python: str | None = Field(
+        default=None, description="with a module preset (sglang, sim): the interpreter to use"
+    )
+    args: list[str] = Field(default_factory=list, description="with a preset: extra arguments")
     url: str | None = Field(default=None, description="Base URL of a running engine.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     cwd: str | None = Field(default=None, description="Working directory of the process.")
@@ -86,16 +97,32 @@ class EngineSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSpec:
-        if (self.command is None) == (self.url is None):
+        given = [k for k in ("command", "preset", "url") if getattr(self, k) is not None]
+        if len(given) != 1:
             raise ValueError(ENGINE_KIND_MESSAGE)
+        if self.preset is None and (self.binary or self.python or self.args):
+            raise ValueError("`binary`, `python` and `args` go with a `preset`")
         return self
 
     @property
     def kind(self) -> Literal["process", "endpoint"]:
-        return "process" if self.command is not None else "endpoint"
+        return "endpoint" if self.url is not None else "process"
+
+    def argv_template(self) -> list[str]:
+        if self.command is not None:
+            return list(self.command)
+        from gate.engines.presets import preset_argv
+
+        assert self.preset is not None
+        return preset_argv(
+            self.preset, binary=self.binary, python=self.python, args=tuple(self.args)
+        )
 
 
-ENGINE_KIND_MESSAGE = "give exactly one of `command` (launch) or `url` (attach)"
+ENGINE_KIND_MESSAGE = (
+    "give exactly one of `command` (an argv to launch), `preset` (vllm, sglang, trtllm, sim) "
+    "or `url` (attach to a running engine)"
+)
 
 
 SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
@@ -309,8 +336,10 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
                     problems.append(FieldProblem(f"scenarios[{i}].{field}", msg))
     for role in ("reference", "candidate"):
         eng = data.get(role)
-        if isinstance(eng, Mapping) and (eng.get("command") is None) == (eng.get("url") is None):
-            problems.append(FieldProblem(role, ENGINE_KIND_MESSAGE))
+        if isinstance(eng, Mapping):
+            kinds = [k for k in ("command", "preset", "url") if eng.get(k) is not None]
+            if len(kinds) != 1:
+                problems.append(FieldProblem(role, ENGINE_KIND_MESSAGE))
     try:
         spec = GateSpec.model_validate(dict(data))
     except ValidationError as exc:

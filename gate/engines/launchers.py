@@ -25,6 +25,8 @@ from gate.engines.readiness import wait_ready
 from gate.reservations.allocator import EnginePlacement
 
 TERM_GRACE_S = 5.0
+PORT_ATTEMPTS = 3
+PORT_TAKEN_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 ATTACH_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -128,8 +130,36 @@ class ProcessEngine:
         return env
 
     async def start(self) -> None:
-        argv = self.argv()
+        """Launch and wait until ready. The port is picked just before launch; if another
+        process binds it first (the engine dies with "address already in use" before the port
+        opens), the engine is relaunched on a fresh port, a few times at most."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                await self._launch_once()
+                return
+            except EngineError as exc:
+                if attempt == PORT_ATTEMPTS or exc.phase != "port_open":
+                    raise
+                if not _port_taken(self.log_path, log_start):
+                    raise
+                old = self.port
+                self._reap()
+                self.port = free_port(self.host)
+                self.base_url = f"http://{self.host}:{self.port}"
+                self.phases.mark("port_retry", f"port {old} was taken; relaunching on {self.port}")
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self.kill_now()
+            self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def _launch_once(self) -> None:
+        argv = self.argv()
         self._log = self.log_path.open("ab")
         try:
             # Popen only forks and execs; it does not wait, so calling it here is fine.
@@ -216,6 +246,16 @@ class ProcessEngine:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _port_taken(log_path: Path, since: int) -> bool:
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(since)
+            text = fh.read(200_000).decode("utf-8", "replace").lower()
+    except OSError:
+        return False
+    return any(marker in text for marker in PORT_TAKEN_MARKERS)
 
 
 def _describe_exit(code: int) -> str:

@@ -274,11 +274,10 @@ class GateRunner:
                 phases=phases,
                 readiness_timeout_s=es.readiness_timeout_s,
             )
-        assert es.command is not None
         log_dir = self.settings.data_dir / "logs" / self.gate_id
         return ProcessEngine(
             role=role,
-            argv_template=es.command,
+            argv_template=es.argv_template(),
             model=self.spec.model,
             phases=phases,
             log_path=log_dir / f"{role}.log",

@@ -140,3 +140,23 @@ def yaml_example() -> dict:  # type: ignore[type-arg]
     data = yaml.safe_load(EXAMPLE)
     assert isinstance(data, dict)
     return data
+
+
+def test_engine_presets() -> None:
+    base = yaml_example()
+    base["reference"] = {
+        "preset": "vllm",
+        "binary": "/opt/vllm-a/bin/vllm",
+        "args": ["--enforce-eager"],
+    }
+    base["candidate"] = {"preset": "vllm", "binary": "/opt/vllm-b/bin/vllm"}
+    spec = parse_spec(base)
+    assert spec.reference.kind == "process"
+    assert spec.reference.argv_template()[:2] == ["/opt/vllm-a/bin/vllm", "serve"]
+    base["candidate"] = {"preset": "vllm", "url": "http://x:1"}
+    base["reference"] = {"command": ["x"], "binary": "/y"}
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "exactly one of" in paths["candidate"]
+    assert "go with a `preset`" in paths["reference"]

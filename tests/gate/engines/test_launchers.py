@@ -44,7 +44,7 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
     tmp_path: Path, find_processes: Callable[[str], list[int]]
 ) -> None:
     tag = uuid.uuid4().hex
-    placement = EnginePlacement("candidate", "h0", (2, 3), "H200", {})
+    placement = EnginePlacement("candidate", (("h0", (2, 3)),), "H200", "h0")
     env_dump = tmp_path / "env.txt"
     eng = _engine(
         tmp_path, [*SIM, "--tag", tag, "--load-s", "0.2", "--warmup-s", "0.2"], placement=placement
@@ -208,3 +208,66 @@ def test_endpoint_attach_times_readiness(tmp_path: Path) -> None:
 
     eng = asyncio.run(go())
     assert list(eng.phases.reached) == list(ENDPOINT_PHASES)
+
+
+def test_taken_port_is_retried_on_a_fresh_one(tmp_path: Path) -> None:
+    """Another process binds the picked port first: the engine is relaunched elsewhere."""
+    import socket
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))  # bound, not listening: connects are refused, binds fail
+    taken = squatter.getsockname()[1]
+    eng = _engine(tmp_path, [*SIM, "--load-s", "0"])
+    eng.port, eng.base_url = taken, f"http://127.0.0.1:{taken}"
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        squatter.close()
+    assert eng.port != taken
+    assert "port_retry" in eng.phases.reached
+    assert list(eng.phases.reached)[-1] == "model_listed"
+
+
+def test_presets_render_argv_without_a_shell() -> None:
+    from gate.engines.presets import PRESETS, preset_argv
+
+    vals = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "port": "8000",
+        "host": "127.0.0.1",
+        "tp": "2",
+        "gpus": "0,1",
+    }
+    vllm = render_argv(
+        preset_argv("vllm", binary="/opt/vllm-0.11/bin/vllm", args=("--enforce-eager",)), vals
+    )
+    assert vllm[:3] == ["/opt/vllm-0.11/bin/vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "2" and vllm[-1] == "--enforce-eager"
+    sgl = render_argv(preset_argv("sglang", python="/venvs/sglang/bin/python"), vals)
+    assert sgl[:3] == ["/venvs/sglang/bin/python", "-m", "sglang.launch_server"]
+    assert sgl[sgl.index("--served-model-name") + 1] == vals["model"]
+    trt = render_argv(preset_argv("trtllm"), vals)
+    assert trt[0] == "trtllm-serve" and trt[trt.index("--tp_size") + 1] == "2"
+    assert set(PRESETS) == {"vllm", "sglang", "trtllm", "sim"}
+
+
+def test_sim_preset_launches(tmp_path: Path) -> None:
+    from gate.engines.presets import preset_argv
+
+    eng = _engine(tmp_path, preset_argv("sim", args=("--load-s", "0")))
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    asyncio.run(go())
+    assert "model_listed" in eng.phases.reached
