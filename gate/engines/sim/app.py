@@ -1,22 +1,26 @@
 """The sim's HTTP application: routes, handlers and the faults a client can observe.
 
-Faults (``--error-rate``, ``--crash-after-requests``) live here, at the HTTP edge, because that
-is where a real engine's failures become visible to clients.
+Faults live here, at the HTTP edge, because that is where a real engine's failures become
+visible to clients: an HTTP 500 or 429 before the stream, a crash that cuts every stream, an
+error event or a silent stall inside a stream, NaN logprobs. The engine underneath only
+schedules and decodes; a stream's ``Output`` decides, event by event, what actually goes out.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import itertools
 import os
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gate.engines.sim.config import SimConfig
-from gate.engines.sim.engine import SimEngine, StreamEvent
+from gate.engines.sim.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
+from gate.engines.sim.faults import FaultPlan, StreamFaults
 from gate.engines.sim.http11 import Request, Responder
-from gate.engines.sim.model import ToyModel, ToyTokenizer
+from gate.engines.sim.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
 from gate.engines.sim.protocol import (
     DONE_EVENT,
     ApiError,
@@ -29,38 +33,165 @@ from gate.engines.sim.protocol import (
     parse_completion_request,
     parse_detokenize_request,
     parse_tokenize_request,
+    stream_error_event,
 )
-from gate.engines.sim.timing import TimingModel
+from gate.engines.sim.timing import StepTimer
+from gate.engines.sim.truth import TruthLog, TruthRecord
 
 Route = Callable[[Request, Responder], Awaitable[None]]
 Parser = Callable[[bytes, ToyTokenizer, str, int], ApiRequest]
 
 FINISH_REASONS = ("stop", "length", "abort")
-SIM_VERSION = "0.1.0-sim"
+SIM_VERSION = "0.2.0-sim"
+# Prompt positions scored between yields to the event loop: scoring costs ~80 us a position,
+# and a long prompt scored in one go would stall every stream of the process.
+_SCORE_CHUNK = 24
 
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+@dataclass(slots=True)
+class FaultCounters:
+    """Faults that struck inside streams, counted when they strike (for /metrics)."""
+
+    hung_streams: int = 0
+    stream_errors: int = 0
+
+
+class StreamOutput:
+    """One SSE response: renders events, applies the stream's faults, records ground truth.
+
+    Called from the engine loop, never awaited: each event is one ``write`` to the transport,
+    and a hang or an error event simply takes the request out of the batch.
+    """
+
+    def __init__(
+        self,
+        responder: Responder,
+        encoder: StreamEncoder,
+        record: TruthRecord,
+        faults: StreamFaults,
+        counters: FaultCounters,
+        *,
+        chat: bool,
+        include_usage: bool,
+        done: asyncio.Future[None],
+    ) -> None:
+        self._responder = responder
+        self._encoder = encoder
+        self._record = record
+        self._hang_after = faults.hang_after
+        self._error_after = faults.error_after
+        self._counters = counters
+        self._role_pending = chat
+        self._include_usage = include_usage
+        self.done = done
+        self.tokens = 0
+        self.hung = False
+        self.stream_error = False
+
+    @property
+    def complete(self) -> bool:
+        return self.done.done()
+
+    def prepare(self, event: StreamEvent) -> bytes:
+        encoder = self._encoder
+        data = b""
+        if self._role_pending:
+            # vLLM sends the role-only chunk right before the first content chunk.
+            self._role_pending = False
+            data = encoder.role_event()
+        data += encoder.event(event)
+        if event.finish_reason is not None:
+            if self._include_usage:
+                data += encoder.usage_event(event.completion_tokens)
+            data += DONE_EVENT
+        return data
+
+    def deliver(self, event: StreamEvent, data: bytes, scheduled_ns: int) -> bool:
+        if self.done.done() or self.hung:
+            return False
+        if self._hang_after is not None and self.tokens >= self._hang_after:
+            # Silence, connection kept open: the handler waits until the client gives up.
+            self.hung = True
+            self._counters.hung_streams += 1
+            return False
+        if self._error_after is not None and (
+            self.tokens >= self._error_after or event.finish_reason is not None
+        ):
+            self.stream_error = True
+            self._counters.stream_errors += 1
+            self._responder.write(
+                stream_error_event("Simulated engine failure (--stream-error-rate)") + DONE_EVENT
+            )
+            self.done.set_result(None)
+            return False
+        self._responder.write(data)
+        self._record.add_event(time.monotonic_ns(), len(event.token_ids), scheduled_ns)
+        self.tokens += len(event.token_ids)
+        if event.finish_reason is not None:
+            self.done.set_result(None)
+        return True
+
+
+class CollectOutput:
+    """A non-streaming response: the events are merged into one body at the end."""
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.events: list[StreamEvent] = []
+        self.done = done
+
+    @property
+    def complete(self) -> bool:
+        return self.done.done()
+
+    def prepare(self, event: StreamEvent) -> bytes:
+        return b""
+
+    def deliver(self, event: StreamEvent, data: bytes, scheduled_ns: int) -> bool:
+        self.events.append(event)
+        if event.finish_reason is not None and not self.done.done():
+            self.done.set_result(None)
+        return True
+
+
 class SimApp:
     """Routes and handlers; state shared across requests lives on the engine."""
 
-    def __init__(self, config: SimConfig, tokenizer: ToyTokenizer, model: ToyModel) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        tokenizer: ToyTokenizer,
+        model: ToyModel,
+        *,
+        truth: TruthLog | None = None,
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.model = model
+        self.timer = StepTimer(config.cost_model(), config.seed, origin_ns=time.monotonic_ns())
         self.engine = SimEngine(
             model,
             tokenizer,
-            TimingModel(config),
+            self.timer,
             tokens_per_event=config.tokens_per_event,
             max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            kv_cache_tokens=config.kv_cache_tokens,
             seed=config.seed,
         )
+        self.truth = truth
+        self.faults = FaultPlan(config)
         self.ready = False
         self.started_generations = 0
         self.injected_errors = 0
-        self._fault_rng = random.Random(f"faults-{config.seed}")
+        self.shed_requests = 0
+        self.stream_faults = FaultCounters()
+        self._in_frontend = 0
+        self._ids = itertools.count(1)
+        self._frontend_s = self.timer.frontend_ns() / 1e9
         self._created = int(time.time())
         self._routes: dict[str, dict[str, Route]] = {
             "/health": {"GET": self._health},
@@ -74,6 +205,11 @@ class SimApp:
         }
         # Endpoints that answer before the engine is warm; the rest answer 503 until then.
         self._always_open = {"/health", "/metrics", "/version"}
+
+    def mark_ready(self) -> None:
+        """Serving starts now: degradation and --crash-after-s count from here."""
+        self.ready = True
+        self.timer.origin_ns = time.monotonic_ns()
 
     async def handle(self, request: Request, responder: Responder) -> None:
         try:
@@ -130,15 +266,42 @@ class SimApp:
         responder.send(200, dumps({"prompt": text}).encode())
 
     async def _metrics(self, request: Request, responder: Responder) -> None:
-        stats = self.engine.stats
+        engine = self.engine
+        stats = engine.stats
         labels = f'model_name="{_label(self.config.model)}"'
+
+        def metric(name: str, kind: str, help_text: str, value: float) -> list[str]:
+            return [
+                f"# HELP {name} {help_text}",
+                f"# TYPE {name} {kind}",
+                f"{name}{{{labels}}} {float(value)}",
+            ]
+
         lines = [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {float(stats.running)}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} {float(stats.waiting)}",
+            *metric(
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                engine.running,
+            ),
+            *metric(
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                engine.waiting,
+            ),
+            *metric(
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                engine.scheduler.kv_usage,
+            ),
+            *metric(
+                "vllm:num_preemptions_total",
+                "counter",
+                "Cumulative number of preemption from the engine.",
+                engine.scheduler.num_preemptions,
+            ),
             "# HELP vllm:request_success_total Count of finished requests by finish reason.",
             "# TYPE vllm:request_success_total counter",
         ]
@@ -148,18 +311,49 @@ class SimApp:
             for reason in FINISH_REASONS
         )
         lines += [
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(stats.prompt_tokens)}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{labels}}} {float(stats.generation_tokens)}",
-            "# HELP sim:generation_requests_total Generation requests accepted by the sim.",
-            "# TYPE sim:generation_requests_total counter",
-            f"sim:generation_requests_total{{{labels}}} {float(self.started_generations)}",
-            "# HELP sim:injected_errors_total Requests failed on purpose by --error-rate.",
-            "# TYPE sim:injected_errors_total counter",
-            f"sim:injected_errors_total{{{labels}}} {float(self.injected_errors)}",
+            *metric(
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                stats.prompt_tokens,
+            ),
+            *metric(
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                stats.generation_tokens,
+            ),
+            *metric(
+                "sim:generation_requests_total",
+                "counter",
+                "Generation requests accepted by the sim.",
+                self.started_generations,
+            ),
+            *metric(
+                "sim:injected_errors_total",
+                "counter",
+                "Requests failed on purpose by --error-rate.",
+                self.injected_errors,
+            ),
+            *metric(
+                "sim:shed_requests_total",
+                "counter",
+                "Requests refused by --max-waiting.",
+                self.shed_requests,
+            ),
+            *metric(
+                "sim:stream_errors_total",
+                "counter",
+                "Streams ended by an error event (--stream-error-rate).",
+                self.stream_faults.stream_errors,
+            ),
+            *metric(
+                "sim:hung_streams_total",
+                "counter",
+                "Streams silenced by --hang-after-tokens.",
+                self.stream_faults.hung_streams,
+            ),
+            *metric("sim:engine_steps_total", "counter", "Engine steps run.", stats.steps),
         ]
         body = ("\n".join(lines) + "\n").encode()
         responder.send(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")
@@ -173,58 +367,151 @@ class SimApp:
         await self._generate(request, responder, parse_chat_request)
 
     def _inject_error(self) -> None:
-        rate = self.config.error_rate
-        if rate > 0.0 and self._fault_rng.random() < rate:
+        if self.faults.http_error():
             self.injected_errors += 1
             raise ApiError(500, "Simulated engine failure (--error-rate)")
 
-    def _count_generation_start(self) -> None:
+    def _shed_if_overloaded(self) -> None:
+        limit = self.config.max_waiting
+        if limit is None:
+            return
+        engine = self.engine
+        # Requests that will wait for a sequence slot, not those the next step admits anyway.
+        queued = engine.waiting + self._in_frontend - max(0, engine.scheduler.free_slots())
+        if queued >= limit:
+            self.shed_requests += 1
+            status = self.config.shed_status
+            raise ApiError(
+                status,
+                f"The server is overloaded: {queued} requests are waiting "
+                f"(--max-waiting {limit}). Please retry later.",
+            )
+
+    def _count_generation_start(self) -> int:
         self.started_generations += 1
         limit = self.config.crash_after_requests
         if limit is not None and self.started_generations > limit:
-            print(
-                f"sim: crashing at request {self.started_generations} (--crash-after-requests)",
-                file=sys.stderr,
-                flush=True,
-            )
-            # No cleanup on purpose: in-flight streams must break the way a dead engine's do.
-            os._exit(1)
+            self.crash(f"crashing at request {self.started_generations} (--crash-after-requests)")
+        return self.started_generations
+
+    def crash(self, reason: str) -> None:
+        """Die the way a dead engine does: no cleanup, so in-flight streams just break."""
+        print(f"sim: {reason}", file=sys.stderr, flush=True)
+        if self.truth is not None:
+            self.truth.flush()  # the ground truth survives; clients still see a crash
+        os._exit(1)
+
+    def _nan(self, number: int) -> bool:
+        limit = self.config.nan_after_requests
+        return limit is not None and number > limit
+
+    async def _submit(
+        self, generation: GenerationRequest, output: Output, arrival_ns: int
+    ) -> EngineSeq:
+        if self._frontend_s > 0.0:
+            self._in_frontend += 1
+            try:
+                await asyncio.sleep(self._frontend_s)
+            finally:
+                self._in_frontend -= 1
+        return self.engine.submit(generation, output, arrival_ns=arrival_ns)
 
     async def _generate(self, request: Request, responder: Responder, parse: Parser) -> None:
+        request_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
+        record = TruthRecord(request_id, request.path, request.arrival_ns)
+        try:
+            await self._serve_generation(request, responder, parse, record)
+        except ApiError as exc:
+            record.status = exc.status
+            raise
+        finally:
+            if self.truth is not None:
+                self.truth.record(record)
+
+    async def _serve_generation(
+        self, request: Request, responder: Responder, parse: Parser, record: TruthRecord
+    ) -> None:
         cfg = self.config
         api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len)
         self._inject_error()
-        request_id = new_request_id(api.endpoint)
-        events = self.engine.generate(api.generation)
+        self._shed_if_overloaded()
+        xrid = request.headers.get("x-request-id")
+        response_id = new_request_id(api.endpoint, xrid)
+        headers = [("x-request-id", xrid)] if xrid else []
+        loop = asyncio.get_running_loop()
         if not api.stream:
-            self._count_generation_start()
-            collected: list[StreamEvent] = []
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    collected.append(event)
-            body = full_response(
-                api, collected, request_id=request_id, model=cfg.model, tokenizer=self.tokenizer
-            )
-            responder.send(200, body)
+            number = self._count_generation_start()
+            collected = CollectOutput(loop.create_future())
+            await self._run(api.generation, collected, request.arrival_ns)
+            body = await self._full_body(api, collected.events, response_id, self._nan(number))
+            if body is None:
+                # A NaN logprob cannot be JSON-encoded: vLLM's JSON response fails with 500.
+                record.status = 500
+                responder.send(
+                    500, b"Internal Server Error", content_type="text/plain; charset=utf-8"
+                )
+                return
+            record.status = 200
+            responder.send(200, body, headers=headers)
             return
 
         # Headers go out at once, as with vLLM; the body waits for the first token.
-        responder.start_stream()
-        self._count_generation_start()
+        responder.start_stream(headers=headers)
+        record.status = 200
+        number = self._count_generation_start()
         encoder = StreamEncoder(
-            api, request_id=request_id, model=cfg.model, tokenizer=self.tokenizer
+            api,
+            request_id=response_id,
+            model=cfg.model,
+            tokenizer=self.tokenizer,
+            nan_logprobs=self._nan(number),
         )
-        needs_role = api.endpoint == "chat"
-        completion_tokens = 0
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if needs_role:
-                    responder.write(encoder.role_event())
-                    needs_role = False
-                responder.write(encoder.event(event))
-                completion_tokens = event.completion_tokens
-                await responder.drain()
-        if api.stream_options.include_usage:
-            responder.write(encoder.usage_event(completion_tokens))
-        responder.write(DONE_EVENT)
+        output = StreamOutput(
+            responder,
+            encoder,
+            record,
+            self.faults.for_stream(number, api.generation.max_tokens),
+            self.stream_faults,
+            chat=api.endpoint == "chat",
+            include_usage=api.stream_options.include_usage,
+            done=loop.create_future(),
+        )
+        await self._run(api.generation, output, request.arrival_ns)
         responder.end_stream()
+
+    async def _run(
+        self, generation: GenerationRequest, output: StreamOutput | CollectOutput, arrival: int
+    ) -> None:
+        """Submit and wait for the last event; a cancelled wait (client gone) aborts it."""
+        seq: EngineSeq | None = None
+        try:
+            seq = await self._submit(generation, output, arrival)
+            await output.done
+        finally:
+            if seq is not None and not output.complete:
+                self.engine.abort(seq)
+
+    async def _full_body(
+        self, api: ApiRequest, events: list[StreamEvent], response_id: str, nan: bool
+    ) -> bytes | None:
+        wants_logprobs = api.generation.logprobs is not None or api.prompt_logprobs is not None
+        if nan and wants_logprobs:
+            return None
+        scores = None
+        if api.prompt_logprobs is not None:
+            scores = await self._score_prompt(api.generation.prompt_token_ids, api.prompt_logprobs)
+        return full_response(
+            api,
+            events,
+            request_id=response_id,
+            model=self.config.model,
+            tokenizer=self.tokenizer,
+            prompt_scores=scores,
+        )
+
+    async def _score_prompt(self, prompt: tuple[int, ...], top_n: int) -> list[PromptTokenLogprobs]:
+        scores: list[PromptTokenLogprobs] = []
+        for start in range(1, len(prompt), _SCORE_CHUNK):
+            scores.extend(self.model.prompt_logprobs(prompt, top_n, start, start + _SCORE_CHUNK))
+            await asyncio.sleep(0)
+        return scores

@@ -2,6 +2,8 @@
 
 Every knob is a flag so that a test or a gate run can build a reference and a candidate that
 differ in exactly one respect (a slower ITL, a fault, another model seed) and nothing else.
+Performance figures come from a named profile (``--profile``, default ``demo``); a flag given
+explicitly overrides the profile's value.
 """
 
 from __future__ import annotations
@@ -11,47 +13,105 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gate.engines.sim.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
+from gate.engines.sim.timing import CostModel
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Everything that determines how one sim process behaves.
 
     Frozen so the server, the engine and the timing model can share one instance without
-    any of them changing what the others see.
+    any of them changing what the others see. The defaults are the ``demo`` profile's.
     """
 
     port: int
     host: str = "127.0.0.1"
     model: str = "demo-model"
+    profile: str = DEFAULT_PROFILE
     max_model_len: int = 4096
     vocab_size: int = 4096
     # Startup phases: the port stays closed while "loading", then /health answers 503.
     load_s: float = 0.3
     warmup_s: float = 0.2
-    # `seed` drives timing jitter and fault draws; `model_seed` drives the toy weights, so
-    # two engines can jitter differently yet decode greedily to identical text.
+    # `seed` drives timing jitter, fault draws and the numeric variants; `model_seed` drives
+    # the toy weights, so two engines can jitter differently yet decode identically.
     seed: int = 0
     model_seed: int = 0
-    # Timing model.
+    # Performance model (see timing.py and scheduler.py).
+    frontend_ms: float = 0.0
     ttft_ms: float = 40.0
     prefill_us_per_token: float = 50.0
     itl_ms: float = 12.0
     itl_per_running_ms: float = 0.05
+    step_us_per_kv_token: float = 0.0
     jitter: float = 0.03
     tokens_per_event: int = 1
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_cache_tokens: int = 0
+    # Numeric variants of a candidate (see model.py).
+    logit_noise: float = 0.0
+    numeric_bug: float = 0.0
+    nan_after_requests: int | None = None
     # Faults.
     crash_after_requests: int | None = None
+    crash_after_s: float | None = None
     error_rate: float = 0.0
+    stream_error_rate: float = 0.0
+    hang_after_tokens: int | None = None
+    hang_rate: float = 1.0
+    hang_requests: tuple[int, ...] = ()
+    degrade_itl_per_min: float = 0.0
+    max_waiting: int | None = None
+    shed_status: int = 429
+    # Ground truth for benchmarks of clients.
+    truth_log: str | None = None
     tag: str = ""
+
+    def cost_model(self) -> CostModel:
+        return CostModel(
+            itl_ms=self.itl_ms,
+            itl_per_running_ms=self.itl_per_running_ms,
+            step_us_per_kv_token=self.step_us_per_kv_token,
+            prefill_us_per_token=self.prefill_us_per_token,
+            ttft_ms=self.ttft_ms,
+            frontend_ms=self.frontend_ms,
+            jitter=self.jitter,
+            degrade_itl_per_min=self.degrade_itl_per_min,
+        )
+
+
+def _request_list(text: str) -> tuple[int, ...]:
+    """``"3,5-7"`` -> (3, 5, 6, 7): generation request numbers, counted from 1."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, sep, last = part.partition("-")
+        try:
+            lo = int(first)
+            hi = int(last) if sep else lo
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a request number or range: {part!r}") from None
+        if lo < 1 or hi < lo or hi - lo > 1_000_000:
+            raise argparse.ArgumentTypeError(f"bad request range: {part!r}")
+        out.extend(range(lo, hi + 1))
+    return tuple(sorted(set(out)))
+
+
+def _profile_help() -> str:
+    lines = [f"{name}: {p.description}" for name, p in PROFILES.items()]
+    return "performance profile (default demo); " + "; ".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gate.engines.sim",
         description=(
-            "OpenAI-compatible streaming server that imitates vLLM with a toy model and a "
-            "configurable timing model."
+            "OpenAI-compatible streaming server that imitates vLLM with a toy model, a "
+            "continuous-batching performance model and faults on demand."
         ),
     )
     net = parser.add_argument_group("network")
@@ -65,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     mdl = parser.add_argument_group("model")
     mdl.add_argument("--model", default="demo-model", help="served model id")
-    mdl.add_argument("--max-model-len", type=int, default=4096, help="context window in tokens")
+    mdl.add_argument(
+        "--max-model-len", type=int, default=None, help="context window in tokens (profile)"
+    )
     mdl.add_argument("--vocab-size", type=int, default=4096, help="toy vocabulary size")
     mdl.add_argument(
         "--model-seed",
@@ -74,42 +136,106 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the toy weights; equal seeds give identical greedy outputs",
     )
 
-    phases = parser.add_argument_group("startup")
-    phases.add_argument("--load-s", type=float, default=0.3, help="seconds before the port opens")
-    phases.add_argument(
+    perf = parser.add_argument_group(
+        "performance model", "flags without a default here take the profile's value"
+    )
+    perf.add_argument("--profile", choices=sorted(PROFILES), default=None, help=_profile_help())
+    perf.add_argument("--load-s", type=float, default=None, help="seconds before the port opens")
+    perf.add_argument(
         "--warmup-s",
         type=float,
-        default=0.2,
+        default=None,
         help="seconds /health answers 503 after the port opens",
     )
-
-    timing = parser.add_argument_group("timing")
-    timing.add_argument("--seed", type=int, default=0, help="seed of jitter and fault draws")
-    timing.add_argument("--ttft-ms", type=float, default=40.0, help="base time to first token")
-    timing.add_argument(
+    perf.add_argument("--seed", type=int, default=0, help="seed of jitter, faults and variants")
+    perf.add_argument(
+        "--frontend-ms",
+        type=float,
+        default=None,
+        help="delay before a request reaches the scheduler (API server, tokenisation)",
+    )
+    perf.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=None,
+        help=(
+            "floor on time to first token, plus --prefill-us-per-token per prompt token; "
+            "per-request latency outside the batch, so it never changes ITL; 0 disables it"
+        ),
+    )
+    perf.add_argument(
         "--prefill-us-per-token",
         type=float,
-        default=50.0,
-        help="extra time to first token per prompt token, in microseconds",
+        default=None,
+        help="compute time per token of a step, in microseconds (steps are max(memory, compute))",
     )
-    timing.add_argument("--itl-ms", type=float, default=12.0, help="gap between stream events")
-    timing.add_argument(
+    perf.add_argument(
+        "--itl-ms",
+        type=float,
+        default=None,
+        help="memory time of a step: the decode step at batch 1",
+    )
+    perf.add_argument(
         "--itl-per-running-ms",
         type=float,
-        default=0.05,
-        help="extra gap per other running request (a light batching effect)",
+        default=None,
+        help="CPU time per additional sequence in a step (sampling, scheduling)",
     )
-    timing.add_argument(
-        "--jitter", type=float, default=0.03, help="sigma of the lognormal delay multiplier"
+    perf.add_argument(
+        "--step-us-per-kv-token",
+        type=float,
+        default=None,
+        help="memory time per context token attended over, in microseconds",
     )
-    timing.add_argument(
-        "--tokens-per-event", type=int, default=1, help="tokens carried by each stream event"
+    perf.add_argument(
+        "--jitter", type=float, default=None, help="sigma of the lognormal step-time multiplier"
     )
-    timing.add_argument(
+    perf.add_argument(
+        "--tokens-per-event",
+        type=int,
+        default=1,
+        help="tokens carried by each stream event (buffered over that many steps)",
+    )
+    perf.add_argument(
         "--max-num-seqs",
         type=int,
-        default=256,
-        help="requests generated at once; later ones wait (vllm:num_requests_waiting)",
+        default=None,
+        help="sequences in the running batch; later ones wait (vllm:num_requests_waiting)",
+    )
+    perf.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget of one step; longer prompts are prefilled in chunks",
+    )
+    perf.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens; when full the newest sequence is preempted; 0 = unlimited",
+    )
+
+    num = parser.add_argument_group("numeric variants (candidate models)")
+    num.add_argument(
+        "--logit-noise",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="Gaussian noise added to every logit: benign numerics, flips near-ties only",
+    )
+    num.add_argument(
+        "--numeric-bug",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="fraction of positions whose top token is swapped with one ranked >= 5: a real bug",
+    )
+    num.add_argument(
+        "--nan-after-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="logprobs of generation requests after the N-th are NaN",
     )
 
     faults = parser.add_argument_group("faults")
@@ -121,10 +247,72 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with code 1 when generation request N+1 starts streaming",
     )
     faults.add_argument(
+        "--crash-after-s",
+        type=float,
+        default=None,
+        metavar="T",
+        help="exit with code 1 T seconds after becoming ready, mid-stream or not",
+    )
+    faults.add_argument(
         "--error-rate",
         type=float,
         default=0.0,
         help="fraction of generation requests answered with HTTP 500",
+    )
+    faults.add_argument(
+        "--stream-error-rate",
+        type=float,
+        default=0.0,
+        help='fraction of streams that send an {"error": ...} event mid-stream, then [DONE]',
+    )
+    faults.add_argument(
+        "--hang-after-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="selected streams stop sending after K tokens but keep the connection open",
+    )
+    faults.add_argument(
+        "--hang-rate",
+        type=float,
+        default=1.0,
+        help="fraction of streams that hang (with --hang-after-tokens; default all)",
+    )
+    faults.add_argument(
+        "--hang-requests",
+        type=_request_list,
+        default=(),
+        metavar="LIST",
+        help="only these generation requests hang, e.g. 3,5-7 (counted from 1; overrides rate)",
+    )
+    faults.add_argument(
+        "--degrade-itl-per-min",
+        type=float,
+        default=0.0,
+        metavar="PCT",
+        help="step time grows by PCT%% of its start value per minute since ready",
+    )
+    faults.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shed new requests while N requests wait for a free sequence slot",
+    )
+    faults.add_argument(
+        "--shed-status",
+        type=int,
+        choices=(429, 503),
+        default=429,
+        help="status of shed requests (default 429)",
+    )
+
+    out = parser.add_argument_group("ground truth")
+    out.add_argument(
+        "--truth-log",
+        default=None,
+        metavar="FILE",
+        help="write one JSON line per finished generation request: arrival and event times",
     )
     parser.add_argument("--tag", default="", help="free text, ignored (find the process by it)")
     return parser
@@ -139,14 +327,23 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         if not ok:
             parser.error(message)
 
+    profile = PROFILES[ns.profile or DEFAULT_PROFILE]
+    for name in PROFILE_FIELDS:
+        if getattr(ns, name) is None:
+            setattr(ns, name, getattr(profile, name))
+
     for name in (
         "load_s",
         "warmup_s",
+        "frontend_ms",
         "ttft_ms",
         "prefill_us_per_token",
         "itl_ms",
         "itl_per_running_ms",
+        "step_us_per_kv_token",
         "jitter",
+        "logit_noise",
+        "degrade_itl_per_min",
     ):
         value = getattr(ns, name)
         require(
@@ -158,10 +355,20 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     require(16 <= ns.vocab_size <= 1 << 18, "--vocab-size must be in [16, 262144]")
     require(ns.tokens_per_event >= 1, "--tokens-per-event must be >= 1")
     require(ns.max_num_seqs >= 1, "--max-num-seqs must be >= 1")
-    require(0.0 <= ns.error_rate <= 1.0, "--error-rate must be in [0, 1]")
+    require(ns.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be >= 1")
     require(
-        ns.crash_after_requests is None or ns.crash_after_requests >= 0,
-        "--crash-after-requests must be >= 0",
+        ns.kv_cache_tokens == 0 or ns.kv_cache_tokens >= ns.max_model_len,
+        "--kv-cache-tokens must be 0 (unlimited) or at least --max-model-len",
+    )
+    for name in ("error_rate", "stream_error_rate", "hang_rate", "numeric_bug"):
+        value = getattr(ns, name)
+        require(0.0 <= value <= 1.0, f"--{name.replace('_', '-')} must be in [0, 1]")
+    for name in ("crash_after_requests", "nan_after_requests", "hang_after_tokens", "max_waiting"):
+        value = getattr(ns, name)
+        require(value is None or value >= 0, f"--{name.replace('_', '-')} must be >= 0")
+    require(
+        ns.crash_after_s is None or (math.isfinite(ns.crash_after_s) and ns.crash_after_s >= 0),
+        "--crash-after-s must be a finite number >= 0",
     )
     require(bool(ns.model), "--model must not be empty")
 
@@ -169,20 +376,37 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         port=ns.port,
         host=ns.host,
         model=ns.model,
+        profile=ns.profile or DEFAULT_PROFILE,
         max_model_len=ns.max_model_len,
         vocab_size=ns.vocab_size,
         load_s=ns.load_s,
         warmup_s=ns.warmup_s,
         seed=ns.seed,
         model_seed=ns.model_seed,
+        frontend_ms=ns.frontend_ms,
         ttft_ms=ns.ttft_ms,
         prefill_us_per_token=ns.prefill_us_per_token,
         itl_ms=ns.itl_ms,
         itl_per_running_ms=ns.itl_per_running_ms,
+        step_us_per_kv_token=ns.step_us_per_kv_token,
         jitter=ns.jitter,
         tokens_per_event=ns.tokens_per_event,
         max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        kv_cache_tokens=ns.kv_cache_tokens,
+        logit_noise=ns.logit_noise,
+        numeric_bug=ns.numeric_bug,
+        nan_after_requests=ns.nan_after_requests,
         crash_after_requests=ns.crash_after_requests,
+        crash_after_s=ns.crash_after_s,
         error_rate=ns.error_rate,
+        stream_error_rate=ns.stream_error_rate,
+        hang_after_tokens=ns.hang_after_tokens,
+        hang_rate=ns.hang_rate,
+        hang_requests=ns.hang_requests,
+        degrade_itl_per_min=ns.degrade_itl_per_min,
+        max_waiting=ns.max_waiting,
+        shed_status=ns.shed_status,
+        truth_log=ns.truth_log,
         tag=ns.tag,
     )

@@ -1,25 +1,38 @@
-"""Generation: the decoding state machine and the per-request event schedule.
+"""Generation: the decoding state machine and the engine loop that paces every request.
 
 Split in two on purpose. ``Decoder`` is synchronous and pure (given the model): it turns
 sampled tokens into output text, applying EOS, stop tokens, stop strings and max_tokens the
-way vLLM does, so it can be tested without a clock. ``SimEngine`` owns the clock: admission
-(``--max-num-seqs``), absolute deadlines for each event and the counters behind /metrics. A
-future continuous-batching scheduler replaces ``SimEngine.generate`` and keeps ``Decoder``.
+way vLLM does, so it can be tested without a clock. ``SimEngine`` owns the clock: one loop
+steps like a real engine (the scheduler picks the batch, the timer says how long the step
+takes, every sequence in it gets its token at the step's end), and hands each event to the
+request's ``Output`` at its emission time.
+
+Why one loop and not a task per request: at thousands of events per second, waking a
+coroutine per event costs more than the event itself, and per-request timers drift apart. The
+loop renders each step's events before the step ends (``Output.prepare``) and at the end only
+writes them out (``Output.deliver``), so the events of one step leave within microseconds of
+each other. It sleeps with the event loop until about a millisecond before a deadline, then
+with ``time.sleep`` for the rest, because asyncio's epoll timeouts round up to whole
+milliseconds and would make every event up to a millisecond late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from gate.engines.sim.model import EOS_TOKEN_ID, TokenLogprobs, ToyModel, ToyTokenizer
-from gate.engines.sim.timing import TimingModel
+from gate.engines.sim.scheduler import Scheduler, SeqState, SeqStatus, StepPlan
+from gate.engines.sim.timing import StepTimer
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,37 +172,123 @@ class Decoder:
         return best
 
 
+def merge_events(events: Sequence[StreamEvent]) -> StreamEvent:
+    """One event carrying several consecutive events' tokens (``--tokens-per-event``)."""
+    if len(events) == 1:
+        return events[0]
+    first, last = events[0], events[-1]
+    lps: tuple[TokenLogprobs, ...] | None = None
+    if first.logprobs is not None:
+        lps = tuple(lp for ev in events for lp in (ev.logprobs or ()))
+    return StreamEvent(
+        token_ids=tuple(t for ev in events for t in ev.token_ids),
+        text="".join(ev.text for ev in events),
+        logprobs=lps,
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        completion_tokens=last.completion_tokens,
+        text_offset=first.text_offset,
+    )
+
+
+class Output(Protocol):
+    """Where a request's events go: an SSE stream, a collector for a JSON response, a test.
+
+    ``prepare`` is called when the engine samples (ahead of the emission time, in order) so
+    the wire bytes are ready; ``deliver`` at the emission time. ``deliver`` returning False
+    stops the request (a fault took over): the engine frees its place in the batch.
+    """
+
+    def prepare(self, event: StreamEvent) -> bytes: ...
+
+    def deliver(self, event: StreamEvent, data: bytes, scheduled_ns: int) -> bool: ...
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Counters exported on /metrics; cumulative over the life of the process."""
 
-    running: int = 0
-    waiting: int = 0
     finished: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    steps: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class EngineSeq(SeqState):
+    """A request inside the engine: scheduling state plus its decoder and output."""
+
+    decoder: Decoder | None = None
+    output: Output | None = None
+    # Earliest first token (the --ttft-ms floor); every event is shifted by `offset_ns`, fixed
+    # when the first token is sampled, so the floor never changes the gaps between tokens.
+    floor_ns: int = 0
+    offset_ns: int = -1
+    buffered: list[StreamEvent] = field(default_factory=list)
+    counted_prompt: bool = False
+    dead: bool = False
+
+
+@dataclass(slots=True)
+class _Step:
+    end_ns: int
+    outputs: list[tuple[EngineSeq, StreamEvent, bytes]]
+
+
+# A step may start this far in the past when the loop is late; beyond it the schedule resyncs.
+_MAX_LAG_NS = 20_000_000
+# Sleep with the event loop until this close to a deadline, then with time.sleep.
+_FINE_SLEEP_NS = 1_200_000
+_COARSE_MARGIN_NS = 1_000_000
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class SimEngine:
-    """Admits requests and paces their events on the monotonic clock."""
+    """The engine loop: schedules steps, keeps their deadlines, emits events."""
 
     def __init__(
         self,
         model: ToyModel,
         tokenizer: ToyTokenizer,
-        timing: TimingModel,
+        timer: StepTimer,
         *,
         tokens_per_event: int = 1,
         max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        kv_cache_tokens: int = 0,
         seed: int = 0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.timer = timer
         self.stats = EngineStats()
-        self._timing = timing
+        self.scheduler: Scheduler[EngineSeq] = Scheduler(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_tokens=kv_cache_tokens,
+        )
         self._tokens_per_event = tokens_per_event
-        self._slots = asyncio.Semaphore(max_num_seqs)
         self._seed_rng = random.Random(f"sampling-{seed}")
+        self._step: _Step | None = None
+        self._pending: list[tuple[int, int, EngineSeq, StreamEvent, bytes]] = []
+        self._order = itertools.count()
+        self._waiter: asyncio.Future[None] | None = None
+        self._last_end_ns = 0
+        self._chained = False
+
+    # -- requests ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting)
 
     def sampling_rng(self, request: GenerationRequest) -> np.random.Generator | None:
         """A per-request generator: seeded requests sample identically in any process."""
@@ -198,40 +297,162 @@ class SimEngine:
         seed = request.seed if request.seed is not None else self._seed_rng.getrandbits(64)
         return np.random.default_rng(seed)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[StreamEvent, None]:
-        """Yield each event at its deadline.
+    def submit(
+        self, request: GenerationRequest, output: Output, *, arrival_ns: int | None = None
+    ) -> EngineSeq:
+        """Queue a request; its events go to ``output``. ``arrival_ns`` anchors the TTFT floor."""
+        now = time.monotonic_ns()
+        arrival = now if arrival_ns is None else arrival_ns
+        prompt_len = len(request.prompt_token_ids)
+        seq = EngineSeq(
+            prompt_len=prompt_len,
+            submitted_ns=now,
+            decoder=Decoder(self.model, self.tokenizer, request, self.sampling_rng(request)),
+            output=output,
+            floor_ns=arrival + self.timer.first_token_floor_ns(prompt_len),
+        )
+        self.scheduler.add(seq)
+        if self._step is None and self._waiter is not None:
+            _wake(self._waiter)
+        return seq
 
-        Deadlines are absolute (previous deadline + gap), so time spent by the consumer or the
-        event loop does not push later events back; a late event is sent at once. Callers must
-        close the iterator (``contextlib.aclosing``) so an abandoned request frees its slot.
-        """
+    def abort(self, seq: EngineSeq) -> None:
+        """Drop a request (client gone, or a fault stopped it); pending events are discarded."""
+        if seq.dead:
+            return
+        seq.dead = True
+        if seq.status is not SeqStatus.FINISHED:
+            self.scheduler.remove(seq)
+            self.stats.finished["abort"] += 1
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step until cancelled."""
+        while True:
+            now = time.monotonic_ns()
+            step = self._step
+            if step is not None and now >= step.end_ns:
+                self._step = None
+                self._finish_step(step)
+                # Let requests and disconnects in between steps, even zero-length ones.
+                await asyncio.sleep(0)
+                continue
+            if self._pending and self._pending[0][0] <= now:
+                self._deliver_due(now)
+            if self._step is None and self.scheduler.has_work():
+                self._step = self._begin_step(now)
+                continue
+            deadlines = []
+            if self._step is not None:
+                deadlines.append(self._step.end_ns)
+            if self._pending:
+                deadlines.append(self._pending[0][0])
+            await self._sleep_until(min(deadlines) if deadlines else None)
+
+    async def _sleep_until(self, deadline_ns: int | None) -> None:
+        """Return at ``deadline_ns`` (None: when woken), or earlier when ``submit`` wakes us."""
+        if deadline_ns is not None:
+            remaining = deadline_ns - time.monotonic_ns()
+            if remaining <= 0:
+                return
+            if remaining <= _FINE_SLEEP_NS:
+                # Let pending I/O in first: with deadlines this close together (every request
+                # shifted by its own TTFT floor) the loop would otherwise never read a socket.
+                await asyncio.sleep(0)
+                remaining = deadline_ns - time.monotonic_ns()
+                if remaining > 0:
+                    # Deliberately blocking: sub-millisecond precision epoll cannot give.
+                    time.sleep(remaining / 1e9)  # noqa: ASYNC251
+                return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        handle = None
+        if deadline_ns is not None:
+            delay = (deadline_ns - _COARSE_MARGIN_NS - time.monotonic_ns()) / 1e9
+            handle = loop.call_later(max(0.0, delay), _wake, fut)
+        self._waiter = fut
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle is not None:
+                handle.cancel()
+
+    def _begin_step(self, now: int) -> _Step:
+        sched = self.scheduler
+        if self._chained:
+            # Back to back with the last step. A loop that fell far behind (a starved process,
+            # zero-cost steps) gives up the lost time instead of bursting through it, as a
+            # stalled engine would; a little lateness stays visible in the ground truth.
+            start = max(self._last_end_ns, now - _MAX_LAG_NS)
+        else:
+            # The engine was idle: the step starts when the oldest waiting request came.
+            oldest = sched.waiting[0].submitted_ns if sched.waiting else now
+            start = max(self._last_end_ns, min(oldest, now))
+        # Everything that arrived by now joins, as a real scheduler polling its queue would.
+        plan = sched.schedule(now)
+        timer = self.timer
+        end = start + timer.step_ns(plan.num_seqs, plan.num_tokens, plan.kv_tokens, start)
+        self.stats.steps += 1
+        return _Step(end, self._sample(plan, end))
+
+    def _sample(
+        self, plan: StepPlan[EngineSeq], end: int
+    ) -> list[tuple[EngineSeq, StreamEvent, bytes]]:
+        """Decode every sequence that samples in this step and render its event ahead of time."""
         stats = self.stats
-        stats.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            stats.waiting -= 1
-        stats.running += 1
-        stats.prompt_tokens += len(request.prompt_token_ids)
-        decoder = Decoder(self.model, self.tokenizer, request, self.sampling_rng(request))
-        finish = "abort"
-        try:
-            deadline = time.monotonic_ns() + self._timing.first_event_delay_ns(
-                len(request.prompt_token_ids)
-            )
-            while True:
-                # Decode before sleeping: the work hides inside the gap instead of adding to it.
-                event = decoder.step(self._tokens_per_event)
-                delay_ns = deadline - time.monotonic_ns()
-                if delay_ns > 0:
-                    await asyncio.sleep(delay_ns / 1e9)
-                stats.generation_tokens += len(event.token_ids)
-                yield event
-                if event.finish_reason is not None:
-                    finish = event.finish_reason
-                    return
-                deadline += self._timing.next_event_delay_ns(stats.running)
-        finally:
-            stats.running -= 1
-            stats.finished[finish] += 1
-            self._slots.release()
+        for seq in plan.admitted:
+            if not seq.counted_prompt:
+                seq.counted_prompt = True
+                stats.prompt_tokens += seq.prompt_len
+        outputs: list[tuple[EngineSeq, StreamEvent, bytes]] = []
+        per_event = self._tokens_per_event
+        sampled = self.scheduler.complete(plan)
+        stats.generation_tokens += len(sampled)
+        for seq in sampled:
+            decoder = seq.decoder
+            output = seq.output
+            assert decoder is not None and output is not None
+            event = decoder.step(1)
+            if seq.offset_ns < 0:
+                seq.offset_ns = max(0, seq.floor_ns - end)
+            finished = event.finish_reason is not None
+            if per_event > 1:
+                seq.buffered.append(event)
+                if not finished and len(seq.buffered) < per_event:
+                    continue
+                event = merge_events(seq.buffered)
+                seq.buffered = []
+            if finished:
+                self.scheduler.remove(seq)
+                stats.finished[event.finish_reason or "stop"] += 1
+            outputs.append((seq, event, output.prepare(event)))
+        return outputs
+
+    def _finish_step(self, step: _Step) -> None:
+        end = step.end_ns
+        self._last_end_ns = end
+        pending = self._pending
+        for seq, event, data in step.outputs:
+            if seq.dead:
+                continue
+            if seq.offset_ns == 0:
+                self._emit(seq, event, data, end)
+            else:
+                heapq.heappush(pending, (end + seq.offset_ns, next(self._order), seq, event, data))
+        self._chained = self.scheduler.has_work()
+
+    def _deliver_due(self, now: int) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            due, _, seq, event, data = heapq.heappop(pending)
+            if not seq.dead:
+                self._emit(seq, event, data, due)
+
+    def _emit(self, seq: EngineSeq, event: StreamEvent, data: bytes, scheduled_ns: int) -> None:
+        output = seq.output
+        assert output is not None
+        if not output.deliver(event, data, scheduled_ns):
+            # A fault took over the request: it leaves the batch, later events are dropped.
+            self.abort(seq)

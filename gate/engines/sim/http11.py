@@ -5,8 +5,9 @@ and must push thousands of SSE events per second from one process, so it writes 
 chunks straight to the transport. What it supports is what LLM clients use: Content-Length and
 chunked request bodies, ``Expect: 100-continue``, keep-alive with pipelined requests handled in
 order, ``Connection: close``, HTTP/1.0, HEAD, and responses that are either sized (JSON) or
-streamed with chunked transfer encoding. Write back-pressure is honoured through ``drain()``;
-a client that disconnects cancels the task serving it.
+streamed with chunked transfer encoding. ``drain()`` waits out write back-pressure, but the
+engine's streams never call it: a slow reader's bytes queue in its transport, so one slow
+client cannot hold up a whole batch. A client that disconnects cancels the task serving it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class Request:
     version: str
     headers: dict[str, str]
     body: bytes
+    # time.monotonic_ns() once the body was complete in the buffer (for pipelined requests:
+    # when the connection got to it); the sim's ground truth counts from here.
+    arrival_ns: int = 0
 
 
 class HttpError(Exception):
@@ -214,6 +218,11 @@ class HttpProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task serving the current request, if any."""
+        return self._task
+
     # -- used by Responder -------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
@@ -312,7 +321,7 @@ class HttpProtocol(asyncio.Protocol):
         else:
             keep_alive = "close" not in connection
         path, _, query = target.partition("?")
-        request = Request(method, target, path, query, version, headers, body)
+        request = Request(method, target, path, query, version, headers, body, time.monotonic_ns())
         return request, keep_alive
 
     def _maybe_continue(self, headers: dict[str, str], version: str) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gate.engines.sim.engine import GenerationRequest, StreamEvent
-from gate.engines.sim.model import TokenLogprobs, ToyTokenizer, render_chat
+from gate.engines.sim.model import PromptTokenLogprobs, TokenLogprobs, ToyTokenizer, render_chat
 
 MAX_LOGPROBS = 20
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -28,6 +28,7 @@ _ERROR_TYPES = {
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestEntityTooLargeError",
+    429: "TooManyRequestsError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -177,6 +178,8 @@ class ApiRequest:
     stream: bool
     stream_options: StreamOptions
     return_token_ids: bool
+    # Teacher-forced scoring of the prompt: top-n per prompt position (non-streaming only).
+    prompt_logprobs: int | None = None
 
 
 def _common(
@@ -226,6 +229,7 @@ def _common(
     if min_tokens > max_tokens:
         raise bad_request("`min_tokens` must be less than or equal to `max_tokens`", "min_tokens")
     stream = _opt_bool(obj, "stream")
+    prompt_logprobs = _prompt_logprobs(obj, stream)
     generation = GenerationRequest(
         prompt_token_ids=tuple(prompt_ids),
         max_tokens=max_tokens,
@@ -245,9 +249,29 @@ def _common(
         stream=stream,
         stream_options=_stream_options(obj, stream),
         return_token_ids=_opt_bool(obj, "return_token_ids"),
+        prompt_logprobs=prompt_logprobs,
     )
     check_model(obj, served_model)
     return request
+
+
+def _prompt_logprobs(obj: dict[str, Any], stream: bool) -> int | None:
+    value = _opt_int(obj, "prompt_logprobs")
+    if value is None:
+        return None
+    if value < 0 and value != -1:
+        raise bad_request("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs")
+    if value == -1 or value > MAX_LOGPROBS:
+        raise bad_request(
+            f"Requested prompt logprobs of {value}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}",
+            "prompt_logprobs",
+        )
+    if stream:
+        raise bad_request(
+            "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
+        )
+    return value
 
 
 def check_model(obj: dict[str, Any], served_model: str) -> None:
@@ -393,9 +417,10 @@ def parse_detokenize_request(body: bytes, tokenizer: ToyTokenizer, served_model:
 # --------------------------------------------------------------------------- responses
 
 
-def new_request_id(endpoint: Endpoint) -> str:
+def new_request_id(endpoint: Endpoint, base: str | None = None) -> str:
+    """Like vLLM: the client's X-Request-Id when it sent one, else a random id."""
     prefix = "cmpl-" if endpoint == "completion" else "chatcmpl-"
-    return prefix + uuid.uuid4().hex
+    return prefix + (base or uuid.uuid4().hex)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -406,22 +431,35 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _num(value: float) -> float | None:
+    """NaN as null: vLLM's pydantic models serialise a NaN logprob that way in streams."""
+    return None if value != value else value
+
+
+def poison(logprobs: Sequence[TokenLogprobs]) -> tuple[TokenLogprobs, ...]:
+    """The same positions with every logprob NaN, as after NaN logits."""
+    nan = math.nan
+    return tuple(
+        TokenLogprobs(lp.token_id, nan, tuple((tid, nan) for tid, _ in lp.top)) for lp in logprobs
+    )
+
+
 def completion_logprobs(
     logprobs: Sequence[TokenLogprobs], tokenizer: ToyTokenizer, text_offset: int
 ) -> dict[str, Any]:
     """Legacy completions shape: the sampled token plus the top-N in one dict per position."""
     tokens: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float | None]] = []
     offsets: list[int] = []
     offset = text_offset
     for lp in logprobs:
         token = tokenizer.token_str(lp.token_id)
         tokens.append(token)
-        token_logprobs.append(lp.logprob)
-        entry = {token: lp.logprob}
+        token_logprobs.append(_num(lp.logprob))
+        entry = {token: _num(lp.logprob)}
         for tid, value in lp.top:
-            entry.setdefault(tokenizer.token_str(tid), value)
+            entry.setdefault(tokenizer.token_str(tid), _num(value))
         top_logprobs.append(entry)
         offsets.append(offset)
         offset += len(token)
@@ -441,12 +479,12 @@ def chat_logprobs(logprobs: Sequence[TokenLogprobs], tokenizer: ToyTokenizer) ->
         content.append(
             {
                 "token": token,
-                "logprob": lp.logprob,
+                "logprob": _num(lp.logprob),
                 "bytes": list(token.encode()),
                 "top_logprobs": [
                     {
                         "token": (alt := tokenizer.token_str(tid)),
-                        "logprob": value,
+                        "logprob": _num(value),
                         "bytes": list(alt.encode()),
                     }
                     for tid, value in lp.top
@@ -467,8 +505,10 @@ class StreamEncoder:
         model: str,
         tokenizer: ToyTokenizer,
         created: int | None = None,
+        nan_logprobs: bool = False,
     ) -> None:
         self._req = request
+        self._nan = nan_logprobs
         self._tokenizer = tokenizer
         self._prompt_tokens = len(request.generation.prompt_token_ids)
         created = int(time.time()) if created is None else created
@@ -507,15 +547,18 @@ class StreamEncoder:
 
     def event(self, ev: StreamEvent) -> bytes:
         tokenizer = self._tokenizer
+        logprobs = ev.logprobs
+        if logprobs is not None and self._nan:
+            logprobs = poison(logprobs)
         if self._chat:
             body = '"delta":{"content":' + dumps(ev.text) + "}"
-            lps = "null" if ev.logprobs is None else dumps(chat_logprobs(ev.logprobs, tokenizer))
+            lps = "null" if logprobs is None else dumps(chat_logprobs(logprobs, tokenizer))
         else:
             body = '"text":' + dumps(ev.text)
             lps = (
                 "null"
-                if ev.logprobs is None
-                else dumps(completion_logprobs(ev.logprobs, tokenizer, ev.text_offset))
+                if logprobs is None
+                else dumps(completion_logprobs(logprobs, tokenizer, ev.text_offset))
             )
         parts = [self._choice_head, body, ',"logprobs":', lps]
         if ev.finish_reason is None:
@@ -542,6 +585,40 @@ class StreamEncoder:
         ).encode()
 
 
+def stream_error_event(message: str) -> bytes:
+    """A mid-stream failure as vLLM reports it: HTTP 200 already sent, so an error event.
+
+    vLLM's stream generators answer any exception with its default streaming error, type
+    ``BadRequestError`` and code 400, whatever the cause; the sim does the same.
+    """
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return b"data: " + dumps({"error": error}).encode() + b"\n\n"
+
+
+def prompt_logprobs_json(
+    scores: Sequence[PromptTokenLogprobs], tokenizer: ToyTokenizer
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's shape: None for the first prompt token, then {token_id: {logprob, rank,
+    decoded_token}} with the actual token first and the top-n after it."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for score in scores:
+        entry: dict[str, dict[str, Any]] = {
+            str(score.token_id): {
+                "logprob": _num(score.logprob),
+                "rank": score.rank,
+                "decoded_token": tokenizer.token_str(score.token_id),
+            }
+        }
+        for rank, (tid, value) in enumerate(score.top, start=1):
+            entry[str(tid)] = {
+                "logprob": _num(value),
+                "rank": rank,
+                "decoded_token": tokenizer.token_str(tid),
+            }
+        out.append(entry)
+    return out
+
+
 def full_response(
     request: ApiRequest,
     events: Sequence[StreamEvent],
@@ -550,6 +627,7 @@ def full_response(
     model: str,
     tokenizer: ToyTokenizer,
     created: int | None = None,
+    prompt_scores: Sequence[PromptTokenLogprobs] | None = None,
 ) -> bytes:
     """Non-streaming body: the same events, merged into one choice."""
     created = int(time.time()) if created is None else created
@@ -573,6 +651,9 @@ def full_response(
         choice["logprobs"] = completion_logprobs(all_lps, tokenizer, 0) if want_lps else None
     choice["finish_reason"] = last.finish_reason
     choice["stop_reason"] = last.stop_reason
+    prompt_lps = None if prompt_scores is None else prompt_logprobs_json(prompt_scores, tokenizer)
+    if request.endpoint == "completion" and prompt_lps is not None:
+        choice["prompt_logprobs"] = prompt_lps
     if request.return_token_ids:
         if request.endpoint == "completion":
             choice["prompt_token_ids"] = list(request.generation.prompt_token_ids)
@@ -585,6 +666,9 @@ def full_response(
         "choices": [choice],
         "usage": usage(prompt_tokens, last.completion_tokens),
     }
+    if request.endpoint == "chat" and prompt_lps is not None:
+        # vLLM puts a chat request's prompt logprobs beside the choices, not inside one.
+        body["prompt_logprobs"] = prompt_lps
     if request.return_token_ids and request.endpoint == "chat":
         body["prompt_token_ids"] = list(request.generation.prompt_token_ids)
     return dumps(body).encode()

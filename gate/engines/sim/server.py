@@ -2,6 +2,7 @@
 
 It imitates a real engine so the gate's own startup handling gets exercised: the port stays
 closed while "loading weights", then /health answers 503 while "warming up", and only then 200.
+Long phases (minutes, like a 70B model's) are plain waits that a SIGTERM cuts short.
 The numpy-backed modules are imported inside the loading phase, so their import time counts
 towards ``--load-s`` instead of adding to it.
 """
@@ -9,10 +10,13 @@ towards ``--load-s`` instead of adding to it.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import signal
 import socket
 import sys
 import time
+import traceback
 
 from gate.engines.sim.announce import base_url, format_listening_line
 from gate.engines.sim.config import SimConfig
@@ -50,6 +54,16 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
+def _die_with_the_engine(task: asyncio.Task[None]) -> None:
+    """A dead engine loop would leave a server that accepts requests and never answers."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    traceback.print_exception(exc, file=sys.stderr)
+    log("sim: the engine loop failed; exiting")
+    os._exit(70)
+
+
 async def serve(config: SimConfig) -> int:
     """Run one sim process to completion; the return value is the exit code."""
     loop = asyncio.get_running_loop()
@@ -61,10 +75,15 @@ async def serve(config: SimConfig) -> int:
     log("sim: loading weights")
     # Imported here, not at the top: numpy's import time belongs to the loading phase.
     from gate.engines.sim.app import SimApp
-    from gate.engines.sim.model import ToyModel, ToyTokenizer
+    from gate.engines.sim.model import Numerics, ToyModel, ToyTokenizer
+    from gate.engines.sim.truth import TruthLog
 
     tokenizer = ToyTokenizer(config.vocab_size)
-    model = ToyModel(config.vocab_size, config.model_seed)
+    numerics = Numerics(config.logit_noise, config.numeric_bug, config.seed)
+    model = ToyModel(config.vocab_size, config.model_seed, numerics=numerics)
+    # Everything loaded so far lives as long as the process: keeping it out of the cyclic
+    # collector's scans avoids pauses of several milliseconds in the middle of streams.
+    gc.freeze()
     # Real construction work counts towards --load-s instead of adding to it.
     if await _stopped_within(stop, config.load_s - (time.monotonic() - started)):
         log("sim: stopped while loading")
@@ -75,21 +94,47 @@ async def serve(config: SimConfig) -> int:
     except OSError as exc:
         log(f"sim: cannot listen on {config.host}:{config.port}: {exc}")
         return 1
-    app = SimApp(config, tokenizer, model)
+    try:
+        truth = TruthLog(config.truth_log) if config.truth_log else None
+    except OSError as exc:
+        sock.close()
+        log(f"sim: cannot write the truth log {config.truth_log}: {exc}")
+        return 1
+    app = SimApp(config, tokenizer, model, truth=truth)
     connections: set[HttpProtocol] = set()
     server = await start_server(app.handle, sock, connections)
     port = int(sock.getsockname()[1])
     print(format_listening_line(config.host, port), flush=True)
+    engine_task = loop.create_task(app.engine.run())
+    engine_task.add_done_callback(_die_with_the_engine)
+    if truth is not None:
+        truth.start()
 
     log("sim: warming up")
+    crash: asyncio.TimerHandle | None = None
     if not await _stopped_within(stop, config.warmup_s):
-        app.ready = True
+        app.mark_ready()
+        if config.crash_after_s is not None:
+            crash = loop.call_later(
+                config.crash_after_s,
+                app.crash,
+                f"crashing {config.crash_after_s:g} s after ready (--crash-after-s)",
+            )
         log(f"sim: ready on {base_url(config.host, port)}")
         await stop.wait()
 
     log("sim: shutting down")
+    if crash is not None:
+        crash.cancel()
     server.close()
+    handlers = [t for c in connections if (t := c.task) is not None]
     for connection in list(connections):
         connection.abort()
+    # Let the aborted handlers finish (they write their ground truth) before the log closes.
+    if handlers:
+        await asyncio.wait(handlers, timeout=1.0)
+    engine_task.cancel()
     await server.wait_closed()
+    if truth is not None:
+        truth.close()
     return 0

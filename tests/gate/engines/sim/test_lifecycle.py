@@ -245,3 +245,36 @@ def test_sustains_thousands_of_events_per_second(launcher: SimPool) -> None:
     assert events == streams * tokens
     ideal = 0.010 + (tokens - 1) * 0.010  # 4,000 events/s if the schedule is kept
     assert elapsed < ideal * 1.5, f"{events / elapsed:.0f} events/s"
+
+
+def _model_timings(truth: Any) -> tuple[float, float]:
+    """Median TTFT and inter-event gap, in ms, as the performance model scheduled them."""
+    ttfts, gaps = [], []
+    for line in truth.read_text().splitlines():
+        rec = json.loads(line)
+        sched = rec["scheduled_ns"]
+        ttfts.append((sched[0] - rec["arrival_ns"]) / 1e6)
+        gaps.extend((b - a) / 1e6 for a, b in itertools.pairwise(sched))
+    return statistics.median(ttfts), statistics.median(gaps)
+
+
+def test_ttft_flag_moves_ttft_and_leaves_itl(launcher: SimPool, tmp_path: Any) -> None:
+    """The demo's regression: --ttft-ms 60 against 40 raises TTFT ~1.4x, ITL unchanged."""
+    timings = {}
+    for ttft in ("40", "60"):
+        truth = tmp_path / f"truth-{ttft}.jsonl"
+        sim = launcher.start(
+            "--load-s", "0", "--warmup-s", "0", "--ttft-ms", ttft, "--truth-log", str(truth)
+        )  # fmt: skip
+        with httpx.Client(base_url=sim.url, timeout=10) as client:
+            body = {"prompt": " ".join(["w"] * 128), "max_tokens": 6, "stream": True, **GREEDY}
+            for _ in range(6):
+                client.post("/v1/completions", json=body)
+        sim.stop()
+        timings[ttft] = _model_timings(truth)
+    (ttft40, itl40), (ttft60, itl60) = timings["40"], timings["60"]
+    # TTFT = --ttft-ms + 50 us per prompt token (6.4 ms), jittered by 3%.
+    assert ttft40 == pytest.approx(46.4, rel=0.1)
+    assert ttft60 == pytest.approx(66.4, rel=0.1)
+    assert itl40 == pytest.approx(12.0, rel=0.1)
+    assert itl60 == pytest.approx(itl40, rel=0.1)

@@ -11,9 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.engines.sim.model import (
+    BUG_MIN_GAP,
+    BUG_MIN_RANK,
     EOS_TOKEN_ID,
     LOGPROB_FLOOR,
+    TIE_MAX_LEAD,
+    TIE_RATE,
     TOP1_MARGIN,
+    Numerics,
     ToyModel,
     ToyTokenizer,
     build_vocabulary,
@@ -105,7 +110,9 @@ def test_logprobs_are_log_softmax_with_greedy_on_top(ctx: list[int], allow_eos: 
     greedy = MODEL.greedy(ctx, allow_eos=allow_eos)
     assert int(np.argmax(lp)) == greedy
     runner_up = float(np.sort(lp)[-2])
-    assert float(lp[greedy]) - runner_up >= TOP1_MARGIN - 1e-9
+    lead = float(lp[greedy]) - runner_up
+    # Confident positions lead by TOP1_MARGIN or more; near-ties by less than TIE_MAX_LEAD.
+    assert lead >= TOP1_MARGIN - 1e-9 or 0.0 < lead < TIE_MAX_LEAD
     # Raw logits differ from logprobs by one constant.
     z = MODEL.logits(ctx, allow_eos=allow_eos)
     finite = np.isfinite(z)
@@ -156,3 +163,88 @@ def test_sampling_never_picks_a_banned_eos() -> None:
     ctxs = rng.integers(0, VOCAB, size=(300, 3)).tolist()
     for c in ctxs:
         assert MODEL.next_token(c, temperature=5.0, rng=rng, allow_eos=False) != EOS_TOKEN_ID
+
+
+def _leads(model: ToyModel, ctxs: list[list[int]]) -> np.ndarray:
+    out = []
+    for c in ctxs:
+        lp = model.logprobs(c, allow_eos=False)
+        top2 = np.sort(lp)[-2:]
+        out.append(float(top2[1] - top2[0]))
+    return np.array(out)
+
+
+CTXS = np.random.default_rng(7).integers(1, VOCAB, size=(6000, 3)).tolist()
+
+
+def test_near_ties_exist_at_the_configured_rate() -> None:
+    leads = _leads(MODEL, CTXS[:3000])
+    ties = float(np.mean(leads < TIE_MAX_LEAD))
+    assert ties == pytest.approx(TIE_RATE, abs=0.02)
+    assert np.all((leads < TIE_MAX_LEAD) | (leads >= TOP1_MARGIN - 1e-9))
+
+
+def test_logit_noise_flips_only_near_ties() -> None:
+    sigma = 0.05
+    noisy = ToyModel(VOCAB, numerics=Numerics(noise_sigma=sigma, seed=3))
+    flips = []
+    for c in CTXS:
+        clean = MODEL.greedy(c, allow_eos=False)
+        got = noisy.greedy(c, allow_eos=False)
+        # The fast path agrees with the full noisy logits everywhere.
+        assert got == int(np.argmax(noisy.logits(c, allow_eos=False)))
+        if got != clean:
+            lp = MODEL.logprobs(c, allow_eos=False)
+            flips.append(float(lp[clean] - lp[got]))
+    assert 0 < len(flips) < 0.02 * len(CTXS)
+    # Only tokens within a few sigmas of the top can overtake it.
+    assert max(flips) < 8 * sigma
+    # Logprobs move by about sigma, not more.
+    lp_clean = MODEL.logprobs(CTXS[0])
+    lp_noisy = noisy.logprobs(CTXS[0])
+    assert float(np.std(lp_noisy - lp_clean)) == pytest.approx(sigma, rel=0.2)
+    # Reproducible: same seed, same noise; another seed, other noise.
+    again = ToyModel(VOCAB, numerics=Numerics(noise_sigma=sigma, seed=3))
+    np.testing.assert_array_equal(again.logits(CTXS[1]), noisy.logits(CTXS[1]))
+    other = ToyModel(VOCAB, numerics=Numerics(noise_sigma=sigma, seed=4))
+    assert not np.array_equal(other.logits(CTXS[1]), noisy.logits(CTXS[1]))
+
+
+def test_numeric_bug_flips_confident_positions_to_unlikely_tokens() -> None:
+    rate = 0.05
+    buggy = ToyModel(VOCAB, numerics=Numerics(bug_rate=rate, seed=1))
+    flips = 0
+    for c in CTXS[:4000]:
+        clean = MODEL.greedy(c, allow_eos=False)
+        got = buggy.greedy(c, allow_eos=False)
+        if got == clean:
+            continue
+        flips += 1
+        lp = MODEL.logprobs(c, allow_eos=False)
+        # In the reference model the chosen token is far below the top: a large margin.
+        assert float(lp[clean] - lp[got]) >= BUG_MIN_GAP - 1e-9
+        assert 1 + int(np.count_nonzero(lp > lp[got])) >= BUG_MIN_RANK
+        # The buggy model is sure of its wrong choice, so its logprobs show it.
+        assert int(np.argmax(buggy.logprobs(c, allow_eos=False))) == got
+    assert flips / 4000 == pytest.approx(rate, abs=0.015)
+
+
+def test_prompt_logprobs_score_each_token_given_its_prefix() -> None:
+    prompt = TOKENIZER.encode("the quick brown fox jumps over the lazy dog")
+    scores = MODEL.prompt_logprobs(prompt, 3)
+    assert len(scores) == len(prompt) - 1
+    for i, score in enumerate(scores, start=1):
+        lp = MODEL.logprobs(prompt[max(0, i - 3) : i])
+        assert score.token_id == prompt[i]
+        assert score.logprob == pytest.approx(float(lp[prompt[i]]))
+        assert score.rank == 1 + int(np.count_nonzero(lp > lp[prompt[i]]))
+        assert [t for t, _ in score.top] == list(np.argsort(-lp)[:3])
+    # Pieces add up to the whole, so a server may score in slices.
+    assert MODEL.prompt_logprobs(prompt, 3, 1, 4) + MODEL.prompt_logprobs(prompt, 3, 4) == scores
+    # Scoring the model's own greedy continuation gives rank 1 everywhere after the prompt.
+    ctx = list(prompt)
+    for _ in range(10):
+        ctx.append(MODEL.greedy(ctx))
+    tail = MODEL.prompt_logprobs(ctx, 0, len(prompt))
+    assert all(s.rank == 1 for s in tail)
+    assert all(s.top == () for s in tail)

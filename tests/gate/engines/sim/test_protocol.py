@@ -17,6 +17,8 @@ from gate.engines.sim.protocol import (
     parse_chat_request,
     parse_completion_request,
     parse_tokenize_request,
+    prompt_logprobs_json,
+    stream_error_event,
 )
 
 TOKENIZER = ToyTokenizer(4096)
@@ -175,3 +177,40 @@ def test_full_response_merges_events() -> None:
     assert choice["message"]["content"] == "".join(e.text for e in events)
     assert len(choice["logprobs"]["content"]) == 4
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+
+
+def test_prompt_logprobs_json_puts_the_actual_token_first() -> None:
+    prompt = TOKENIZER.encode("a b c d")
+    scores = MODEL.prompt_logprobs(prompt, 2)
+    out = prompt_logprobs_json(scores, TOKENIZER)
+    assert out[0] is None
+    assert len(out) == len(prompt)
+    for token_id, entry, score in zip(prompt[1:], out[1:], scores, strict=True):
+        assert entry is not None
+        first_key, first = next(iter(entry.items()))
+        assert first_key == str(token_id)
+        assert first["rank"] == score.rank
+        assert first["decoded_token"] == TOKENIZER.token_str(token_id)
+        ranks = {v["rank"] for k, v in entry.items() if k != first_key}
+        assert ranks <= {1, 2}
+    req = completion(max_tokens=1, temperature=0, prompt_logprobs=2)
+    assert req.prompt_logprobs == 2
+    body = json.loads(
+        full_response(
+            req, _events(req), request_id="x", model="m", tokenizer=TOKENIZER, prompt_scores=[]
+        )
+    )
+    assert body["choices"][0]["prompt_logprobs"] == [None]
+
+
+def test_nan_logprobs_render_as_null_and_errors_as_vllm_does() -> None:
+    req = completion(max_tokens=2, temperature=0, logprobs=1, stream=True)
+    enc = StreamEncoder(req, request_id="c", model="m", tokenizer=TOKENIZER, nan_logprobs=True)
+    chunk = _sse(enc.event(_events(req)[0]))
+    lps = chunk["choices"][0]["logprobs"]
+    assert lps["token_logprobs"] == [None, None]
+    assert all(v is None for top in lps["top_logprobs"] for v in top.values())
+    error = _sse(stream_error_event("boom"))
+    assert error == {
+        "error": {"message": "boom", "type": "BadRequestError", "param": None, "code": 400}
+    }
