@@ -188,6 +188,9 @@ PHASE_COLORS = {
     "launched": "#c6dbef",
     "attached": "#c6dbef",
     "process_up": "#9ecae1",
+    "pods_scheduled": "#9ecae1",
+    "image_pulled": "#85bcdb",
+    "started": "#78b4d8",
     "port_open": "#6baed6",
     "healthy": "#4292c6",
     "model_listed": "#2171b5",
@@ -242,8 +245,9 @@ def timeline_chart(phases: Mapping[str, Mapping[str, float]], title: str) -> str
             f'class="tick">{prev:.2f}s</text>'
         )
     x, ly = float(left), legend_y + 8
+    present = {name for _, ph in rows for name in ph}
     for name, color in PHASE_COLORS.items():
-        if name == "attached":
+        if name not in present:
             continue
         width = 14 + 6.2 * len(name) + 10
         if x + width > W - MR:

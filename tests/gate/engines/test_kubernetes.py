@@ -1,0 +1,767 @@
+"""The Kubernetes launcher through the real official client against a stateful fake API server.
+
+The fake (tests/support/k8s_fake.py) stores what the launcher POSTs and serves it back; the
+tests play the LeaderWorkerSet controller (pods from the templates, owned by the LWS) and the
+kubelet (pod status built from the client's own models, one step per poll), and the engine's
+HTTP side is a real local server reached through `base_url_override`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+from k8s_fake import FakeKubernetes, ObjectStore, status, to_json
+from kubernetes import client
+
+from gate.core.errors import EngineError, ReadinessTimeout
+from gate.engines.kubernetes import (
+    KUBERNETES_PHASES,
+    GateLease,
+    KubernetesEngine,
+    find_crash,
+    pod_view,
+    reap_expired_leases,
+)
+from gate.engines.lifecycle import Clock, PhaseLog
+from gate.engines.manifests import (
+    EngineWorkload,
+    engine_name,
+    gate_labels,
+    lease_name,
+    render_lease,
+)
+
+NS = "llm-gate"
+GATE_ID = "5a1b2c3d4e5f60718293a4b5c6d7e8f9"
+MODEL = "demo-model"
+IMAGE = "vllm/vllm-openai:v0.11.0"
+LWS = "leaderworkerset.x-k8s.io/leaderworkersets"
+CD = "resource.nvidia.com/computedomains"
+LEASES = "coordination.k8s.io/leases"
+FAST: dict[str, Any] = {"poll_s": 0.01, "stop_wait_s": 2.0}
+
+
+# -- the engine's HTTP side ------------------------------------------------------------------
+
+
+@dataclass
+class EngineHttp:
+    """/health and /v1/models of an engine, with knobs for the failure cases."""
+
+    health_code: int = 200
+    models: list[str] = field(default_factory=lambda: [MODEL])
+    url: str = ""
+
+
+@pytest.fixture
+def http() -> Iterator[EngineHttp]:
+    state = EngineHttp()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                code, body = state.health_code, b"{}"
+            elif self.path == "/v1/models":
+                code = 200
+                body = json.dumps({"data": [{"id": m} for m in state.models]}).encode()
+            else:
+                code, body = 404, b"{}"
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+# -- the controllers: LWS and the kubelet ----------------------------------------------------
+
+
+def pinned_nodes(pod: dict[str, Any]) -> list[str]:
+    aff = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return list(aff["nodeSelectorTerms"][0]["matchExpressions"][0]["values"])
+
+
+def lws_controller(store: ObjectStore, lws: dict[str, Any]) -> None:
+    """What the LWS controller (and its StatefulSets) make of one group: the leader
+    `<name>-0` and workers `<name>-0-<i>`, owned by the LWS."""
+    meta, lwt = lws["metadata"], lws["spec"]["leaderWorkerTemplate"]
+    owner = {
+        "apiVersion": lws["apiVersion"],
+        "kind": "LeaderWorkerSet",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
+    names = [f"{meta['name']}-0"] + [f"{meta['name']}-0-{i}" for i in range(1, lwt["size"])]
+    for i, name in enumerate(names):
+        template = lwt["leaderTemplate" if i == 0 else "workerTemplate"]
+        labels = {
+            **template["metadata"]["labels"],
+            "leaderworkerset.sigs.k8s.io/name": meta["name"],
+        }
+        store.create(
+            "pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": meta["namespace"],
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },
+                "spec": json.loads(json.dumps(template["spec"])),
+            },
+        )
+
+
+def container_status(
+    *,
+    waiting: str | None = None,
+    message: str | None = None,
+    running: bool = False,
+    restarts: int = 0,
+    last: tuple[str, int] | None = None,
+) -> client.V1ContainerStatus:
+    state = client.V1ContainerState(
+        waiting=client.V1ContainerStateWaiting(reason=waiting, message=message)
+        if waiting
+        else None,
+        running=client.V1ContainerStateRunning(started_at=dt.datetime.now(dt.UTC))
+        if running
+        else None,
+    )
+    last_state = None
+    if last is not None:
+        last_state = client.V1ContainerState(
+            terminated=client.V1ContainerStateTerminated(reason=last[0], exit_code=last[1])
+        )
+    return client.V1ContainerStatus(
+        name="engine",
+        image=IMAGE,
+        image_id="" if waiting in ("ContainerCreating", "ErrImagePull") else f"{IMAGE}@sha256:ab",
+        ready=running,
+        restart_count=restarts,
+        started=running,
+        state=state,
+        last_state=last_state,
+    )
+
+
+def scheduled(ok: bool, message: str = "") -> client.V1PodCondition:
+    if ok:
+        return client.V1PodCondition(type="PodScheduled", status="True")
+    return client.V1PodCondition(
+        type="PodScheduled", status="False", reason="Unschedulable", message=message
+    )
+
+
+UNSCHEDULABLE = (
+    "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are "
+    "available: 4 No preemption victims found for incoming pod."
+)
+# Each stage: the pod status the kubelet reports, and whether the pod is bound to its node.
+STAGES: dict[str, tuple[Callable[[], client.V1PodStatus], bool]] = {
+    "pending": (lambda: client.V1PodStatus(phase="Pending"), False),
+    "unschedulable": (
+        lambda: client.V1PodStatus(phase="Pending", conditions=[scheduled(False, UNSCHEDULABLE)]),
+        False,
+    ),
+    "creating": (
+        lambda: client.V1PodStatus(
+            phase="Pending",
+            conditions=[scheduled(True)],
+            container_statuses=[container_status(waiting="ContainerCreating")],
+        ),
+        True,
+    ),
+    "pull_failed": (
+        lambda: client.V1PodStatus(
+            phase="Pending",
+            conditions=[scheduled(True)],
+            container_statuses=[
+                container_status(
+                    waiting="ErrImagePull",
+                    message=f'failed to pull and unpack image "{IMAGE}": not found',
+                )
+            ],
+        ),
+        True,
+    ),
+    "crashloop": (
+        lambda: client.V1PodStatus(
+            phase="Running",
+            conditions=[scheduled(True)],
+            container_statuses=[
+                container_status(waiting="CrashLoopBackOff", restarts=1, last=("Error", 1))
+            ],
+        ),
+        True,
+    ),
+    "running": (
+        lambda: client.V1PodStatus(
+            phase="Running",
+            conditions=[scheduled(True)],
+            container_statuses=[container_status(running=True)],
+        ),
+        True,
+    ),
+    "oom_restarted": (
+        lambda: client.V1PodStatus(
+            phase="Running",
+            conditions=[scheduled(True)],
+            container_statuses=[
+                container_status(running=True, restarts=1, last=("OOMKilled", 137))
+            ],
+        ),
+        True,
+    ),
+}
+
+
+class Kubelet:
+    """Moves every pod one stage further each time the pods are listed (the launcher polls by
+    listing), so phases follow one another deterministically however slow the machine is."""
+
+    def __init__(self, store: ObjectStore, stages: Sequence[str]) -> None:
+        self.store, self.stages = store, list(stages)
+        self.step: dict[str, int] = {}
+        store.on_list.setdefault("pods", []).append(self.advance)
+
+    def advance(self, store: ObjectStore) -> None:
+        with store.lock:
+            for pod in store.items("pods"):
+                name = pod["metadata"]["name"]
+                i = self.step.get(name, -1) + 1
+                if i >= len(self.stages):
+                    continue
+                self.step[name] = i
+                self.put(pod, self.stages[i])
+
+    def put(self, pod: dict[str, Any], stage: str) -> None:
+        make, bound = STAGES[stage]
+        meta = pod["metadata"]
+        with self.store.lock:
+            if bound:
+                # Workers `<name>-0-<i>` are pinned to nodes[1:], the leader to nodes[0].
+                nodes = pinned_nodes(pod)
+                index = int(meta["name"].rsplit("-", 1)[-1]) if "-0-" in meta["name"] else 1
+                pod["spec"]["nodeName"] = nodes[(index - 1) % len(nodes)]
+            self.store.set_status("pods", meta["namespace"], meta["name"], to_json(make()))
+
+
+@pytest.fixture
+def fake() -> FakeKubernetes:
+    store = ObjectStore()
+    store.on_create.setdefault(LWS, []).append(lws_controller)
+    return FakeKubernetes(store=store)
+
+
+def store_of(fake: FakeKubernetes) -> ObjectStore:
+    assert fake.store is not None
+    return fake.store
+
+
+def h200(**kw: Any) -> EngineWorkload:
+    return EngineWorkload(
+        namespace=NS,
+        gate_id=GATE_ID,
+        role=kw.pop("role", "candidate"),
+        image=IMAGE,
+        model=MODEL,
+        nodes=(kw.pop("node", "h200-a"),),
+        gpus_per_node=2,
+        args=("--model", "{model}", "--port", "{port}"),
+        **kw,
+    )
+
+
+def gb200(**kw: Any) -> EngineWorkload:
+    return EngineWorkload(
+        namespace=NS,
+        gate_id=GATE_ID,
+        role="reference",
+        image=IMAGE,
+        model=MODEL,
+        nodes=("gb-r0-h00", "gb-r0-h01", "gb-r0-h02", "gb-r0-h03"),
+        gpus_per_node=4,
+        command=("python3", "-m", "sglang.launch_server", "--node-rank", "$(LWS_WORKER_INDEX)"),
+        clique="7f3a.0",
+        **kw,
+    )
+
+
+def engine(fake: FakeKubernetes, workload: EngineWorkload, url: str, **kw: Any) -> KubernetesEngine:
+    return KubernetesEngine(
+        workload,
+        PhaseLog(workload.role, Clock()),
+        fake.api_client(),
+        base_url_override=url,
+        readiness_timeout_s=kw.pop("readiness_timeout_s", 10.0),
+        **{**FAST, **kw},
+    )
+
+
+def deleted_paths(fake: FakeKubernetes) -> set[str]:
+    return {c.path for c in fake.sent("DELETE")}
+
+
+def ours_left(store: ObjectStore) -> list[str]:
+    return [f"{r}/{n}" for (r, _, n), o in store.objects.items()]
+
+
+def paths_for(workload: EngineWorkload, lease: str) -> dict[str, str]:
+    name = workload.name
+    out = {
+        "lease": f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease}",
+        "service": f"/api/v1/namespaces/{NS}/services/{name}-http",
+    }
+    if workload.multi_node:
+        out["workload"] = (
+            f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets/{name}"
+        )
+        out["compute_domain"] = (
+            f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains/{name}-imex"
+        )
+    else:
+        out["workload"] = f"/api/v1/namespaces/{NS}/pods/{name}"
+    return out
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+def test_single_node_engine_walks_every_phase_then_tears_everything_down(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["pending", "creating", "running"])
+    w = h200()
+    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID)
+    eng = engine(fake, w, http.url, lease=lease)
+    assert eng.service_url == f"http://gate-5a1b2c3d4e5f-candidate-http.{NS}.svc:8000"
+    assert eng.base_url == http.url and eng.pid is None and eng.launched
+
+    uids: list[str | None] = []
+
+    async def go() -> None:
+        await eng.start()
+        assert eng.crashed() is None
+        uids.append(lease.uid)
+        await eng.stop()
+
+    asyncio.run(go())
+    assert list(eng.phases.reached) == list(KUBERNETES_PHASES)
+    times = [eng.phases.reached[p] for p in KUBERNETES_PHASES]
+    assert times == sorted(times)
+
+    # The Lease first; everything else owned by it, as rendered.
+    posts = fake.sent("POST")
+    assert [c.path.rsplit("/", 1)[-1] for c in posts] == ["leases", "services", "pods"]
+    assert uids[0]
+    for c in posts[1:]:
+        owner = c.body["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Lease", lease.name, uids[0])
+    pod_body = posts[2].body
+    assert pod_body["spec"]["containers"][0]["args"] == ["--model", MODEL, "--port", "8000"]
+    # What went over the wire (after the client's models) is still a valid object.
+    for c in posts:
+        kubernetes_validate.validate(c.body, "1.37", strict=True)
+    assert eng.manifests is not None
+    assert posts[1].body == eng.manifests.service and posts[2].body == eng.manifests.workload
+
+    expected = paths_for(w, lease_name(GATE_ID))
+    assert deleted_paths(fake) == set(expected.values())
+    for c in fake.sent("DELETE"):
+        assert c.body["propagationPolicy"] == "Background"
+    assert ours_left(store_of(fake)) == []
+    assert eng.crashed() is None  # stopped engines report no crash
+
+
+def test_multi_node_gb200_engine_is_a_leader_worker_set_and_is_collected(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["pending", "creating", "running"])
+    w = gb200()
+    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID)
+    eng = engine(fake, w, http.url, lease=lease)
+    pods_seen: list[str] = []
+
+    async def go() -> None:
+        await eng.start()
+        pods_seen.extend(sorted(p["spec"]["nodeName"] for p in store_of(fake).items("pods")))
+        await eng.stop()
+
+    asyncio.run(go())
+    assert list(eng.phases.reached) == list(KUBERNETES_PHASES)
+    assert pods_seen == list(w.nodes)  # one pod per reserved node, leader on the first
+    posts = [c.path.rsplit("/", 1)[-1] for c in fake.sent("POST")]
+    assert posts == ["leases", "computedomains", "services", "leaderworkersets"]
+    assert eng.manifests is not None  # sent exactly as rendered (and validated there)
+    assert [c.body for c in fake.sent("POST")][1:] == list(eng.manifests.objects)
+    assert deleted_paths(fake) == set(paths_for(w, lease_name(GATE_ID)).values())
+    assert ours_left(store_of(fake)) == []
+
+
+def test_image_pull_failure_ends_the_start_naming_phase_and_image(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["pending", "creating", "pull_failed"])
+    w = h200()
+    eng = engine(fake, w, http.url)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(EngineError) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        err = info.value
+        assert not isinstance(err, ReadinessTimeout)
+        assert err.phase == "image_pulled"
+        assert IMAGE in err.message and "ErrImagePull" in err.message
+
+    asyncio.run(go())
+    assert "pods_scheduled" in eng.phases.reached and "image_pulled" not in eng.phases.reached
+    # Standalone engine: a Lease of its own, named after the gate and the role.
+    assert deleted_paths(fake) == set(paths_for(w, f"{lease_name(GATE_ID)}-candidate").values())
+    assert ours_left(store_of(fake)) == []
+
+
+@pytest.mark.parametrize(
+    ("stages", "health", "phase", "says", "timeout"),
+    [
+        (["unschedulable"], 200, "pods_scheduled", "0/4 nodes are available", 0.3),
+        (["pending", "creating"], 200, "image_pulled", "ContainerCreating", 1.0),
+        (["pending", "creating", "running"], 503, "healthy", "/health answered 503", 1.5),
+    ],
+)
+def test_readiness_timeout_names_the_phase_it_stuck_in(
+    fake: FakeKubernetes,
+    http: EngineHttp,
+    stages: list[str],
+    health: int,
+    phase: str,
+    says: str,
+    timeout: float,
+) -> None:
+    """The budgets leave the phases before the stuck one ample time on a busy machine."""
+    Kubelet(store_of(fake), stages)
+    http.health_code = health
+    w = gb200()
+    eng = engine(fake, w, http.url, readiness_timeout_s=timeout)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(ReadinessTimeout) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == phase
+        assert f"was not ready after {timeout:g}s: stuck in phase {phase}" in info.value.message
+        assert says in info.value.message
+
+    asyncio.run(go())
+    assert deleted_paths(fake) == set(paths_for(w, f"{lease_name(GATE_ID)}-reference").values())
+    assert ours_left(store_of(fake)) == []
+
+
+def test_a_crash_loop_during_start_is_named(fake: FakeKubernetes, http: EngineHttp) -> None:
+    Kubelet(store_of(fake), ["pending", "creating", "crashloop"])
+    eng = engine(fake, h200(), http.url)
+    store_of(fake).previous_logs[(NS, eng.workload.name)] = "loading\nCUDA error: out of memory\n"
+
+    async def go() -> None:
+        try:
+            with pytest.raises(EngineError) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == "started"
+        assert "restarted (Error, exit code 1" in info.value.message
+
+    asyncio.run(go())
+
+
+def test_oom_kill_during_load_is_reported_with_reason_and_previous_log(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    kubelet = Kubelet(store_of(fake), ["pending", "creating", "running"])
+    w = gb200()
+    eng = engine(fake, w, http.url)
+    store = store_of(fake)
+
+    async def go() -> None:
+        await eng.start()
+        await asyncio.sleep(0.05)
+        assert eng.crashed() is None
+        worker = f"{w.name}-0-2"
+        store.previous_logs[(NS, worker)] = "step 1\nstep 2\ntorch.OutOfMemoryError: CUDA\n"
+        pod = store.get("pods", NS, worker)
+        assert pod is not None
+        kubelet.put(pod, "oom_restarted")
+        for _ in range(500):
+            if eng.crashed() is not None:
+                break
+            await asyncio.sleep(0.01)
+        crash = eng.crashed()
+        assert crash is not None
+        assert crash.role == "reference" and crash.exit_code == 137
+        assert "OOMKilled" in crash.description and worker in crash.description
+        assert crash.log_tail[-1] == "torch.OutOfMemoryError: CUDA"
+        assert crash.at_s > eng.phases.reached["model_listed"]
+        await eng.stop()
+
+    asyncio.run(go())
+    logs = [c for c in fake.sent("GET", r".*/log") if c.query.get("previous") == ["true"]]
+    assert logs and logs[0].query["container"] == ["engine"]
+
+
+def test_a_failed_create_halfway_is_still_torn_down(fake: FakeKubernetes, http: EngineHttp) -> None:
+    fake.route(
+        "POST",
+        f"/api/v1/namespaces/{NS}/pods",
+        lambda *_: (403, status(403, "Forbidden", 'pods is forbidden: User "gate" cannot create')),
+    )
+    w = h200()
+    eng = engine(fake, w, http.url)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(EngineError) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == "launched"
+        assert "403" in info.value.message and "forbidden" in info.value.message
+
+    asyncio.run(go())
+    # The pod's create was attempted, so its delete is too (a 404, tolerated).
+    assert deleted_paths(fake) == set(paths_for(w, f"{lease_name(GATE_ID)}-candidate").values())
+    assert "launched" not in eng.phases.reached
+    assert ours_left(store_of(fake)) == []
+
+
+def test_a_shared_gate_lease_goes_with_the_last_engine(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["creating", "running"])
+    store = store_of(fake)
+    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID)
+    ref = engine(fake, h200(role="reference", node="h200-a"), http.url, lease=lease)
+    cand = engine(fake, h200(role="candidate", node="h200-a"), http.url, lease=lease)
+
+    async def go() -> None:
+        await asyncio.gather(ref.start(), cand.start())
+        assert len(fake.sent("POST", r".*/leases")) == 1
+        await ref.stop()
+        assert store.get(LEASES, NS, lease_name(GATE_ID)) is not None
+        assert store.get("pods", NS, engine_name(GATE_ID, "candidate")) is not None
+        await cand.stop()
+        assert store.get(LEASES, NS, lease_name(GATE_ID)) is None
+
+    asyncio.run(go())
+    assert ours_left(store) == []
+
+
+def test_log_tail_reads_the_leader_and_is_kept_after_stop(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["creating", "running"])
+    w = gb200()
+    eng = engine(fake, w, http.url)
+    store_of(fake).logs[(NS, f"{w.name}-0")] = "".join(f"line {i}\n" for i in range(50))
+
+    async def go() -> None:
+        await eng.start()
+        assert await asyncio.to_thread(eng.log_tail, 3) == ["line 47", "line 48", "line 49"]
+        await eng.stop()
+
+    asyncio.run(go())
+    call = fake.sent("GET", r".*/log")[0]
+    assert call.path == f"/api/v1/namespaces/{NS}/pods/{w.name}-0/log"
+    assert call.query["tailLines"] == ["3"] and call.query["container"] == ["engine"]
+    assert eng.log_tail(2) == ["line 48", "line 49"]  # the pod is gone; the tail was kept
+
+
+def test_kill_now_deletes_everything_synchronously(fake: FakeKubernetes, http: EngineHttp) -> None:
+    Kubelet(store_of(fake), ["creating", "running"])
+    w = gb200()
+    eng = engine(fake, w, http.url)
+
+    async def go() -> None:
+        await eng.start()
+        eng.kill_now()
+        assert deleted_paths(fake) == set(paths_for(w, f"{lease_name(GATE_ID)}-reference").values())
+        await eng.stop()  # nothing left to do, and no error
+
+    asyncio.run(go())
+    assert ours_left(store_of(fake)) == []
+
+
+# -- the Lease -------------------------------------------------------------------------------
+
+
+def test_gate_lease_is_renewed_and_loss_is_noticed(fake: FakeKubernetes) -> None:
+    store = store_of(fake)
+    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID, renew_every_s=0.01)
+
+    async def go() -> None:
+        uid = await lease.acquire()
+        obj = store.get(LEASES, NS, lease.name)
+        assert obj is not None and obj["metadata"]["uid"] == uid
+        assert obj["spec"]["holderIdentity"] == f"llm-deploy-gate/{GATE_ID}"
+        for _ in range(300):
+            if len(fake.sent("PATCH")) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        patch = fake.sent("PATCH")[-1]
+        assert set(patch.body) == {"spec"} and "renewTime" in patch.body["spec"]
+        store.remove(LEASES, NS, lease.name)  # a reaper decided this gate was dead
+        for _ in range(300):
+            if lease.lost:
+                break
+            await asyncio.sleep(0.01)
+        assert lease.lost is not None and "was deleted" in lease.lost
+        await lease.release()
+
+    asyncio.run(go())
+
+
+def test_gate_lease_adopts_the_lease_of_the_same_gate(fake: FakeKubernetes) -> None:
+    """A retried gate finds its own Lease (409 AlreadyExists) and owns its objects by it."""
+    store = store_of(fake)
+    now = dt.datetime.now(dt.UTC)
+    existing = store.create(
+        LEASES, render_lease(namespace=NS, gate_id=GATE_ID, holder="x", duration_s=60, now=now)
+    )
+    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID)
+
+    async def go() -> None:
+        assert await lease.acquire() == existing["metadata"]["uid"]
+        await lease.release()
+
+    asyncio.run(go())
+    assert store.get(LEASES, NS, lease.name) is None
+
+
+def test_expired_gate_leases_are_reaped_with_what_they_own(fake: FakeKubernetes) -> None:
+    store = store_of(fake)
+    now = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
+    old = render_lease(
+        namespace=NS, gate_id="dead", holder="x", duration_s=60, now=now - dt.timedelta(minutes=5)
+    )
+    fresh = render_lease(
+        namespace=NS, gate_id="alive", holder="x", duration_s=60, now=now - dt.timedelta(seconds=30)
+    )
+    foreign = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "kube-scheduler", "namespace": NS},
+        "spec": {"renewTime": "2020-01-01T00:00:00.000000Z", "leaseDurationSeconds": 15},
+    }
+    for obj in (old, fresh, foreign):
+        store.create(LEASES, obj)
+    owned = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "gate-dead-candidate",
+            "namespace": NS,
+            "labels": gate_labels("dead"),
+            "ownerReferences": [
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "name": "gate-dead",
+                    "uid": old["metadata"]["uid"],
+                }
+            ],
+        },
+        "spec": {"containers": [{"name": "engine", "image": IMAGE}]},
+    }
+    store.create("pods", owned)
+
+    reaped = reap_expired_leases(fake.api_client(), NS, now=now)
+    assert reaped == ["gate-dead"]
+    assert store.get(LEASES, NS, "gate-alive") is not None
+    assert store.get(LEASES, NS, "kube-scheduler") is not None  # not ours: never touched
+    assert store.get("pods", NS, "gate-dead-candidate") is None  # collected with its owner
+
+
+# -- crash evidence (pure) -------------------------------------------------------------------
+
+
+def _pod(name: str, uid: str, st: client.V1PodStatus, node: str | None = "n0") -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, uid=uid),
+        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(name="engine")]),
+        status=st,
+    )
+
+
+def test_crash_evidence_from_pod_status() -> None:
+    running = STAGES["running"][0]()
+    up = [pod_view(_pod("p-0", "u0", running))]
+    assert find_crash(up, {"p-0": "u0"}) is None
+
+    evicted = client.V1PodStatus(
+        phase="Failed", reason="Evicted", message="The node was low on resource: memory."
+    )
+    got = find_crash([pod_view(_pod("p-0", "u0", evicted))], {"p-0": "u0"})
+    assert got is not None and "Evicted: The node was low on resource" in got.description
+
+    gone = find_crash([], {"p-0": "u0"})
+    assert gone is not None and "disappeared" in gone.description
+    replaced = find_crash([pod_view(_pod("p-0", "u1", running))], {"p-0": "u0"})
+    assert replaced is not None and "replaced" in replaced.description
+
+    ended = client.V1PodStatus(
+        phase="Running",
+        container_statuses=[
+            client.V1ContainerStatus(
+                name="engine",
+                image=IMAGE,
+                image_id="x",
+                ready=False,
+                restart_count=0,
+                state=client.V1ContainerState(
+                    terminated=client.V1ContainerStateTerminated(reason="Error", exit_code=3)
+                ),
+            )
+        ],
+    )
+    got = find_crash([pod_view(_pod("p-0", "u0", ended))], {})
+    assert (
+        got is not None and got.exit_code == 3 and "exited (Error, exit code 3)" in got.description
+    )
+
+    # Round trip through the API's JSON, as the launcher sees it.
+    oom = to_json(_pod("p-1", "u2", STAGES["oom_restarted"][0]()))
+    back = client.V1Pod.from_dict(oom)
+    assert back is not None
+    got = find_crash([pod_view(back)], {})
+    assert got is not None and got.exit_code == 137 and got.previous
