@@ -1,9 +1,19 @@
 """The statistical policy a gate spec embeds: error budget, tolerances and checks.
 
-Weighted Bonferroni (see statistics.md, "Many checks at once"): each check group j gets
-alpha * w_j with the weights summing to 1, which controls the family-wise false-hold rate under
-any dependence between checks and under optional stopping, because every test inside is
-anytime-valid.
+Weighted Bonferroni (see statistics.md, "Many checks at once"): each budget group j gets
+alpha * w_j with the weights summing to 1, split evenly over the group's checks, which controls
+the family-wise false-hold rate under any dependence between checks and under optional
+stopping, because every test inside is anytime-valid (or, for the few tests that are evaluated
+once, valid at that one time).
+
+Budget groups and the checks that spend them:
+    latency: quantile checks (scenario x metric x quantile);
+    errors: the error count test of each scenario (all kinds and per kind, one mixture);
+    correctness: the statistical divergence tests (teacher-forced scoring, free-run greedy);
+    load: goodput under peak and collapse under overload;
+    startup: startup phases compared across repeated launches.
+Deterministic rules (crashes, restarts, OOM, NaN logprobs, empty or runaway outputs, probe
+compatibility, single-launch startup, recovery time) spend nothing: they hold on facts.
 """
 
 from __future__ import annotations
@@ -14,10 +24,35 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-__all__ = ["AUTO_QUANTILES", "CHECK_GROUPS", "Metric", "Policy", "quantile_key"]
+__all__ = [
+    "AUTO_QUANTILES",
+    "BUDGET_GROUPS",
+    "CHECK_GROUPS",
+    "DEFAULT_ERROR_KINDS",
+    "DivergencePolicy",
+    "LoadPolicy",
+    "Metric",
+    "Policy",
+    "quantile_key",
+]
 
 AUTO_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 CHECK_GROUPS: tuple[str, ...] = ("latency", "errors", "correctness")
+"""Budget groups a spec must weigh (the original three; older specs give exactly these)."""
+OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup")
+"""Budget groups that may be left out of alpha_split: left out, they weigh 0 and their
+statistical checks are skipped with a note (weight 0 is how a spec turns a group off)."""
+BUDGET_GROUPS: tuple[str, ...] = CHECK_GROUPS + OPTIONAL_GROUPS
+
+DEFAULT_ERROR_KINDS: tuple[str, ...] = (
+    "connect",
+    "timeout",
+    "http_4xx",
+    "http_5xx",
+    "stream_error",
+    "protocol_error",
+    "truncated",
+)
 
 _KEY = re.compile(r"^p(\d+(?:\.\d+)?)$")
 
@@ -27,11 +62,140 @@ def quantile_key(q: float) -> str:
     return f"p{round(q * 100.0, 6):g}"
 
 
-Metric = Literal["ttft", "itl"]
+Metric = Literal["ttft", "itl", "e2e"]
 
 
 def _default_metrics() -> list[Metric]:
     return ["ttft", "itl"]
+
+
+class LoadPolicy(BaseModel):
+    """Peak, overload and recovery: how much worse than the reference the candidate may be."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goodput_tolerance: float = Field(
+        default=0.02,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Allowed drop of the candidate's goodput (fraction of requests meeting every SLO "
+            "under peak load) below the reference's, in absolute terms: 0.02 lets 95% pass "
+            "against 97%. Two points is about the run-to-run spread of goodput at a few "
+            "thousand requests near saturation, and a smaller loss rarely changes capacity "
+            "planning."
+        ),
+    )
+    shed_fast_ms: float = Field(
+        default=1000.0,
+        gt=0.0,
+        description=(
+            "An HTTP 429 or 503 answered within this many milliseconds is load shedding (the "
+            "engine protects itself and the client can retry elsewhere); slower, it is "
+            "collapse. One second is far above a healthy rejection (a few ms) and far below a "
+            "client timeout."
+        ),
+    )
+    collapse_ttft_factor: float = Field(
+        default=10.0,
+        gt=1.0,
+        description=(
+            "During overload, a successful request whose TTFT exceeds this multiple of the "
+            "reference's pre-overload TTFT p50 counts as collapse (the queue is exploding "
+            "rather than being shed). 10x is where interactive clients give up."
+        ),
+    )
+    collapse_tolerance: float = Field(
+        default=0.02,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Allowed increase of the candidate's collapse fraction (timeouts, connection "
+            "failures, slow rejections, exploding TTFT) over the reference's during overload, "
+            "in absolute terms."
+        ),
+    )
+    recovery_band: float = Field(
+        default=0.10,
+        gt=0.0,
+        description=(
+            "An engine has recovered once its rolling TTFT p50 is within this fraction above "
+            "its own pre-overload p50 and stays there: 10% is the p90 latency tolerance."
+        ),
+    )
+    recovery_window_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description=(
+            "Width of the rolling window (by send time) for the recovery p50; it must hold "
+            "enough requests for a median (at 20 requests/s, 100)."
+        ),
+    )
+    recovery_tolerance: float = Field(
+        default=0.5,
+        ge=0.0,
+        description=(
+            "The candidate may take up to (1 + recovery_tolerance) x the reference's time to "
+            "recover, plus recovery_slack_s (one overload per engine: a rule, not a test)."
+        ),
+    )
+    recovery_slack_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="Seconds added to the recovery allowance: two windows of jitter.",
+    )
+
+
+class DivergencePolicy(BaseModel):
+    """Numerical divergence: what separates benign nondeterminism from a bug."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    top_k: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description=(
+            "Top-k logprobs compared per position; a greedy flip to a token outside the "
+            "reference's top-k is a bug (vLLM's check_logprobs_close uses 5)."
+        ),
+    )
+    flip_margin_nat: float = Field(
+        default=0.3,
+        gt=0.0,
+        description=(
+            "A greedy flip where the reference preferred its token by more than this margin "
+            "(logp_ref(top1) - logp_ref(candidate token), nats) counts as large; the count is "
+            "tested against the reference's own envelope. 0.3 nat is six times the bf16 "
+            "per-position noise (~0.05), where a benign flip is ~1e-5 likely per position."
+        ),
+    )
+    envelope_tolerance: float = Field(
+        default=0.5,
+        ge=0.0,
+        description=(
+            "The candidate-vs-reference divergence statistics are compared with the "
+            "reference's own envelope scaled by 1 + envelope_tolerance (plus floor_nat): a "
+            "different but correct kernel may be noisier than the reference against itself, "
+            "and 50% more noise is still far below what a bug produces."
+        ),
+    )
+    floor_nat: float = Field(
+        default=0.02,
+        ge=0.0,
+        description=(
+            "Absolute slack added to the envelope of logprob statistics, so an envelope of "
+            "bit-identical runs (zero noise) does not make any rounding difference a failure."
+        ),
+    )
+    runaway_factor: float = Field(
+        default=1.5,
+        gt=1.0,
+        description=(
+            "A candidate output longer than this multiple of the reference's (plus 16 "
+            "tokens), or longer than max_tokens, is a runaway generation: a hard failure."
+        ),
+    )
 
 
 class Policy(BaseModel):
@@ -50,10 +214,22 @@ class Policy(BaseModel):
         ),
     )
     alpha_split: dict[str, float] = Field(
-        default_factory=lambda: {"latency": 0.4, "errors": 0.2, "correctness": 0.4},
+        default_factory=lambda: {
+            "latency": 0.4,
+            "errors": 0.2,
+            "correctness": 0.25,
+            "load": 0.1,
+            "startup": 0.05,
+        },
         description=(
-            "Share of alpha per check group (weighted Bonferroni). Keys: latency, errors, "
-            "correctness; weights >= 0 summing to 1, latency > 0."
+            "Share of alpha per budget group (weighted Bonferroni), split evenly over the "
+            "group's checks. Keys: latency, errors, correctness (required), load, startup "
+            "(optional, 0 when left out: their statistical checks are then skipped with a "
+            "note); weights >= 0 summing to 1, latency > 0. Latency keeps the largest share "
+            "because it has the most checks (scenarios x metrics x quantiles) and the "
+            "smallest effects; correctness next, since a numerical bug is the costliest miss; "
+            "errors 0.2 already holds a doubled error rate within a few thousand requests; "
+            "load and startup have one or two checks each."
         ),
     )
     quantiles: Literal["auto"] | list[float] = Field(
@@ -65,16 +241,69 @@ class Policy(BaseModel):
         ),
     )
     tolerance: dict[str, float] = Field(
-        default_factory=lambda: {"p50": 0.05, "p90": 0.10, "p99": 0.15},
+        default_factory=lambda: {"p50": 0.05, "p90": 0.10, "p99": 0.10},
         validate_default=True,
         description=(
             "Allowed relative increase of the candidate over the reference per quantile, keyed "
-            "'p50', 'p90', 'p99', 'p99.9'; 0.10 allows the candidate up to 1.10x."
+            "'p50', 'p90', 'p99', 'p99.9'; 0.10 allows the candidate up to 1.10x. The p99 "
+            "default is 10%, not more: a tolerance equal to the smallest tail regression the "
+            "gate must catch (15%) could never hold it, since its true ratio would sit on the "
+            "threshold."
         ),
     )
     metrics: list[Metric] = Field(
         default_factory=_default_metrics,
-        description="Latency metrics to compare: time to first token, mean inter-token latency.",
+        description=(
+            "Latency metrics to compare: ttft (time to first token), itl (mean inter-token "
+            "latency per request), e2e (send to last token). e2e is off by default: with a "
+            "fixed output length it is TTFT + (tokens - 1) x ITL, so it adds no evidence "
+            "but would take a third of the latency budget from the two that carry it."
+        ),
+    )
+    look_every: int = Field(
+        default=500,
+        ge=1,
+        description=(
+            "Requests per arm between looks of the sequential judge. Looks are free for "
+            "validity (the confidence sequences hold at every sample size); the grid only "
+            "bounds the work, and 500 is a few seconds of load at typical rates."
+        ),
+    )
+    bootstrap_resamples: int = Field(
+        default=200,
+        ge=20,
+        description=(
+            "Block-bootstrap resamples behind each reported estimate interval (95%): 200 "
+            "gives interval ends to about +-10% of their width, enough for a report."
+        ),
+    )
+    bootstrap_block_s: float = Field(
+        default=20.0,
+        gt=0.0,
+        description=(
+            "Time-block length for the bootstrap when sample send times are known: requests "
+            "within 10-30 s share batches and load swings, and resampling whole blocks keeps "
+            "that dependence (statistics.md)."
+        ),
+    )
+    error_kinds: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ERROR_KINDS),
+        description=(
+            "Error kinds that get their own count test inside the errors budget; any other "
+            "kind shares one 'other' test. Fixed in the policy (not taken from the data), so "
+            "the weights of the tests do not depend on what happened."
+        ),
+    )
+    error_kind_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of each scenario's error evidence given to the per-kind tests (split over "
+            "error_kinds plus 'other'); the rest goes to the test over all errors. Half and "
+            "half: a new error kind hidden among common ones is caught by its own test, and a "
+            "general rise by the pooled one, each losing only log 2 of evidence."
+        ),
     )
     max_error_rate: float = Field(
         default=0.01,
@@ -99,6 +328,22 @@ class Policy(BaseModel):
         description="Seconds added to the startup allowance so that fast engines are not held "
         "for a few seconds of jitter.",
     )
+    startup_phase_slack_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        description=(
+            "Seconds added to each startup phase's allowance ((1 + startup_tolerance) x the "
+            "reference's duration + this): phases are shorter than the whole launch, so "
+            "their jitter is too."
+        ),
+    )
+    load: LoadPolicy = Field(
+        default_factory=LoadPolicy, description="Peak, overload and recovery tolerances."
+    )
+    divergence: DivergencePolicy = Field(
+        default_factory=DivergencePolicy,
+        description="Numerical divergence thresholds (teacher-forced and free-run greedy).",
+    )
     warmup_requests: int = Field(
         default=8,
         ge=0,
@@ -109,10 +354,11 @@ class Policy(BaseModel):
     @field_validator("alpha_split")
     @classmethod
     def _check_split(cls, v: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(v) - set(CHECK_GROUPS))
+        unknown = sorted(set(v) - set(BUDGET_GROUPS))
         if unknown:
             raise ValueError(
-                f"unknown check group(s) {unknown}; expected exactly {list(CHECK_GROUPS)}"
+                f"unknown check group(s) {unknown}; expected {list(CHECK_GROUPS)} and "
+                f"optionally {list(OPTIONAL_GROUPS)}"
             )
         missing = [g for g in CHECK_GROUPS if g not in v]
         if missing:
@@ -168,6 +414,15 @@ class Policy(BaseModel):
             raise ValueError("metrics must be distinct")
         return v
 
+    @field_validator("error_kinds")
+    @classmethod
+    def _check_kinds(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("error kinds must be distinct")
+        if "other" in v:
+            raise ValueError("'other' is the bucket for unlisted kinds; do not list it")
+        return v
+
     @property
     def checked_quantiles(self) -> tuple[float, ...]:
         """The quantiles the judge considers (auto: the candidates it may drop)."""
@@ -178,5 +433,5 @@ class Policy(BaseModel):
         return self.tolerance[quantile_key(q)]
 
     def group_alpha(self, group: str) -> float:
-        """The share of the family-wise budget that one check group may spend."""
-        return self.alpha * self.alpha_split[group]
+        """The share of the family-wise budget that one budget group may spend."""
+        return self.alpha * self.alpha_split.get(group, 0.0)

@@ -7,7 +7,7 @@ be changed after the fact by someone mutating the buffers the gate handed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -25,7 +25,17 @@ __all__ = [
 ]
 
 Decision = Literal["pass", "fail", "inconclusive"]
-CheckGroup = Literal["latency", "errors", "startup", "crash"]
+CheckGroup = Literal[
+    "latency",
+    "errors",
+    "startup",
+    "crash",
+    "correctness",
+    "compatibility",
+    "peak",
+    "overload",
+    "recovery",
+]
 
 
 def _frozen_array(name: str, values: object) -> np.ndarray:
@@ -48,6 +58,19 @@ class ArmSamples:
     errors: failed requests counted by kind (e.g. "http_5xx", "timeout").
     error_offsets_s: the time of each error from the scenario start, so that the sequential
         count test sees the errors of both arms in the order they happened.
+    e2e_ms: one value per successful request, send to last token (optional: empty when the
+        gate does not judge end-to-end latency).
+    error_kinds: the kind of each error in `error_offsets_s`, same order (optional). With it the
+        per-kind count tests see the order of each kind's errors; without it they fall back to
+        the final counts.
+    offsets_s: per metric name, the send offset (seconds from the scenario start) of each sample
+        of that metric, same order (optional). Given, the reported bootstrap intervals resample
+        whole time blocks of both arms together; otherwise blocks of consecutive samples.
+    nan_logprobs, empty_outputs: responses with a NaN or infinite logprob, and successful
+        responses without a single token. Either is a broken engine, not a statistic.
+
+    Every array is in send order: the sequential judge reads prefixes of it and the bootstrap
+    resamples contiguous blocks of it.
     """
 
     requests: int
@@ -55,6 +78,11 @@ class ArmSamples:
     itl_ms: np.ndarray
     errors: Mapping[str, int] = field(default_factory=dict)
     error_offsets_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    e2e_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    error_kinds: tuple[str, ...] = ()
+    offsets_s: Mapping[str, np.ndarray] = field(default_factory=dict)
+    nan_logprobs: int = 0
+    empty_outputs: int = 0
 
     def __post_init__(self) -> None:
         if self.requests < 0:
@@ -62,23 +90,35 @@ class ArmSamples:
         for kind, n in self.errors.items():
             if n < 0:
                 raise ValueError(f"error count for {kind!r} must be >= 0, got {n}")
-        object.__setattr__(self, "ttft_ms", _frozen_array("ttft_ms", self.ttft_ms))
-        object.__setattr__(self, "itl_ms", _frozen_array("itl_ms", self.itl_ms))
-        object.__setattr__(
-            self, "error_offsets_s", _frozen_array("error_offsets_s", self.error_offsets_s)
-        )
+        if self.nan_logprobs < 0 or self.empty_outputs < 0:
+            raise ValueError("nan_logprobs and empty_outputs must be >= 0")
+        for name in ("ttft_ms", "itl_ms", "e2e_ms", "error_offsets_s"):
+            object.__setattr__(self, name, _frozen_array(name, getattr(self, name)))
         object.__setattr__(self, "errors", MappingProxyType(dict(self.errors)))
+        object.__setattr__(self, "error_kinds", tuple(str(k) for k in self.error_kinds))
+        offsets = {}
+        for metric, values in self.offsets_s.items():
+            arr = _frozen_array(f"offsets_s[{metric!r}]", values)
+            if arr.size != self.metric(metric).size:
+                raise ValueError(
+                    f"offsets_s[{metric!r}] has {arr.size} values for "
+                    f"{self.metric(metric).size} samples"
+                )
+            offsets[metric] = arr
+        object.__setattr__(self, "offsets_s", MappingProxyType(offsets))
 
     @property
     def error_count(self) -> int:
         return int(sum(self.errors.values()))
 
     def metric(self, name: str) -> np.ndarray:
-        """Samples of a latency metric by its policy name ("ttft" or "itl")."""
+        """Samples of a latency metric by its policy name ("ttft", "itl" or "e2e")."""
         if name == "ttft":
             return self.ttft_ms
         if name == "itl":
             return self.itl_ms
+        if name == "e2e":
+            return self.e2e_ms
         raise KeyError(name)
 
 
@@ -97,12 +137,43 @@ class EngineFacts:
 
     ready_s: seconds from launch to ready; None when the endpoint was attached rather than
         launched by the gate, so there is no startup time to compare.
+    restarts: times the engine process restarted (or its server re-initialised) during the
+        gate; oom: an out-of-memory was seen (exit status, log line or CUDA error). Both hold
+        like a crash: an engine that survives only by restarting is not healthy.
+    phases: duration in seconds of each startup phase ("weights_loaded", "cuda_graphs", ...),
+        one float for a single launch or a sequence with one value per launch when the gate
+        launched each engine several times (then the phases are compared with a test).
     """
 
     role: Literal["reference", "candidate"]
     ready_s: float | None
     crashed: bool = False
     crash_detail: str | None = None
+    restarts: int = 0
+    oom: bool = False
+    phases: Mapping[str, float | Sequence[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.restarts < 0:
+            raise ValueError(f"restarts must be >= 0, got {self.restarts}")
+        clean: dict[str, float | tuple[float, ...]] = {}
+        for name, value in self.phases.items():
+            if isinstance(value, int | float):
+                values: tuple[float, ...] = (float(value),)
+                clean[name] = float(value)
+            else:
+                values = tuple(float(v) for v in value)
+                clean[name] = values
+            if not values or not all(math.isfinite(v) and v >= 0.0 for v in values):
+                raise ValueError(f"phase {name!r} needs finite durations >= 0, got {value!r}")
+        object.__setattr__(self, "phases", MappingProxyType(clean))
+
+    def phase_durations(self) -> dict[str, tuple[float, ...]]:
+        """Every phase as a tuple of durations, one per launch."""
+        out: dict[str, tuple[float, ...]] = {}
+        for name, value in self.phases.items():
+            out[name] = (float(value),) if isinstance(value, int | float) else tuple(value)
+        return out
 
 
 def _json_float(x: float | None) -> float | None:
@@ -116,10 +187,17 @@ def _json_float(x: float | None) -> float | None:
 class Check:
     """One judged comparison with the statistics behind it.
 
-    interval: for latency, the anytime-valid interval of the candidate/reference quantile
-        ratio; reference/candidate/ratio: Harrell-Davis point estimates (latency) or error
-        fractions (errors) or ready seconds (startup); alpha: the share of the family-wise
-        budget this check spent (None for deterministic rules); samples: (reference, candidate).
+    interval: the anytime-valid interval that decided: for latency, of the candidate/reference
+        quantile ratio; for goodput (peak) and collapse (overload), of the candidate-minus-
+        reference difference of fractions. reference/candidate/ratio: Harrell-Davis point
+        estimates (latency), error fractions (errors), goodput or collapse fractions (peak,
+        overload), seconds (startup, recovery), per-prompt medians or counts (correctness),
+        HTTP statuses (compatibility). threshold: what the interval or value is compared
+        with. alpha: the share of the family-wise budget this check spent (None for
+        deterministic rules); samples: (reference, candidate) observations used.
+    estimate_interval: a block-bootstrap interval around the reported ratio, for people: it
+        is narrower than `interval` because it holds at one sample size only, and it never
+        decides anything.
     """
 
     id: str
@@ -136,6 +214,7 @@ class Check:
     samples: tuple[int, int]
     alpha: float | None
     message: str
+    estimate_interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: NaN and infinities become None (an unbounded interval end reads as null)."""
@@ -152,6 +231,14 @@ class Check:
                 None
                 if self.interval is None
                 else [_json_float(self.interval[0]), _json_float(self.interval[1])]
+            ),
+            "estimate_interval": (
+                None
+                if self.estimate_interval is None
+                else [
+                    _json_float(self.estimate_interval[0]),
+                    _json_float(self.estimate_interval[1]),
+                ]
             ),
             "threshold": _json_float(self.threshold),
             "decision": self.decision,

@@ -20,6 +20,7 @@ from scipy.stats import beta as beta_dist
 from scipy.stats import binom
 
 from gate.analysis.counts import (
+    kind_mixture_pvalues,
     log_bayes_factors,
     sequential_count_pvalue,
     sequential_count_pvalues,
@@ -116,3 +117,56 @@ def test_edge_cases() -> None:
         sequential_count_pvalue(np.array([1]), rho=1.0)
     # A long run of candidate-only errors neither overflows nor turns into NaN.
     assert 0.0 <= sequential_count_pvalue(np.ones(5000, dtype=np.int64)) < 1e-100
+
+
+KINDS = ["http_5xx", "timeout", "stream_error"]
+
+
+def _kinds(rng: np.random.Generator, n: int) -> list[str]:
+    return [KINDS[i] for i in rng.choice(3, size=n, p=[0.6, 0.3, 0.1])]
+
+
+def test_kind_mixture_is_valid_under_the_null() -> None:
+    """Every kind split 50/50: the mixture (pooled half, per-kind half) rejects within alpha."""
+    rng = np.random.default_rng(21)
+    runs, events = 300, 300
+    rejected = 0
+    for _ in range(runs):
+        labels = (rng.random(events) < 0.5).astype(np.int64)
+        result = kind_mixture_pvalues(labels, _kinds(rng, events), KINDS)
+        rejected += result.pvalue <= 0.05
+    assert rejected <= binom.ppf(0.999, runs, 0.05)
+
+
+def test_a_new_kind_hidden_among_common_ones_is_caught() -> None:
+    """40 candidate-only timeouts among 400 evenly split 5xx: invisible pooled, caught by kind."""
+    rng = np.random.default_rng(22)
+    labels = np.concatenate([(rng.random(400) < 0.5).astype(np.int64), np.ones(40, np.int64)])
+    kinds = ["http_5xx"] * 400 + ["timeout"] * 40
+    order = rng.permutation(labels.size)
+    labels, kinds = labels[order], [kinds[i] for i in order]
+    result = kind_mixture_pvalues(labels, kinds, KINDS)
+    assert sequential_count_pvalue(labels) > 0.05
+    assert result.pvalue < 0.01
+    assert min(result.kind_pvalues, key=lambda k: result.kind_pvalues[k]) == "timeout"
+    assert result.kind_pvalues["timeout"] >= result.pvalue
+
+
+def test_mixture_without_kinds_share_is_the_pooled_test() -> None:
+    labels = np.array([1, 1, 0, 1, 1, 1, 0, 1, 1, 1])
+    kinds = ["timeout"] * 10
+    pooled = kind_mixture_pvalues(labels, kinds, KINDS, kind_share=0.0).pvalue
+    assert pooled == pytest.approx(sequential_count_pvalue(labels))
+    assert kind_mixture_pvalues(np.zeros(0, np.int64), [], KINDS).pvalue == 1.0
+    # An unlisted kind goes to the shared "other" component.
+    other = kind_mixture_pvalues(labels, ["oom"] * 10, KINDS)
+    assert set(other.kind_pvalues) == {"other"}
+    with pytest.raises(ValueError, match="kinds"):
+        kind_mixture_pvalues(labels, kinds[:3], KINDS)
+
+
+def test_final_counts_only_ignore_the_order() -> None:
+    labels = np.array([1] * 12 + [0] * 3)
+    a = kind_mixture_pvalues(labels, ["http_5xx"] * 15, KINDS, running=False)
+    b = kind_mixture_pvalues(labels[::-1].copy(), ["http_5xx"] * 15, KINDS, running=False)
+    assert a.pvalue == pytest.approx(b.pvalue)

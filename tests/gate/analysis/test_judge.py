@@ -321,3 +321,86 @@ def test_aa_false_hold_rate_is_controlled() -> None:
         # inconclusive, which is lack of evidence, not a false alarm.
         holds += any(c.decision == "fail" for c in verdict.checks)
     assert holds <= binom.ppf(0.999, runs, 0.05 * 0.6)
+
+
+def test_e2e_is_judged_when_listed() -> None:
+    def with_e2e(seed: int, scale: float) -> ArmSamples:
+        a = arm(seed, n=800)
+        return ArmSamples(
+            requests=a.requests,
+            ttft_ms=a.ttft_ms,
+            itl_ms=a.itl_ms,
+            e2e_ms=scale * (a.ttft_ms + 31 * a.itl_ms),
+        )
+
+    policy = Policy(metrics=["ttft", "itl", "e2e"])
+    verdict = one(with_e2e(1, 1.0), with_e2e(2, 1.3), policy)
+    e2e = by_id(verdict)["steady.e2e.p50"]
+    assert e2e.decision == "fail"
+    assert e2e.message.startswith("E2E p50 in steady is 1.3")
+    # Off by default: the default policy never looks at it.
+    assert "steady.e2e.p50" not in by_id(one(with_e2e(1, 1.0), with_e2e(2, 1.3)))
+
+
+def test_latency_checks_report_a_bootstrap_estimate_interval() -> None:
+    verdict = one(arm(1, n=800), arm(2, n=800, ttft_scale=1.2))
+    check = by_id(verdict)["steady.ttft.p50"]
+    assert check.estimate_interval is not None
+    lo, hi = check.estimate_interval
+    assert check.ratio is not None and lo < check.ratio < hi
+    assert check.interval is not None
+    # The anytime interval decides; the bootstrap one, valid at one size only, is narrower.
+    assert check.interval[0] <= lo and hi <= check.interval[1]
+    assert check.to_dict()["estimate_interval"] == [lo, hi]
+    assert by_id(verdict)["steady.errors"].to_dict()["estimate_interval"] is None
+
+
+def test_errors_by_kind_name_the_kind() -> None:
+    rng = np.random.default_rng(7)
+    ref_kinds = ["http_4xx"] * 40
+    cand_kinds = ["http_4xx"] * 40 + ["timeout"] * 25
+
+    def errs(kinds: list[str], seed: int) -> ArmSamples:
+        a = arm(seed, n=2000)
+        counts: dict[str, int] = {}
+        for k in kinds:
+            counts[k] = counts.get(k, 0) + 1
+        order = rng.permutation(len(kinds))
+        return ArmSamples(
+            requests=2000,
+            ttft_ms=a.ttft_ms,
+            itl_ms=a.itl_ms,
+            errors=counts,
+            error_offsets_s=np.sort(rng.uniform(0.0, 100.0, len(kinds))),
+            error_kinds=tuple(kinds[i] for i in order),
+        )
+
+    verdict = one(errs(ref_kinds, 1), errs(cand_kinds, 2), Policy(max_error_rate=0.05))
+    checks = by_id(verdict)
+    assert checks["steady.errors"].decision == "fail"
+    assert "mostly timeout" in checks["steady.errors"].message
+    assert checks["steady.errors.timeout"].decision == "fail"
+    assert checks["steady.errors.http_4xx"].decision == "pass"
+    assert checks["steady.errors.timeout"].alpha == pytest.approx(
+        checks["steady.errors"].alpha * 0.5 / 8  # type: ignore[operator]
+    )
+
+
+def test_broken_outputs_and_engine_events_hold_without_statistics() -> None:
+    a = arm(2)
+    broken = ArmSamples(a.requests, a.ttft_ms, a.itl_ms, nan_logprobs=2, empty_outputs=1)
+    verdict = one(arm(1), broken)
+    check = by_id(verdict)["steady.outputs"]
+    assert check.decision == "fail" and check.group == "correctness" and check.alpha is None
+    assert "2 with NaN or infinite logprobs and 1 without a single token" in check.message
+    engines = (EngineFacts("reference", 60.0), EngineFacts("candidate", 62.0, oom=True))
+    verdict = one(arm(1), arm(2), engines=engines)
+    assert verdict.reasons[0].id == "crash.candidate"
+    assert "out of memory" in verdict.reasons[0].message
+
+
+def test_offsets_must_match_their_metric() -> None:
+    with pytest.raises(ValueError, match="offsets_s"):
+        ArmSamples(2, np.ones(2), np.ones(2), offsets_s={"ttft": np.zeros(3)})
+    a = ArmSamples(2, np.ones(2), np.ones(2), offsets_s={"ttft": [0.0, 1.0]})
+    assert a.offsets_s["ttft"].tolist() == [0.0, 1.0]

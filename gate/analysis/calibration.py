@@ -1,0 +1,500 @@
+"""Calibration by simulation: how often each judge holds a good candidate, and how fast it holds
+a bad one, on the same simulated gates.
+
+References:
+    statistics.md, "Experimental design matters more than the test" (calibrate with A/A runs and
+    injected regressions; report hold probability and median requests to hold).
+    M. Lindon, C. Sanden and V. Shirikian, "Rapid regression detection in software deployments
+    through sequential testing", KDD 2022 (the same exercise for Netflix's canaries).
+
+Why simulate: 50 real A/A runs only bound the false-hold rate at ~6% (rule of three), and real
+regressions of known size are rare. A simulated gate is a pure function of a seed, so both
+judges see exactly the same data and many thousand gates fit in minutes.
+
+One simulated gate, per arm, mirrored request i sent at the same instant to both:
+    send times: Poisson arrivals at `rate` per second;
+    TTFT: median x exp(sigma Z) per request (independent per arm), x a batch factor
+        exp(batch_sigma Z) shared by each run of `batch` consecutive requests of one arm (they
+        share a prefill batch and its fate), x a drift 1 + drift x sin(2 pi t / period + phase)
+        shared by both arms (load swings reach both engines of a mirrored design);
+    ITL: the same shape with its own median and sigma (per-request means are narrow);
+    errors: each request fails with `error_rate` (kinds http_5xx 60%, timeout 30%,
+        stream_error 10%), a failed request has no latency;
+    divergence: `prompts` prompts of `tokens` positions over a toy vocabulary; the reference's
+        logits are fixed per position and every run adds Gaussian logit noise (alone
+        `noise_alone`, under load `noise_load`); teacher-forced and free-run greedy pairs are
+        built for reference vs candidate and for the reference's own envelope (alone vs load).
+Injected cases multiply the candidate's TTFT (all, or only values above the reference
+distribution's p95), its ITL or its error rate; give it 1.25x the logit noise (benign: a
+different but correct kernel); add a bug (on 5% of positions an extra logit error of sd 1 nat);
+or crash it at a uniformly random request.
+
+Our judge looks every `look_every` requests per arm up to `limit` with the plan fixed in advance
+(sequential.py); divergence is judged at the first look (it does not depend on the load), a crash
+at the first look after it. The baseline (baseline.py) judges TTFT, ITL, the error rate per block
+of 100 requests and the per-prompt mean |delta logp| against the envelope every
+`baseline_every` requests and at the limit, on everything so far, and its repeated looks count
+as Kayenta's do.
+
+Our verdict holds when a check failed (`fail_rate`) or, at the limit, when a check is still
+inconclusive (`inconclusive_rate`): `hold_rate` is their sum, the fraction of gates whose verdict
+is hold. On A/A data only failed checks are false alarms (`aa_false_hold_rate`); holds for checks
+still inconclusive at the limit are the price of too few samples and are reported beside it.
+A hold for an inconclusive check happens at the limit, and counts there for the median requests
+to hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from gate.analysis.baseline import judge_baseline
+from gate.analysis.divergence import (
+    DivergenceSamples,
+    GreedyPair,
+    GreedyRun,
+    Scored,
+    TeacherForcedPair,
+    Token,
+    divergence_checks,
+    teacher_stats,
+)
+from gate.analysis.plan import Plan
+from gate.analysis.policy import Policy
+from gate.analysis.sequential import SequentialJudge
+from gate.analysis.types import ArmSamples
+
+__all__ = [
+    "CASES",
+    "Case",
+    "CaseResult",
+    "GateOutcome",
+    "SimConfig",
+    "calibrate",
+    "simulate_gate",
+]
+
+Divergence = Literal["same", "benign", "bug"]
+ERROR_MIX: tuple[tuple[str, float], ...] = (
+    ("http_5xx", 0.6),
+    ("timeout", 0.3),
+    ("stream_error", 0.1),
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One injected difference of the candidate (all defaults: an A/A gate)."""
+
+    name: str
+    ttft: float = 1.0
+    tail: float = 1.0
+    itl: float = 1.0
+    errors: float = 1.0
+    divergence: Divergence = "same"
+    crash: bool = False
+
+
+AA = Case("A/A")
+CASES: tuple[Case, ...] = (
+    AA,
+    Case("TTFT x1.05", ttft=1.05),
+    Case("TTFT x1.10", ttft=1.10),
+    Case("TTFT x1.20", ttft=1.20),
+    Case("tail >p95 x1.15", tail=1.15),
+    Case("tail >p95 x1.30", tail=1.30),
+    Case("ITL x1.10", itl=1.10),
+    Case("errors x2", errors=2.0),
+    Case("errors x5", errors=5.0),
+    Case("benign logit noise", divergence="benign"),
+    Case("numerical bug", divergence="bug"),
+    Case("candidate crash", crash=True),
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated engine and gate (module docstring). Defaults: a moderately loaded engine
+    serving fixed-length prompts, TTFT median 80 ms with p99/p50 = 2 (log-sd 0.30, a third of
+    its variance from batches), per-request mean ITL 20 ms (log-sd 0.13), 0.5% errors, and a
+    load swing of +-5% every five minutes that both engines feel."""
+
+    limit: int = 20_000
+    baseline_every: int = 2_500
+    rate: float = 20.0
+    ttft_ms: float = 80.0
+    ttft_sigma: float = 0.28
+    itl_ms: float = 20.0
+    itl_sigma: float = 0.08
+    batch: int = 8
+    batch_sigma: float = 0.10
+    drift: float = 0.05
+    drift_period_s: float = 300.0
+    error_rate: float = 0.005
+    prompts: int = 48
+    tokens: int = 40
+    vocab: int = 48
+    logit_scale: float = 2.5
+    noise_alone: float = 0.03
+    noise_load: float = 0.06
+    benign_factor: float = 1.25
+    bug_fraction: float = 0.05
+    bug_sd: float = 1.0
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """One simulated gate. failed: a check of ours failed; inconclusive: ours held at the limit
+    only on checks still undecided; requests: requests per arm when ours held (the limit for an
+    inconclusive hold); baseline_*: the same for the baseline (it has no inconclusive)."""
+
+    failed: bool
+    inconclusive: bool
+    requests: int | None
+    baseline_held: bool
+    baseline_requests: int | None
+
+    @property
+    def held(self) -> bool:
+        return self.failed or self.inconclusive
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Rates over the runs of one case (module docstring); medians over the runs that held,
+    None when none did; *_10k: held at or before 10,000 requests per arm."""
+
+    name: str
+    runs: int
+    hold_rate: float
+    fail_rate: float
+    inconclusive_rate: float
+    hold_rate_10k: float
+    median_requests_to_hold: float | None
+    baseline_hold_rate: float
+    baseline_hold_rate_10k: float
+    baseline_median_requests_to_hold: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "runs": self.runs,
+            "hold_rate": self.hold_rate,
+            "fail_rate": self.fail_rate,
+            "inconclusive_rate": self.inconclusive_rate,
+            "hold_rate_10k": self.hold_rate_10k,
+            "median_requests_to_hold": self.median_requests_to_hold,
+            "baseline_hold_rate": self.baseline_hold_rate,
+            "baseline_hold_rate_10k": self.baseline_hold_rate_10k,
+            "baseline_median_requests_to_hold": self.baseline_median_requests_to_hold,
+        }
+
+
+@dataclass(frozen=True)
+class _Arm:
+    ttft: np.ndarray  # NaN where the request failed
+    itl: np.ndarray
+    error: np.ndarray  # kind index, -1 success
+
+
+@dataclass(frozen=True)
+class _Gate:
+    sent: np.ndarray
+    ref: _Arm
+    cand: _Arm
+    crash_at: int | None
+    divergence: DivergenceSamples
+
+
+def _latency(
+    rng: np.random.Generator,
+    n: int,
+    median: float,
+    sigma: float,
+    config: SimConfig,
+    drift: np.ndarray,
+) -> np.ndarray:
+    own = rng.standard_normal(n) * sigma
+    batches = -(-n // config.batch)
+    shared = np.repeat(rng.standard_normal(batches) * config.batch_sigma, config.batch)[:n]
+    return np.asarray(median * np.exp(own + shared) * drift, dtype=np.float64)
+
+
+def tail_threshold(config: SimConfig) -> float:
+    """The reference TTFT distribution's p95 (without drift, which averages out), used by the
+    tail-only cases: a fixed property of the simulated engine, not of one run's data."""
+    z95 = 1.6448536269514722
+    return config.ttft_ms * math.exp(z95 * math.hypot(config.ttft_sigma, config.batch_sigma))
+
+
+def _errors(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    fails = rng.random(n) < min(rate, 1.0)
+    kinds = rng.choice(len(ERROR_MIX), size=n, p=[w for _, w in ERROR_MIX])
+    return np.where(fails, kinds, -1).astype(np.int64)
+
+
+def _arm(
+    rng: np.random.Generator, n: int, config: SimConfig, drift: np.ndarray, case: Case | None
+) -> _Arm:
+    ttft = _latency(rng, n, config.ttft_ms, config.ttft_sigma, config, drift)
+    itl = _latency(rng, n, config.itl_ms, config.itl_sigma, config, drift)
+    rate = config.error_rate
+    if case is not None:
+        ttft = ttft * case.ttft
+        if case.tail != 1.0:
+            ttft = np.where(ttft > tail_threshold(config), ttft * case.tail, ttft)
+        itl = itl * case.itl
+        rate *= case.errors
+    error = _errors(rng, n, rate)
+    failed = error >= 0
+    return _Arm(np.where(failed, np.nan, ttft), np.where(failed, np.nan, itl), error)
+
+
+def _logprobs(logits: np.ndarray) -> np.ndarray:
+    top = logits.max(axis=-1, keepdims=True)
+    out = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+    return np.asarray(out, dtype=np.float64)
+
+
+def _top_dicts(lp: np.ndarray, k: int) -> list[dict[Token, float]]:
+    idx = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    return [{int(t): float(row[t]) for t in ids} for row, ids in zip(lp, idx, strict=True)]
+
+
+def _run_logits(
+    rng: np.random.Generator, base: np.ndarray, noise: float, bug: bool, config: SimConfig
+) -> np.ndarray:
+    out = base + rng.standard_normal(base.shape) * noise
+    if bug:
+        hit = rng.random(base.shape[:-1]) < config.bug_fraction
+        out = out + hit[..., None] * rng.standard_normal(base.shape) * config.bug_sd
+    return out
+
+
+def _divergence(
+    rng: np.random.Generator, config: SimConfig, kind: Divergence, k: int
+) -> DivergenceSamples:
+    shape = (config.prompts, config.tokens, config.vocab)
+    base = rng.standard_normal(shape) * config.logit_scale
+    cand_noise = config.noise_load * (config.benign_factor if kind == "benign" else 1.0)
+    bug = kind == "bug"
+
+    def teacher(noise_b: float, bug_b: bool) -> list[TeacherForcedPair]:
+        ref = _logprobs(_run_logits(rng, base, config.noise_alone, False, config))
+        other = _logprobs(_run_logits(rng, base, noise_b, bug_b, config))
+        pairs = []
+        for p in range(config.prompts):
+            tokens = ref[p].argmax(axis=-1)
+            pos = np.arange(config.tokens)
+            pairs.append(
+                TeacherForcedPair(
+                    tokens.tolist(),
+                    Scored(ref[p][pos, tokens].tolist(), _top_dicts(ref[p], k)),
+                    Scored(other[p][pos, tokens].tolist(), _top_dicts(other[p], k)),
+                )
+            )
+        return pairs
+
+    def greedy(noise_b: float, bug_b: bool) -> list[GreedyPair]:
+        # Positions are independent draws in this toy, so a free run is the argmax sequence of
+        # each engine's noisy logits; only the first divergence is ever read.
+        ref = _logprobs(_run_logits(rng, base, config.noise_alone, False, config))
+        other = _logprobs(_run_logits(rng, base, noise_b, bug_b, config))
+        pairs = []
+        pos = np.arange(config.tokens)
+        for p in range(config.prompts):
+            ta = ref[p].argmax(axis=-1)
+            tb = other[p].argmax(axis=-1)
+            pairs.append(
+                GreedyPair(
+                    GreedyRun(ta.tolist(), ref[p][pos, ta].tolist(), _top_dicts(ref[p], k)),
+                    GreedyRun(tb.tolist(), other[p][pos, tb].tolist(), _top_dicts(other[p], k)),
+                )
+            )
+        return pairs
+
+    return DivergenceSamples(
+        teacher=teacher(cand_noise, bug),
+        greedy=greedy(cand_noise, bug),
+        envelope_teacher=teacher(config.noise_load, False),
+        envelope_greedy=greedy(config.noise_load, False),
+    )
+
+
+def _gate(case: Case, config: SimConfig, k: int, rng: np.random.Generator) -> _Gate:
+    n = config.limit
+    sent = np.cumsum(rng.exponential(1.0 / config.rate, n))
+    phase = rng.uniform(0.0, 2.0 * math.pi)
+    drift = 1.0 + config.drift * np.sin(2.0 * math.pi * sent / config.drift_period_s + phase)
+    ref = _arm(rng, n, config, drift, None)
+    cand = _arm(rng, n, config, drift, case)
+    crash_at = int(rng.integers(1, n)) if case.crash else None
+    return _Gate(sent, ref, cand, crash_at, _divergence(rng, config, case.divergence, k))
+
+
+def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
+    ttft = arm.ttft[:t]
+    ok = ~np.isnan(ttft)
+    err = arm.error[:t]
+    failed = err >= 0
+    kinds = [ERROR_MIX[e][0] for e in err[failed]]
+    counts: dict[str, int] = {}
+    for kd in kinds:
+        counts[kd] = counts.get(kd, 0) + 1
+    return ArmSamples(
+        requests=t,
+        ttft_ms=ttft[ok],
+        itl_ms=arm.itl[:t][ok],
+        errors=counts,
+        error_offsets_s=sent[:t][failed],
+        error_kinds=tuple(kinds),
+    )
+
+
+def _ours(
+    gate: _Gate, plan: Plan, policy: Policy, config: SimConfig
+) -> tuple[bool, bool, int | None]:
+    """(failed, inconclusive at the limit, requests per arm at the hold)."""
+    judge = SequentialJudge(plan)
+    notes: list[str] = []
+    diverged = any(c.decision == "fail" for c in divergence_checks(gate.divergence, policy, notes))
+    step = policy.look_every
+    for t in range(step, config.limit + 1, step):
+        if diverged or (gate.crash_at is not None and gate.crash_at <= t):
+            return True, False, t
+        look = judge.look(
+            "steady", _samples(gate.ref, gate.sent, t), _samples(gate.cand, gate.sent, t)
+        )
+        if look.hold:
+            return True, False, t
+        if look.stop:
+            if any(c.decision == "inconclusive" for c in look.checks):
+                return False, True, t
+            return False, False, None
+    return False, False, None
+
+
+def _block_error_rates(error: np.ndarray, block: int = 100) -> np.ndarray:
+    n = error.size // block
+    return np.asarray((error[: n * block] >= 0).reshape(n, block).mean(axis=1), dtype=np.float64)
+
+
+def _baseline(gate: _Gate, config: SimConfig, k: int) -> tuple[bool, int | None]:
+    env = np.array([teacher_stats(p, k).mean_abs_dlogp for p in gate.divergence.envelope_teacher])
+    cand_div = np.array([teacher_stats(p, k).mean_abs_dlogp for p in gate.divergence.teacher])
+    looks = list(range(config.baseline_every, config.limit + 1, config.baseline_every))
+    if not looks or looks[-1] != config.limit:
+        looks.append(config.limit)  # the run's end is always a Kayenta interval
+    intervals = []
+    for t in looks:
+        # A crashed canary sends no more data: Kayenta judges what it had.
+        tc = t if gate.crash_at is None else min(t, gate.crash_at)
+        ref_ttft = gate.ref.ttft[:t]
+        cand_ttft = gate.cand.ttft[:tc]
+        intervals.append(
+            {
+                "ttft": (cand_ttft[~np.isnan(cand_ttft)], ref_ttft[~np.isnan(ref_ttft)]),
+                "itl": (
+                    gate.cand.itl[:tc][~np.isnan(gate.cand.itl[:tc])],
+                    gate.ref.itl[:t][~np.isnan(gate.ref.itl[:t])],
+                ),
+                "errors": (
+                    _block_error_rates(gate.cand.error[:tc]),
+                    _block_error_rates(gate.ref.error[:t]),
+                ),
+                "divergence": (cand_div, env),
+            }
+        )
+    result = judge_baseline(intervals)
+    if not result.held or result.look is None:
+        return False, None
+    return True, looks[result.look]
+
+
+def simulate_gate(
+    case: Case, policy: Policy, config: SimConfig, seed: int | np.random.SeedSequence
+) -> GateOutcome:
+    """Both judges on one simulated gate (module docstring)."""
+    rng = np.random.default_rng(seed)
+    k = policy.divergence.top_k
+    gate = _gate(case, config, k, rng)
+    plan = Plan.build(policy, {"steady": config.limit})
+    failed, inconclusive, requests = _ours(gate, plan, policy, config)
+    b_held, b_requests = _baseline(gate, config, k)
+    return GateOutcome(failed, inconclusive, requests, b_held, b_requests)
+
+
+def _median(values: Sequence[int]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every case's rates; the A/A case is both in `cases` and summarised at the top."""
+
+    alpha: float
+    runs: int
+    limit: int
+    cases: tuple[CaseResult, ...] = field(default_factory=tuple)
+
+    @property
+    def aa(self) -> CaseResult | None:
+        return next((c for c in self.cases if c.name == AA.name), None)
+
+    def to_dict(self) -> dict[str, object]:
+        aa = self.aa
+        return {
+            "alpha": self.alpha,
+            "runs": self.runs,
+            "limit": self.limit,
+            "aa_false_hold_rate": None if aa is None else aa.fail_rate,
+            "aa_inconclusive_rate": None if aa is None else aa.inconclusive_rate,
+            "baseline_aa_false_hold_rate": None if aa is None else aa.baseline_hold_rate,
+            "cases": [c.to_dict() for c in self.cases],
+        }
+
+
+def calibrate(
+    policy: Policy,
+    runs: int,
+    seed: int = 0,
+    config: SimConfig | None = None,
+    cases: Sequence[Case] = CASES,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Simulate `runs` gates per case; gate r of every case uses the same seed stream r, so
+    the cases differ only by what was injected."""
+    config = config or SimConfig()
+    if config.limit % policy.look_every:
+        config = replace(config, limit=(config.limit // policy.look_every) * policy.look_every)
+    root = np.random.SeedSequence(seed)
+    seeds = root.spawn(runs)
+    results = []
+    for case in cases:
+        outcomes = []
+        for r in range(runs):
+            outcomes.append(simulate_gate(case, policy, config, seeds[r]))
+            if progress is not None:
+                progress(case.name)
+        held = [o.requests for o in outcomes if o.held and o.requests is not None]
+        b_held = [o.baseline_requests for o in outcomes if o.baseline_held and o.baseline_requests]
+        results.append(
+            CaseResult(
+                name=case.name,
+                runs=runs,
+                hold_rate=sum(o.held for o in outcomes) / runs,
+                fail_rate=sum(o.failed for o in outcomes) / runs,
+                inconclusive_rate=sum(o.inconclusive for o in outcomes) / runs,
+                hold_rate_10k=sum(r <= 10_000 for r in held) / runs,
+                median_requests_to_hold=_median(held),
+                baseline_hold_rate=len(b_held) / runs,
+                baseline_hold_rate_10k=sum(r <= 10_000 for r in b_held) / runs,
+                baseline_median_requests_to_hold=_median(b_held),
+            )
+        )
+    return Calibration(alpha=policy.alpha, runs=runs, limit=config.limit, cases=tuple(results))

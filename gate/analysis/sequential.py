@@ -1,0 +1,120 @@
+"""The sequential judge: what a gate may conclude at each look at a scenario still running.
+
+References:
+    S. R. Howard and A. Ramdas, "Sequential estimation of quantiles with applications to
+    A/B-testing and best-arm identification", Bernoulli 28(3), 2022.
+    R. Johari, P. Koomen, L. Pekelis and D. Walsh, "Always valid inference: continuous
+    monitoring of A/B tests", Operations Research 70(3), 2022.
+
+Why: most regressions are large, and a gate that sees a 30% tail regression after two thousand
+requests should not spend the next eighteen thousand confirming it. Every test of a scenario is
+anytime-valid once the plan (plan.py) fixes its tuning and alpha, so the gate may feed the
+arrays it has so far, at any moments it likes, and act on the answer:
+
+    - `hold`: some check failed; the verdict will be hold whatever comes next, so the scenario
+      can stop now;
+    - `all_decided`: every check of the scenario is decided, so more samples would change
+      nothing;
+    - at the planned limit every check is decided: what is still undecided is inconclusive.
+
+The error count test can only ever fail early (it never accepts), so a clean scenario runs to
+its limit; latency checks decide both ways. The final `judge(..., plan=plan)` on the same
+samples gives the same decisions as the last look (the same sequences), plus the bootstrap
+estimate intervals, which a look skips unless asked (they are for the report). A decision is the
+one at the current look: under drift a check decided at one look may be undecided at the next
+(the target of a sequence is the quantile averaged over the samples so far), so the gate stops
+on a look where everything is decided, never on decisions collected from different looks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gate.analysis.errors import error_check, outputs_checks
+from gate.analysis.latency import planned_latency_checks
+from gate.analysis.plan import Plan
+from gate.analysis.types import ArmSamples, Check, ScenarioSamples
+
+__all__ = ["Look", "SequentialJudge"]
+
+
+@dataclass(frozen=True)
+class Look:
+    """The state of one scenario at one look.
+
+    samples: requests per arm seen (reference, candidate); planned: the scenario's limit;
+    checks: every check as it stands (an undecided one reads "inconclusive"); decided: ids of
+    the checks whose decision is final.
+    """
+
+    scenario: str
+    samples: tuple[int, int]
+    planned: int
+    checks: tuple[Check, ...]
+    decided: frozenset[str]
+    notes: tuple[str, ...]
+
+    @property
+    def at_limit(self) -> bool:
+        return min(self.samples) >= self.planned
+
+    @property
+    def hold(self) -> bool:
+        """A check failed: the gate will hold whatever more samples say."""
+        return any(c.decision == "fail" for c in self.checks)
+
+    @property
+    def all_decided(self) -> bool:
+        return all(c.id in self.decided for c in self.checks)
+
+    @property
+    def stop(self) -> bool:
+        """The scenario may stop: more samples cannot change the verdict."""
+        return self.hold or self.all_decided or self.at_limit
+
+    @property
+    def undecided(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.checks if c.id not in self.decided)
+
+
+@dataclass
+class SequentialJudge:
+    """Feed it growing prefixes of each scenario; it answers at every look.
+
+    It keeps no state: a look is a pure function of the plan and the samples, so the same
+    prefix always gets the same answer, looks may come at any moments, and the gate may
+    restart a judge without changing anything.
+    """
+
+    plan: Plan
+    bootstrap: bool = False
+
+    def look(self, scenario: str, reference: ArmSamples, candidate: ArmSamples) -> Look:
+        """The decisions the samples so far support (arrays in send order, warm-up dropped)."""
+        if scenario not in self.plan.requests:
+            raise ValueError(
+                f"scenario {scenario!r} is not in the plan {sorted(self.plan.requests)}"
+            )
+        planned = int(self.plan.requests[scenario])
+        s = ScenarioSamples(scenario, reference, candidate)
+        final = min(reference.requests, candidate.requests) >= planned
+        notes: list[str] = []
+        checks: list[Check] = []
+        checks.extend(
+            planned_latency_checks([s], self.plan, notes, bootstrap=self.bootstrap, final=final)
+        )
+        checks.extend(
+            error_check(
+                s, self.plan.error_alpha, self.plan.policy, notes, None if final else planned
+            )
+        )
+        checks.extend(outputs_checks([s]))
+        decided = frozenset(c.id for c in checks if final or c.decision != "inconclusive")
+        return Look(
+            scenario=scenario,
+            samples=(reference.requests, candidate.requests),
+            planned=planned,
+            checks=tuple(checks),
+            decided=decided,
+            notes=tuple(notes),
+        )

@@ -1,0 +1,68 @@
+"""Calibration: simulated gates are reproducible, cases differ only by what was injected, and
+`gate calibrate` prints the document the issue asks for."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gate.analysis.calibration import CASES, Case, SimConfig, calibrate, simulate_gate
+from gate.analysis.policy import Policy
+from gate.cli import main
+
+SMALL = SimConfig(limit=3_000, baseline_every=1_500)
+
+
+def test_a_gate_is_a_pure_function_of_its_seed() -> None:
+    case = Case("x", ttft=1.2)
+    a = simulate_gate(case, Policy(), SMALL, 5)
+    assert a == simulate_gate(case, Policy(), SMALL, 5)
+    assert a.failed and a.requests is not None and a.requests <= SMALL.limit
+
+
+def test_injected_cases_hold_and_aa_does_not() -> None:
+    cases = [CASES[0], Case("TTFT x1.5", ttft=1.5), Case("bug", divergence="bug")]
+    result = calibrate(Policy(), runs=3, seed=1, config=SMALL, cases=cases)
+    by_name = {c.name: c for c in result.cases}
+    assert by_name["A/A"].fail_rate == 0.0
+    assert by_name["TTFT x1.5"].fail_rate == 1.0
+    assert by_name["bug"].fail_rate == 1.0
+    assert by_name["bug"].median_requests_to_hold == Policy().look_every
+    doc = result.to_dict()
+    assert doc["aa_false_hold_rate"] == 0.0
+    assert [c["name"] for c in doc["cases"]] == ["A/A", "TTFT x1.5", "bug"]  # type: ignore[index]
+
+
+def test_calibrate_command_prints_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--runs", "2", "--limit", "4000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"alpha", "aa_false_hold_rate", "cases"} <= set(doc)
+    for case in doc["cases"]:
+        assert {
+            "name",
+            "hold_rate",
+            "median_requests_to_hold",
+            "baseline_hold_rate",
+            "baseline_median_requests_to_hold",
+        } <= set(case)
+    x130 = next(c for c in doc["cases"] if c["name"] == "tail >p95 x1.30")
+    assert doc["aa_false_hold_rate"] < x130["hold_rate"]
+    assert {c["name"] for c in doc["cases"]} == {c.name for c in CASES}
+
+
+def test_calibrate_command_table_and_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--runs", "0"]) == 2
+    assert main(["calibrate", "--limit", "100"]) == 2
+    assert "--limit" in capsys.readouterr().err
+
+
+def test_tail_threshold_is_the_reference_p95() -> None:
+    from gate.analysis.calibration import tail_threshold
+
+    rng = np.random.default_rng(0)
+    config = SimConfig()
+    sigma = np.hypot(config.ttft_sigma, config.batch_sigma)
+    x = config.ttft_ms * np.exp(rng.normal(0.0, sigma, 200_000))
+    assert np.mean(x > tail_threshold(config)) == pytest.approx(0.05, abs=0.003)
