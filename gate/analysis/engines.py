@@ -114,7 +114,7 @@ def _phase_check(
                 f"(p={p:.2g}, alpha {alpha:.2g}); more launches would settle it."
             )
         return Check(
-            id=f"startup.{phase}",
+            id=f"startup.phase.{phase}",
             group="startup",
             scenario=None,
             metric=phase,
@@ -135,7 +135,7 @@ def _phase_check(
     failed = value_c > limit
     many = " (median of launches)" if max(r.size, c.size) > 1 else ""
     return Check(
-        id=f"startup.{phase}",
+        id=f"startup.phase.{phase}",
         group="startup",
         scenario=None,
         metric=phase,

@@ -41,6 +41,7 @@ class Columns:
     gap_offsets: npt.NDArray[np.int64]
     gaps_ns: npt.NDArray[np.float64]
     phase: npt.NDArray[np.int16]  # index of the scenario phase the request was sent in
+    bad_logprobs: npt.NDArray[np.bool_]  # a NaN or infinite logprob came back
 
     def __len__(self) -> int:
         return int(self.request_id.size)
@@ -60,6 +61,7 @@ class Columns:
             cols = {k: z[k] for k in cls.__slots__ if k in z.files}
         # Columns added after a row was written get their neutral value.
         cols.setdefault("phase", np.zeros(cols["request_id"].size, np.int16))
+        cols.setdefault("bad_logprobs", np.zeros(cols["request_id"].size, np.bool_))
         return cls(**cols)
 
     def ttft_ms(self) -> npt.NDArray[np.float64]:
@@ -79,13 +81,23 @@ class Columns:
         return {ERROR_KINDS[k]: n for k, n in sorted(counts.items())}
 
     def to_arm(self) -> ArmSamples:
+        """The judge's view, every array in send order with each sample's send offset."""
         err = self.error >= 0
+        sent_s = (self.sent_ns / 1e9).astype(np.float64)
+        ok_ttft = self.ok & (self.first_token_ns >= 0)
+        ok_e2e = self.ok & (self.end_ns >= 0)
+        ok_itl = self.ok & ~np.isnan(self.itl_mean_ns)
         return ArmSamples(
             requests=len(self),
             ttft_ms=self.ttft_ms(),
             itl_ms=self.itl_ms(),
+            e2e_ms=self.e2e_ms(),
             errors=self.errors(),
-            error_offsets_s=(self.sent_ns[err] / 1e9).astype(np.float64),
+            error_offsets_s=sent_s[err],
+            error_kinds=tuple(ERROR_KINDS[int(k)] for k in self.error[err]),
+            offsets_s={"ttft": sent_s[ok_ttft], "itl": sent_s[ok_itl], "e2e": sent_s[ok_e2e]},
+            nan_logprobs=int(self.bad_logprobs.sum()),
+            empty_outputs=int((self.ok & (self.output_tokens == 0)).sum()),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -107,6 +119,7 @@ def columns_from_records(
     status = np.zeros(n, np.int32)
     error = np.full(n, -1, np.int16)
     out_tok = np.zeros(n, np.int32)
+    bad_lp = np.zeros(n, np.bool_)
     itl_mean = np.full(n, np.nan, np.float64)
     offsets = np.zeros(n + 1, np.int64)
     gaps: list[float] = []
@@ -123,6 +136,9 @@ def columns_from_records(
             kind = r.error_kind if r.error_kind in ERROR_KINDS else "protocol_error"
             error[i] = ERROR_KINDS.index(kind)
         out_tok[i] = r.output_tokens
+        if r.logprobs:
+            lp = np.asarray(r.logprobs, np.float64)
+            bad_lp[i] = not bool(np.isfinite(lp).all())
         g = [float(x) for x in r.itl_gaps_ns()]
         if g:
             itl_mean[i] = float(np.mean(g))
@@ -143,6 +159,7 @@ def columns_from_records(
         phase=(
             phase_of[rid].astype(np.int16) if phase_of is not None and n else np.zeros(n, np.int16)
         ),
+        bad_logprobs=bad_lp,
     )
 
 
@@ -166,6 +183,7 @@ def drop_warmup(cols: Columns, warmup_requests: int) -> Columns:
         gap_offsets=offsets,
         gaps_ns=np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.float64),
         phase=cols.phase[keep],
+        bad_logprobs=cols.bad_logprobs[keep],
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -456,6 +457,7 @@ class GateRunner:
                     ready_s=ready,
                     crashed=crash is not None,
                     crash_detail=_crash_detail(crash) if crash else None,
+                    phases=_phase_durations(eng.phases.reached) if ready is not None else {},
                 )
             )
         return judge(scenarios, facts, self.spec.policy)
@@ -647,6 +649,20 @@ class GateRunner:
                             message=c.message,
                         )
                     )
+
+
+def _phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
+    """Time spent reaching each startup phase, from launch to ready (not teardown phases)."""
+    order = sorted(
+        ((name, at) for name, at in reached.items() if name not in ("stopped", "crashed")),
+        key=lambda kv: kv[1],
+    )
+    out: dict[str, float] = {}
+    for (_, prev), (name, at) in itertools.pairwise(order):
+        out[name] = max(0.0, at - prev)
+        if name == "ready":
+            break
+    return out
 
 
 def _finite(x: float | None) -> float | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gate.analysis.engines import crash_checks, startup_checks
+from gate.analysis.judge import judge
 from gate.analysis.policy import Policy
-from gate.analysis.types import EngineFacts
+from gate.analysis.types import ArmSamples, EngineFacts, ScenarioSamples
 
 POLICY = Policy()
 
@@ -44,8 +46,8 @@ def test_single_launch_phases_follow_the_rule() -> None:
     )
     by_id = {c.id: c for c in checks}
     assert by_id["startup.ready"].decision == "pass"
-    assert by_id["startup.load_weights"].decision == "pass"
-    cg = by_id["startup.cuda_graphs"]
+    assert by_id["startup.phase.load_weights"].decision == "pass"
+    cg = by_id["startup.phase.cuda_graphs"]
     # 25 s against 1.5 x 10 + 2 = 17 s.
     assert cg.decision == "fail" and cg.threshold == pytest.approx(17.0)
     assert "one launch each: a rule, not a test" in cg.message
@@ -75,3 +77,19 @@ def test_repeated_launches_are_tested() -> None:
     assert mixed.alpha is None and mixed.decision == "pass"
     with pytest.raises(ValueError, match="durations"):
         EngineFacts("candidate", 1.0, phases={"x": []})
+
+
+def test_a_phase_named_ready_does_not_clash_with_the_overall_check() -> None:
+    phases = {"launched": 0.0, "port_open": 0.4, "ready": 0.3}
+    facts = [
+        EngineFacts(role="reference", ready_s=1.0, phases=phases),
+        EngineFacts(role="candidate", ready_s=1.0, phases=phases),
+    ]
+    rng = np.random.default_rng(0)
+    arm = ArmSamples(
+        requests=300, ttft_ms=rng.lognormal(3, 0.05, 300), itl_ms=rng.lognormal(2, 0.05, 300)
+    )
+    verdict = judge([ScenarioSamples("s", arm, arm)], facts, Policy())
+    ids = [c.id for c in verdict.checks]
+    assert len(ids) == len(set(ids))
+    assert "startup.ready" in ids and "startup.phase.ready" in ids
