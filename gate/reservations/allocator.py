@@ -20,8 +20,9 @@ engines share one NVLink/host domain); `together: any` only asks for the same SK
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Literal, NamedTuple
 
 from gate.reservations.inventory import Node, normalise_sku
@@ -179,6 +180,13 @@ def domain_of(node: Node, level: Level) -> str:
     return node.name
 
 
+def _key(level: Level) -> Callable[[Node], str]:
+    """`domain_of` for one level, as a cheap callable for the per-node hot loop."""
+    if level == "host":
+        return attrgetter("name")
+    return lambda x: domain_of(x, level)
+
+
 def _engine_capacity(slots: Sequence[int], n: int) -> int:
     """Most disjoint engines of `n` distinct nodes, node i offering slots[i] workers:
     the largest k with sum(min(s, k)) >= k * n (each node serves an engine at most once)."""
@@ -281,15 +289,16 @@ def _view(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], *, base
     free_count: dict[str, int] = {}
     usable_of: dict[str, int] = {}
     groups: dict[str, dict[str, list[Node]]] = {}
-    pair_level, engine_level = shape.pair_level, shape.engine_level
-    same = pair_level == engine_level
+    pair_key, engine_key = _key(shape.pair_level), _key(shape.engine_level)
+    same = shape.pair_level == shape.engine_level
     for x in nodes:
+        name = x.name
         usable = x.gpus if base else x.gpus - x.allocated_gpus
-        usable_of[x.name] = usable
-        taken = held_by_node.get(x.name)
-        free_count[x.name] = usable - sum(1 for g in taken if g < usable) if taken else usable
-        pair = domain_of(x, pair_level)
-        eng = pair if same else domain_of(x, engine_level)
+        usable_of[name] = usable
+        taken = held_by_node.get(name)
+        free_count[name] = usable - sum(1 for g in taken if g < usable) if taken else usable
+        pair = pair_key(x)
+        eng = pair if same else engine_key(x)
         groups.setdefault(pair, {}).setdefault(eng, []).append(x)
     return _View(shape, free_count, usable_of, held_by_node, groups)
 
@@ -350,7 +359,8 @@ def capacity(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] 
     """How many gate shapes fit now, per domain of the `together` level and in total."""
     eligible, _, _ = _eligible(nodes, shape)
     view = _view(eligible, shape, set(held), base=False)
-    fits = tuple(sorted(view.fits().values(), key=lambda f: (-f.gates, f.domain)))
+    # Most gates first, then by domain name (a stable sort over the name-sorted list).
+    fits = tuple(sorted(sorted(view.fits().values()), key=itemgetter(4), reverse=True))
     return Capacity(
         gates=sum(f.gates for f in fits),
         engines=sum(f.engines for f in fits),
