@@ -355,12 +355,46 @@ def _stage_message(stage: str, shape: ShapeRequest) -> str:
 # -- the three questions -------------------------------------------------------------------------
 
 
+def _held_by_node(held: Iterable[GpuKey]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for name, g in held:
+        out.setdefault(name, set()).add(g)
+    return out
+
+
+def _host_fits(
+    eligible: Sequence[Node], shape: ShapeRequest, held: dict[str, set[int]]
+) -> dict[str, DomainFit]:
+    """The common gate shape (single-node engines sharing one host) needs no grouping: each
+    host is its own domain, so its fit is a few integer operations."""
+    gpn, roles, room = shape.gpus_per_node, len(shape.roles), shape.headroom_gpus
+    per_gate = shape.gpus_per_gate
+    out: dict[str, DomainFit] = {}
+    for x in eligible:
+        usable = x.gpus - x.allocated_gpus
+        taken = held.get(x.name)
+        free = usable - sum(1 for g in taken if g < usable) if taken else usable
+        engines = free // gpn
+        gates = engines // roles
+        if room:
+            gates = min(gates, max(0, free - room) // per_gate)
+        out[x.name] = DomainFit(x.name, 1, free, engines, gates)
+    return out
+
+
+def _fast_path(shape: ShapeRequest) -> bool:
+    return shape.pair_level == "host" and shape.nodes_per_engine == 1
+
+
 def capacity(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] = ()) -> Capacity:
     """How many gate shapes fit now, per domain of the `together` level and in total."""
     eligible, _, _ = _eligible(nodes, shape)
-    view = _view(eligible, shape, set(held), base=False)
+    if _fast_path(shape):
+        found = _host_fits(eligible, shape, _held_by_node(held))
+    else:
+        found = _view(eligible, shape, set(held), base=False).fits()
     # Most gates first, then by domain name (a stable sort over the name-sorted list).
-    fits = tuple(sorted(sorted(view.fits().values()), key=itemgetter(4), reverse=True))
+    fits = tuple(sorted(sorted(found.values()), key=itemgetter(4), reverse=True))
     return Capacity(
         gates=sum(f.gates for f in fits),
         engines=sum(f.engines for f in fits),
@@ -378,13 +412,21 @@ def allocate(
     eligible, eliminated, stage = _eligible(nodes, shape)
     if stage is not None:
         return Blocked(stage, _stage_message(stage, shape), eliminated, RETRYABLE[stage])
-    view = _view(eligible, shape, held_set, base=False)
-    fits = view.fits()
+    if _fast_path(shape):
+        fits = _host_fits(eligible, shape, _held_by_node(held_set))
+    else:
+        view = _view(eligible, shape, held_set, base=False)
+        fits = view.fits()
     options = [f for f in fits.values() if f.gates >= 1]
     if options:
         # Best fit: the domain with the fewest gate shapes left that still fits, so the large
         # empty domains stay whole for shapes that need them.
         best = min(options, key=lambda f: (f.gates, f.engines, f.free_gpus, f.domain))
+        if _fast_path(shape):
+            # Only the chosen host needs the full view to pick GPU indices.
+            view = _view(
+                [x for x in eligible if x.name == best.domain], shape, held_set, base=False
+            )
         return _place(view, best.domain)
     return _diagnose(eligible, shape, held_set, eliminated, tuple(fits.values()))
 
