@@ -81,8 +81,17 @@ def _fmt_ratio(v: Any) -> str:
     return "" if v is None else f"{v:.3f}x"
 
 
+def _stderr_console() -> Console:
+    """A terminal's own width; 120 columns in logs and CI, where rich would assume 80 and
+    truncate check ids."""
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, highlight=False, soft_wrap=True, width=120)
+    return console
+
+
 def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    console = console or _stderr_console()
     checks = doc.get("checks") or []
     if checks:
         table = Table(title="checks", title_justify="left", show_lines=False)
