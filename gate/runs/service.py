@@ -21,6 +21,7 @@ from typing import Any, overload
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.judge import judge
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
@@ -140,6 +141,8 @@ class GateRunner:
         self.started = datetime.now(UTC)
         self.phase_rows: list[tuple[str, str, float, str | None]] = []
         self.outcome: GateOutcome | None = None
+        self.probes: list[ProbePair] = []
+        self.probe_doc: list[dict[str, Any]] = []
         self.blocked: Blocked | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -198,8 +201,10 @@ class GateRunner:
             await self._launch_all()
             await self._warm_up()
             for scenario in self.spec.scenarios:
-                result = await self._run_scenario(scenario)
-                self.results.append(result)
+                if scenario.suite == "compatibility":
+                    await self._run_probes(scenario)
+                else:
+                    self.results.append(await self._run_scenario(scenario))
                 if self.crashes:
                     break
             self.gate_phase("judging")
@@ -356,6 +361,27 @@ class GateRunner:
                 return
             await asyncio.sleep(CRASH_POLL_S)
 
+    async def _run_probes(self, sc: ScenarioSpec) -> None:
+        """The compatibility suite: the same fixed probe set to both engines, one probe at a
+        time; a probe the reference answers well and the candidate does not fails a check."""
+        self.gate_phase(f"scenario:{sc.name}", "compatibility probes")
+        targets = self._targets(sc.api)
+        ref, cand = await asyncio.gather(*(suite_catalogue.run_probes(t) for t in targets))
+        self._check_crashes()
+        by_name = {p.name: p for p in cand}
+        for r in ref:
+            c = by_name.get(r.name)
+            if c is None:
+                continue
+            self.probes.append(ProbePair(r.name, _probe(r), _probe(c)))
+            self.probe_doc.append(
+                {
+                    "name": r.name,
+                    "reference": {"status": r.status, "ok": r.ok, "problems": r.problems},
+                    "candidate": {"status": c.status, "ok": c.ok, "problems": c.problems},
+                }
+            )
+
     async def _run_scenario(self, sc: ScenarioSpec) -> ScenarioResult:
         seed = self.spec.seed * 7_777 + self.spec.scenarios.index(sc)
         offsets: np.ndarray | None = None
@@ -460,7 +486,7 @@ class GateRunner:
                     phases=_phase_durations(eng.phases.reached) if ready is not None else {},
                 )
             )
-        return judge(scenarios, facts, self.spec.policy)
+        return judge(scenarios, facts, self.spec.policy, probes=self.probes)
 
     async def _teardown(self, state: str) -> None:
         for role in ROLES:
@@ -527,6 +553,7 @@ class GateRunner:
                 }
                 for r in self.results
             ],
+            "probes": self.probe_doc,
             "started_at": self.started.isoformat(),
             "finished_at": finished.isoformat(),
             "duration_s": round(self.clock.now_s(), 3),
@@ -649,6 +676,15 @@ class GateRunner:
                             message=c.message,
                         )
                     )
+
+
+def _probe(result: suite_catalogue.ProbeResult) -> ProbeResult:
+    return ProbeResult(
+        ok=result.ok,
+        status=result.status or 0,
+        well_formed=result.well_formed,
+        problems=tuple(result.problems),
+    )
 
 
 def _phase_durations(reached: Mapping[str, float]) -> dict[str, float]:

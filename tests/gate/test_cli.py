@@ -349,3 +349,42 @@ def test_capacity_command(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "unknown key 'gpus'" in bad.stderr
+
+
+def test_compatibility_probes_run_on_both_engines(tmp_path: Path, tag: str) -> None:
+    p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=200)
+    doc_spec = yaml.safe_load(p.read_text())
+    doc_spec["scenarios"].append({"suite": "compatibility"})
+    p.write_text(yaml.safe_dump(doc_spec))
+    out = gate(tmp_path, "run", str(p), "--json")
+    doc = json.loads(out.stdout)
+    compat = [c for c in doc["checks"] if c["group"] == "compatibility"]
+    assert compat and all(c["decision"] == "pass" for c in compat), out.stderr
+    assert len(doc["probes"]) >= 10
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_candidate_that_breaks_streaming_fails_compatibility(tmp_path: Path, tag: str) -> None:
+    p = spec(
+        tmp_path,
+        {"command": sim(tag)},
+        {"command": sim(tag, "--stream-error-rate", "1.0")},
+        requests=200,
+    )
+    doc_spec = yaml.safe_load(p.read_text())
+    doc_spec["scenarios"] = [{"suite": "compatibility"}]
+    p.write_text(yaml.safe_dump(doc_spec))
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    failed = [r for r in doc["reasons"] if r["check"].startswith("compat.")]
+    assert failed, doc["reasons"]
+
+
+def test_correctness_suite_is_refused_until_wired(tmp_path: Path) -> None:
+    p = spec(tmp_path, {"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"})
+    doc_spec = yaml.safe_load(p.read_text())
+    doc_spec["scenarios"] = [{"suite": "correctness"}]
+    p.write_text(yaml.safe_dump(doc_spec))
+    out = gate(tmp_path, "run", str(p))
+    assert out.returncode == 2 and "scenarios[0].suite" in out.stderr
