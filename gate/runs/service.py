@@ -474,9 +474,7 @@ class GateRunner:
         for role in ROLES:
             eng = self.engines[role]
             crash = next((c for c in self.crashes if c.role == role), None)
-            ready = None
-            if eng.launched and "ready" in eng.phases.reached and "launched" in eng.phases.reached:
-                ready = eng.phases.reached["ready"] - eng.phases.reached["launched"]
+            ready = _ready_s(eng)
             facts.append(
                 EngineFacts(
                     role=role,  # type: ignore[arg-type]
@@ -575,9 +573,8 @@ class GateRunner:
             eng = self.engines.get(role)
             crash = next((c for c in self.crashes if c.role == role), None)
             phases = eng.phases.reached if eng else {}
-            ready = None
-            if eng and eng.launched and "ready" in phases and "launched" in phases:
-                ready = round(phases["ready"] - phases["launched"], 3)
+            ready_s = _ready_s(eng) if eng else None
+            ready = round(ready_s, 3) if ready_s is not None else None
             placement = None
             if self.grant is not None and es.kind == "process":
                 p = self.grant.placement.for_role(role)
@@ -676,6 +673,14 @@ class GateRunner:
                             message=c.message,
                         )
                     )
+
+
+def _ready_s(eng: Engine) -> float | None:
+    """Launch to ready for an engine the gate launched; None for attached or never-ready ones."""
+    reached = eng.phases.reached
+    if not eng.launched or "ready" not in reached or "launched" not in reached:
+        return None
+    return reached["ready"] - reached["launched"]
 
 
 def _probe(result: suite_catalogue.ProbeResult) -> ProbeResult:
