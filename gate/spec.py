@@ -108,6 +108,16 @@ class EngineSpec(_Strict):
     def kind(self) -> Literal["process", "endpoint"]:
         return "endpoint" if self.url is not None else "process"
 
+    @property
+    def label(self) -> str:
+        """What a person calls this engine in a list: its URL, preset and program, or argv."""
+        if self.url is not None:
+            return self.url
+        if self.preset is not None:
+            parts = [self.preset, self.binary or self.python or "", *self.args]
+            return " ".join(p for p in parts if p)[:500]
+        return " ".join(self.command or [])[:500]
+
     def argv_template(self) -> list[str]:
         if self.command is not None:
             return list(self.command)

@@ -25,6 +25,40 @@ class Settings(BaseSettings):
         description="GPU inventory YAML; unset means the embedded local example inventory.",
     )
     lease_ttl_s: float = Field(default=600.0, gt=0, description="Reservation lease lifetime.")
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery broker (Redis) URL; set, gate runs are Celery tasks executed by "
+        "`gate worker` processes; unset, the API runs them in-process.",
+    )
+    heartbeat_s: float = Field(
+        default=5.0, gt=0, description="How often a running gate writes its heartbeat."
+    )
+    lost_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A running gate whose heartbeat is older than this has lost its worker: "
+        "it ends in hold and its reservation is released.",
+    )
+    open_reads: bool = Field(
+        default=False, description="Let requests without a token read gates and verdicts."
+    )
+    webhook_secret: str | None = Field(
+        default=None, description="HMAC-SHA256 secret of the CI webhook (unset: webhook off)."
+    )
+    webhook_max_age_s: float = Field(
+        default=300.0, gt=0, description="Reject CI webhook deliveries older than this."
+    )
+    callback_allow: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes a CI webhook may name as its commit-status callback.",
+    )
+    public_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="Where the service is reachable, for report links in verdicts.",
+    )
+    max_body_bytes: int = Field(
+        default=1_000_000, gt=0, description="Largest request body the API accepts."
+    )
 
     def resolved_database_url(self) -> str:
         if self.database_url:

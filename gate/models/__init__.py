@@ -3,8 +3,10 @@
 from gate.models.base import Base
 from gate.models.gates import CheckResult, GatePhase, GateRun, SampleSet
 from gate.models.reservations import GpuLease, InventoryLock, Reservation
+from gate.models.service import ApiToken, WebhookDelivery
 
 __all__ = [
+    "ApiToken",
     "Base",
     "CheckResult",
     "GatePhase",
@@ -13,4 +15,5 @@ __all__ = [
     "InventoryLock",
     "Reservation",
     "SampleSet",
+    "WebhookDelivery",
 ]

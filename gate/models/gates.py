@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -37,6 +38,17 @@ class GateRun(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The service's bookkeeping (all optional for a gate run from the command line).
+    source: Mapped[str] = mapped_column(String(16), default="cli")  # cli|api|argo|flagger|ci
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), unique=True)
+    reference_label: Mapped[str | None] = mapped_column(String(500))
+    candidate_label: Mapped[str | None] = mapped_column(String(500), index=True)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    callback: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     phases: Mapped[list[GatePhase]] = relationship(
         back_populates="gate", lazy="raise", cascade="all, delete-orphan"

@@ -122,16 +122,48 @@ class ScenarioResult:
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, start_s)
 
 
+class _LiveProgress:
+    """Forwards progress to the caller's sink and keeps the latest state for the heartbeat,
+    which writes it to the gate row (what the API and the live report page show)."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+        self.state: dict[str, Any] = {}
+
+    def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
+        self.inner.phase(role, phase, at_s, detail)
+
+    def scenario_started(self, name: str, total: int) -> None:
+        self.state = {"scenario": name, "done": 0, "total": total}
+        self.inner.scenario_started(name, total)
+
+    def request_done(self, name: str, done: int, total: int) -> None:
+        self.state = {"scenario": name, "done": done, "total": total}
+        self.inner.request_done(name, done, total)
+
+    def scenario_finished(self, name: str) -> None:
+        self.state = {**self.state, "finished": True}
+        self.inner.scenario_finished(name)
+
+
 @dataclass
 class GateRunner:
+    """One gate. `gate_id` names a row the service created (state pending); without it the
+    runner creates its own row (the command line)."""
+
     spec: GateSpec
     settings: Settings
     report_dir: Path | None = None
     db_url: str | None = None
     progress: Progress = field(default_factory=NullProgress)
+    gate_id: str = ""
+    worker: str | None = None
 
     def __post_init__(self) -> None:
-        self.gate_id = uuid.uuid4().hex
+        self.gate_id = self.gate_id or uuid.uuid4().hex
+        self.live = _LiveProgress(self.progress)
+        self.progress = self.live
+        self.cancel_reason: str | None = None
         self.clock = Clock()
         self.factory: sessionmaker[Session] | None = None
         self.engines: dict[str, Engine] = {}
@@ -176,21 +208,25 @@ class GateRunner:
         await asyncio.to_thread(upgrade, engine)
         self.factory = make_sessionmaker(engine)
         with transaction(self.factory) as s:
-            s.add(
-                GateRun(
-                    id=self.gate_id,
-                    name=self.spec.name,
-                    spec=spec_to_dict(self.spec),
-                    state="running",
-                    phase="created",
-                    started_at=self.started,
-                )
-            )
+            run = s.get(GateRun, self.gate_id)
+            if run is None:
+                run = GateRun(id=self.gate_id, name=self.spec.name, spec=spec_to_dict(self.spec))
+                s.add(run)
+            run.state = "running"
+            run.phase = "created"
+            run.started_at = self.started
+            run.worker = self.worker
+            run.heartbeat_at = self.started
+            run.attempts = (run.attempts or 0) + 1
+            run.reference_label = self.spec.reference.label
+            run.candidate_label = self.spec.candidate.label
         self.gate_phase("requested")
         verdict: Verdict | None = None
         error: GateError | None = None
         state = "complete"
         heartbeat: asyncio.Task[None] | None = None
+        me = asyncio.current_task()
+        liveness = asyncio.create_task(self._liveness(me))
         try:
             self.grant = await self._reserve_or_wait()
             if self.grant is not None:
@@ -212,15 +248,20 @@ class GateRunner:
         except GateError as exc:
             error, state = exc, "error"
         except asyncio.CancelledError:
+            if self.cancel_reason is not None and me is not None:
+                me.uncancel()  # our own cancel (from the API), handled here
             error, state = (
-                GateCancelled("the gate was interrupted before it could decide"),
+                GateCancelled(
+                    self.cancel_reason or "the gate was interrupted before it could decide"
+                ),
                 "cancelled",
             )
         finally:
-            if heartbeat is not None:
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await heartbeat
+            for task in (heartbeat, liveness):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             await self._teardown(state)
         self.outcome = self._finish(verdict, error, state)
         engine.dispose()
@@ -260,6 +301,34 @@ class GateRunner:
             gate_id=self.gate_id,
             ttl_s=self.settings.lease_ttl_s,
         )
+
+    async def _liveness(self, main: asyncio.Task[Any] | None) -> None:
+        """The gate's own heartbeat: proves a worker still runs it (a gate whose heartbeat
+        stops is ended by the reaper), publishes progress, and obeys a cancel request."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                cancel = await asyncio.to_thread(self._beat)
+            except Exception:  # a database hiccup must not kill the run; the next beat retries
+                continue
+            if cancel is not None and self.cancel_reason is None and main is not None:
+                self.cancel_reason = cancel
+                main.cancel()
+                return
+
+    def _beat(self) -> str | None:
+        """Write the heartbeat; return why the gate must stop, if it must."""
+        with transaction(self._db()) as s:
+            run = s.get(GateRun, self.gate_id)
+            if run is None:
+                return "the gate's record was deleted"
+            if run.state != "running":  # the reaper ended it: our worker looked lost
+                return f"the gate was ended elsewhere while running ({run.reason})"
+            run.heartbeat_at = datetime.now(UTC)
+            run.progress = dict(self.live.state) or None
+            if run.cancel_requested:
+                return "cancelled on request before the gate could decide"
+            return None
 
     async def _heartbeat(self) -> None:
         assert self.grant is not None
@@ -725,6 +794,10 @@ async def run_gate(
     report_dir: Path | None = None,
     db_url: str | None = None,
     progress: Progress | None = None,
+    gate_id: str = "",
+    worker: str | None = None,
 ) -> GateOutcome:
-    runner = GateRunner(spec, settings, report_dir, db_url, progress or NullProgress())
+    runner = GateRunner(
+        spec, settings, report_dir, db_url, progress or NullProgress(), gate_id, worker
+    )
     return await runner.run()

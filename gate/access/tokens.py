@@ -1,0 +1,95 @@
+"""API tokens with scopes. Only a token's SHA-256 is stored; the token is shown once, when it
+is made. Scopes nest: admin includes run, run includes read."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.core.errors import GateError
+from gate.models import ApiToken
+from gate.runs.store import now
+
+SCOPES = ("read", "run", "admin")
+PREFIX = "gt_"
+CACHE_S = 5.0
+
+
+class TokenError(GateError):
+    status_code = 422
+    code = "invalid_token_request"
+
+
+def expand(scopes: Iterable[str]) -> frozenset[str]:
+    """The scopes a token really has: each scope brings the ones below it."""
+    out: set[str] = set()
+    for s in scopes:
+        if s not in SCOPES:
+            raise TokenError(f"scopes: unknown scope {s!r}; use read, run or admin")
+        out.update(SCOPES[: SCOPES.index(s) + 1])
+    return frozenset(out)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(factory: sessionmaker[Session], name: str, scopes: Iterable[str]) -> str:
+    scope_list = sorted(expand(scopes), key=SCOPES.index)
+    if not scope_list:
+        raise TokenError("scopes: give at least one of read, run, admin")
+    token = PREFIX + secrets.token_urlsafe(32)
+    with transaction(factory) as s:
+        s.add(ApiToken(name=name, token_hash=digest(token), scopes=",".join(scope_list)))
+    return token
+
+
+def revoke(factory: sessionmaker[Session], name: str) -> int:
+    with transaction(factory) as s:
+        return len(
+            s.scalars(
+                update(ApiToken)
+                .where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+                .values(revoked_at=now())
+                .returning(ApiToken.id)
+            ).all()
+        )
+
+
+class TokenChecker:
+    """Looks tokens up by hash, with a short cache so that pollers do not hit the database on
+    every request (a revoked token stops working within CACHE_S seconds)."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self.factory = factory
+        self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
+        self._lock = threading.Lock()
+
+    def scopes(self, token: str) -> frozenset[str] | None:
+        if not token.startswith(PREFIX) or len(token) > 200:
+            return None
+        h = digest(token)
+        t = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(h)
+        if hit is not None and t - hit[0] < CACHE_S:
+            return hit[1]
+        with transaction(self.factory) as s:
+            row = s.scalars(
+                select(ApiToken).where(ApiToken.token_hash == h, ApiToken.revoked_at.is_(None))
+            ).first()
+            scopes = frozenset(row.scopes.split(",")) if row is not None else None
+            if row is not None:
+                row.last_used_at = now()
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[h] = (t, scopes)
+        return scopes

@@ -1,0 +1,123 @@
+"""The FastAPI application: `/v1` (JSON API, OpenAPI at /v1/openapi.json), the report pages,
+and /metrics. Built by `create_app(settings)`; `gate serve` runs it on uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from gate.access.tokens import TokenChecker
+from gate.api.deps import Ctx
+from gate.core.errors import GateError, SpecError
+from gate.core.settings import Settings
+from gate.runs.dispatch import InProcessDispatcher, Reaper, make_dispatcher
+from gate.runs.execute import open_factory
+
+log = logging.getLogger("gate.api")
+
+DESCRIPTION = """Decides whether a candidate LLM engine image may keep rolling out.
+
+Create a gate from a spec, poll its verdict (`continue` or `hold`, with every check's
+evidence), or let a rollout controller (Argo Rollouts, Flagger) or a CI webhook do it."""
+
+
+def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> FastAPI:
+    settings = settings or Settings()
+    factory = open_factory(settings)
+    ctx = Ctx(
+        settings=settings,
+        factory=factory,
+        dispatcher=make_dispatcher(settings, factory),
+        tokens=TokenChecker(factory),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if start_workers:
+            ctx.reaper = Reaper(settings, factory).start()
+            ctx.reaper.once()
+            if isinstance(ctx.dispatcher, InProcessDispatcher):
+                ctx.dispatcher.resubmit_pending()
+        yield
+        if ctx.reaper is not None:
+            ctx.reaper.stop()
+        ctx.dispatcher.close()
+
+    app = FastAPI(
+        title="LLM deploy gate",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+
+    @app.middleware("http")
+    async def bounded_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        limit = settings.max_body_bytes
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return _problem(413, "body_too_large", f"body: larger than the {limit}-byte limit")
+        if length is None and request.method in ("POST", "PUT", "PATCH"):
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    return _problem(
+                        413, "body_too_large", f"body: larger than the {limit}-byte limit"
+                    )
+            request._body = body  # the stream is spent; later readers use the buffer
+        return await call_next(request)
+
+    @app.exception_handler(SpecError)
+    async def spec_error(_request: Request, exc: SpecError) -> JSONResponse:
+        return _problem(
+            422,
+            exc.code,
+            exc.message,
+            problems=[{"path": p.path, "message": p.message} for p in exc.problems],
+        )
+
+    @app.exception_handler(GateError)
+    async def gate_error(_request: Request, exc: GateError) -> JSONResponse:
+        return _problem(exc.status_code, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "path": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)",
+                "message": e["msg"],
+            }
+            for e in exc.errors()
+        ]
+        lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
+        return _problem(422, "invalid_request", f"request has mistakes: {lines}", problems)
+
+    from gate.api import gates, integrations, ops
+    from gate.web import pages
+
+    app.include_router(gates.router, prefix="/v1")
+    app.include_router(integrations.router, prefix="/v1")
+    app.include_router(ops.router, prefix="/v1")
+    app.include_router(ops.metrics_router)
+    app.include_router(pages.router)
+    return app
+
+
+def _problem(
+    status: int, code: str, message: str, problems: list[dict[str, str]] | None = None
+) -> JSONResponse:
+    body: dict[str, object] = {"error": {"code": code, "message": message}}
+    if problems is not None:
+        body["error"] = {**body["error"], "problems": problems}  # type: ignore[dict-item]
+    return JSONResponse(body, status_code=status)

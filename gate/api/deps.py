@@ -1,0 +1,76 @@
+"""What every route needs: the service context (settings, database, dispatcher) and the
+caller's scopes. Thin: the work is in gate.runs.store, gate.access and the dispatcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.access.tokens import TokenChecker
+from gate.core.settings import Settings
+from gate.runs.dispatch import Dispatcher, Reaper
+
+TOKEN_COOKIE = "gate_token"
+
+
+@dataclass
+class Ctx:
+    settings: Settings
+    factory: sessionmaker[Session]
+    dispatcher: Dispatcher
+    tokens: TokenChecker
+    reaper: Reaper | None = None
+
+
+def get_ctx(request: Request) -> Ctx:
+    ctx: Ctx = request.app.state.ctx
+    return ctx
+
+
+CtxDep = Annotated[Ctx, Depends(get_ctx)]
+
+
+def _token(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.cookies.get(TOKEN_COOKIE)
+
+
+def require(scope: str) -> Callable[[Request], frozenset[str]]:
+    """A dependency that lets the request through only with `scope` (a bearer token in the
+    Authorization header, or the pages' cookie); reads may be opened by settings."""
+
+    def check(request: Request) -> frozenset[str]:
+        ctx = get_ctx(request)
+        if scope == "read" and ctx.settings.open_reads:
+            return frozenset({"read"})
+        token = _token(request)
+        if not token:
+            raise HTTPException(
+                401,
+                detail=f"this needs a token with the '{scope}' scope "
+                "(Authorization: Bearer gt_...; make one with `gate token create`)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        scopes = ctx.tokens.scopes(token)
+        if scopes is None:
+            raise HTTPException(
+                401, detail="unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        if scope not in scopes:
+            raise HTTPException(
+                403, detail=f"this token lacks the '{scope}' scope (it has {sorted(scopes)})"
+            )
+        return scopes
+
+    return check
+
+
+ReadDep = Annotated[frozenset[str], Depends(require("read"))]
+RunDep = Annotated[frozenset[str], Depends(require("run"))]
+AdminDep = Annotated[frozenset[str], Depends(require("admin"))]

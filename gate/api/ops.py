@@ -1,0 +1,6 @@
+"""placeholder"""
+
+from fastapi import APIRouter
+
+router = APIRouter()
+metrics_router = APIRouter()

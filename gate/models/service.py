@@ -1,0 +1,36 @@
+"""What the service keeps beside gates: API tokens (hashed) and webhook deliveries seen."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gate.models.base import Base, utcnow
+
+
+class ApiToken(Base):
+    """A bearer token; only its SHA-256 is stored, the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(100))  # comma-separated: read,run,admin
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookDelivery(Base):
+    """One accepted webhook delivery: a redelivery of the same id returns the same gate."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # source:delivery-id
+    source: Mapped[str] = mapped_column(String(16))
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    gate_id: Mapped[str | None] = mapped_column(ForeignKey("gates.id", ondelete="SET NULL"))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

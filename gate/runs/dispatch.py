@@ -1,0 +1,138 @@
+"""Where gate runs execute: threads of this process (the embedded default) or Celery workers
+(when `GATE_BROKER_URL` is set). Both run `execute_gate`, and both keep a reaper going that
+ends the gates whose worker was lost."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.core.settings import Settings
+from gate.models import GateRun
+from gate.runs import store
+from gate.runs.execute import execute_gate, worker_name
+
+log = logging.getLogger("gate.runs")
+
+
+class Dispatcher(Protocol):
+    kind: str
+
+    def submit(self, gate_id: str) -> None: ...
+
+    def queue_depth(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessDispatcher:
+    """Gate runs on a small thread pool inside the API process; nothing else to start."""
+
+    kind = "in-process"
+
+    def __init__(
+        self, settings: Settings, factory: sessionmaker[Session], max_gates: int = 2
+    ) -> None:
+        self.settings = settings
+        self.factory = factory
+        self.pool = ThreadPoolExecutor(max_workers=max_gates, thread_name_prefix="gate")
+        self.worker = worker_name("api")
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def submit(self, gate_id: str) -> None:
+        with self._lock:
+            self._pending += 1
+        self.pool.submit(self._run, gate_id)
+
+    def _run(self, gate_id: str) -> None:
+        try:
+            execute_gate(gate_id, self.settings, self.worker, self.factory)
+        except Exception:
+            log.exception("gate %s failed outside the runner", gate_id, extra={"gate_id": gate_id})
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def queue_depth(self) -> int | None:
+        return self._pending
+
+    def resubmit_pending(self) -> int:
+        """After a restart: queue every gate still pending (their submissions died with the
+        previous process)."""
+        with transaction(self.factory) as s:
+            ids = list(s.scalars(select(GateRun.id).where(GateRun.state == "pending")))
+        for gid in ids:
+            self.submit(gid)
+        return len(ids)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class CeleryDispatcher:
+    """Gate runs as Celery tasks on `gate worker` processes."""
+
+    kind = "celery"
+
+    def __init__(self, settings: Settings) -> None:
+        from gate.worker.celery_app import make_celery
+
+        self.app = make_celery(settings)
+
+    def submit(self, gate_id: str) -> None:
+        self.app.send_task("gate.run", args=[gate_id], task_id=f"gate-{gate_id}")
+
+    def queue_depth(self) -> int | None:
+        try:
+            with self.app.connection_for_write() as conn:
+                return int(conn.default_channel.client.llen("gates"))
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        return None
+
+
+def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispatcher:
+    if settings.broker_url:
+        return CeleryDispatcher(settings)
+    return InProcessDispatcher(settings, factory)
+
+
+class Reaper:
+    """A daemon thread ending lost gates every heartbeat period (idempotent: any number of
+    reapers may run, each lost gate is ended once)."""
+
+    def __init__(self, settings: Settings, factory: sessionmaker[Session]) -> None:
+        self.settings = settings
+        self.factory = factory
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
+
+    def start(self) -> Reaper:
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_s):
+            self.once()
+
+    def once(self) -> list[str]:
+        try:
+            ended = store.reap_lost(self.factory, self.settings.lost_after_s)
+        except Exception:
+            log.exception("reaper pass failed")
+            return []
+        for gid in ended:
+            log.warning("gate %s lost its worker: ended in hold", gid, extra={"gate_id": gid})
+        return ended
+
+    def stop(self) -> None:
+        self._stop.set()

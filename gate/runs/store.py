@@ -1,0 +1,264 @@
+"""Gate records as the service sees them: create (idempotently), read, list, cancel, and end
+the gates whose worker was lost.
+
+Pure database work over a sessionmaker; the API, the Celery tasks and the in-process worker
+are thin layers over these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.core.errors import GateError
+from gate.models import GateRun, GpuLease, Reservation
+from gate.spec import GateSpec, spec_to_dict
+
+FINISHED = ("complete", "error", "cancelled")
+STATES = ("pending", "running", *FINISHED)
+VERDICTS = ("continue", "hold")
+
+
+class GateNotFound(GateError):
+    status_code = 404
+    code = "not_found"
+
+    def __init__(self, gate_id: str) -> None:
+        super().__init__(f"no gate with id {gate_id!r}")
+
+
+class GateConflict(GateError):
+    status_code = 409
+    code = "conflict"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes for timezone-aware columns; they are UTC."""
+    if t is None:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def spec_key(spec: GateSpec) -> str:
+    """The idempotency key of a spec: the SHA-256 of its canonical JSON (reference,
+    candidate, scenarios, shape, policy, seed: everything that decides what is run)."""
+    canonical = json.dumps(spec_to_dict(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_gate(
+    factory: sessionmaker[Session],
+    spec: GateSpec,
+    *,
+    source: str = "api",
+    idempotency_key: str | None = None,
+    callback: dict[str, Any] | None = None,
+) -> tuple[GateRun, bool]:
+    """A pending gate for `spec`; with a key, the gate already made under it if there is
+    one. Returns (gate, created)."""
+    import uuid
+
+    if idempotency_key is not None:
+        existing = find_by_key(factory, idempotency_key)
+        if existing is not None:
+            return existing, False
+    run = GateRun(
+        id=uuid.uuid4().hex,
+        name=spec.name,
+        spec=spec_to_dict(spec),
+        state="pending",
+        phase="queued",
+        source=source,
+        idempotency_key=idempotency_key,
+        reference_label=spec.reference.label,
+        candidate_label=spec.candidate.label,
+        callback=callback,
+        attempts=0,
+        cancel_requested=False,
+        created_at=now(),
+    )
+    try:
+        with transaction(factory) as s:
+            s.add(run)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = find_by_key(factory, idempotency_key)  # a concurrent ensure won the race
+        if existing is None:
+            raise
+        return existing, False
+    return run, True
+
+
+def find_by_key(factory: sessionmaker[Session], key: str) -> GateRun | None:
+    with transaction(factory) as s:
+        return s.scalars(select(GateRun).where(GateRun.idempotency_key == key)).first()
+
+
+def get_gate(factory: sessionmaker[Session], gate_id: str) -> GateRun:
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id)
+        if run is None:
+            raise GateNotFound(gate_id)
+        return run
+
+
+@dataclass(frozen=True)
+class GateFilter:
+    state: str | None = None
+    verdict: str | None = None
+    candidate: str | None = None  # substring of the candidate's label
+    name: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[GateRun], int]:
+    """Newest first, with the total count of gates matching the filter."""
+    q = select(GateRun)
+    if f.state:
+        q = q.where(GateRun.state == f.state)
+    if f.verdict:
+        q = q.where(GateRun.verdict == f.verdict)
+    if f.name:
+        q = q.where(GateRun.name == f.name)
+    if f.candidate:
+        pattern = "%" + f.candidate.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+        q = q.where(GateRun.candidate_label.like(pattern + "%", escape="\\"))
+    with transaction(factory) as s:
+        total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
+        rows = s.scalars(
+            q.order_by(GateRun.created_at.desc(), GateRun.id).limit(f.limit).offset(f.offset)
+        ).all()
+        return list(rows), int(total)
+
+
+def request_cancel(factory: sessionmaker[Session], gate_id: str) -> GateRun:
+    """A pending gate is cancelled at once (it holds nothing); a running one is asked to stop
+    and its runner tears down and releases at its next heartbeat; a finished one cannot be."""
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id, with_for_update=True)
+        if run is None:
+            raise GateNotFound(gate_id)
+        if run.state in FINISHED:
+            raise GateConflict(f"gate {gate_id} already finished ({run.state}); nothing to cancel")
+        run.cancel_requested = True
+        if run.state == "pending":
+            _end(run, "cancelled", "gate.cancelled", "cancelled before it started")
+        return run
+
+
+def claim(factory: sessionmaker[Session], gate_id: str, worker: str) -> GateRun | None:
+    """Take a pending gate for `worker`; None when it is not pending any more (another
+    delivery of the same task already ran it, or it was cancelled): running it twice is
+    impossible because the update is conditional on the state."""
+    with transaction(factory) as s:
+        taken = s.scalars(
+            update(GateRun)
+            .where(GateRun.id == gate_id, GateRun.state == "pending")
+            .values(state="running", phase="claimed", worker=worker, heartbeat_at=now())
+            .returning(GateRun.id)
+        ).all()
+        if not taken:
+            return None
+        return s.get(GateRun, gate_id)
+
+
+def _end(run: GateRun, state: str, check: str, message: str) -> None:
+    finished = now()
+    run.state = state
+    run.phase = "finished"
+    run.verdict = "hold"
+    run.reason = message
+    run.finished_at = finished
+    run.document = {
+        "gate_id": run.id,
+        "name": run.name,
+        "state": state,
+        "verdict": "hold",
+        "reasons": [{"check": check, "message": message}],
+        "checks": [],
+        "notes": ["The gate could not finish, so it cannot vouch for the candidate: hold."],
+        "error": {"code": check.removeprefix("gate."), "message": message},
+        "finished_at": finished.isoformat(),
+        "exit_code": 130 if state == "cancelled" else 2,
+    }
+
+
+def reap_lost(
+    factory: sessionmaker[Session], lost_after_s: float, at: datetime | None = None
+) -> list[str]:
+    """End every running gate whose heartbeat stopped: hold with the reason, its reservation
+    released. Its engine processes died with their worker (they are launched with a parent
+    death signal); Kubernetes objects are owned by the reservation's Lease and collected."""
+    at = at or now()
+    cutoff = at - timedelta(seconds=lost_after_s)
+    ended: list[str] = []
+    with transaction(factory) as s:
+        lost = s.scalars(
+            select(GateRun)
+            .where(GateRun.state == "running", GateRun.heartbeat_at < cutoff)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for run in lost:
+            last = _aware(run.heartbeat_at)
+            ago = (at - last).total_seconds() if last else float("nan")
+            worker = run.worker or "unknown worker"
+            _end(
+                run,
+                "error",
+                "gate.worker_lost",
+                f"the worker running this gate ({worker}) stopped sending heartbeats "
+                f"{ago:.0f}s ago; the gate ended without a verdict",
+            )
+            held = list(
+                s.scalars(
+                    select(Reservation.id).where(
+                        Reservation.gate_id == run.id, Reservation.state == "active"
+                    )
+                )
+            )
+            if held:
+                s.execute(delete(GpuLease).where(GpuLease.reservation_id.in_(held)))
+                s.execute(
+                    update(Reservation)
+                    .where(Reservation.id.in_(held))
+                    .values(state="released", released_at=at, release_reason="worker lost")
+                )
+            ended.append(run.id)
+    return ended
+
+
+ArgoState = Literal["pending", "running", "complete", "error"]
+
+
+def verdict_summary(run: GateRun, public_url: str) -> dict[str, Any]:
+    """The small object rollout controllers poll: state, verdict (null until decided),
+    reason, report_url. A cancelled gate is an error with a hold."""
+    state: ArgoState
+    if run.state in ("pending", "running"):
+        state = run.state  # type: ignore[assignment]
+    elif run.state == "complete":
+        state = "complete"
+    else:
+        state = "error"
+    finished = run.state in FINISHED
+    return {
+        "id": run.id,
+        "state": state,
+        "verdict": run.verdict if finished else None,
+        "reason": run.reason if finished else f"gate is {run.state} ({run.phase})",
+        "report_url": f"{public_url.rstrip('/')}/gates/{run.id}",
+    }
