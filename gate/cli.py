@@ -57,6 +57,27 @@ def _parser() -> argparse.ArgumentParser:
     mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
     mig.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
 
+    serve = sub.add_parser("serve", help="the REST API, report pages and /metrics (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+
+    worker = sub.add_parser(
+        "worker", help="a Celery worker that runs gates (needs GATE_BROKER_URL)"
+    )
+    worker.add_argument(
+        "--concurrency", type=int, default=1, help="gates run at once by this worker (default 1)"
+    )
+
+    tok = sub.add_parser("token", help="make or revoke API tokens (stored hashed)")
+    tok_sub = tok.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    tok_create = tok_sub.add_parser("create", help="make a token; it is printed once")
+    tok_create.add_argument("name", help="who or what uses it, e.g. argo-rollouts")
+    tok_create.add_argument(
+        "--scopes", default="read", help="comma-separated: read, run, admin (default read)"
+    )
+    tok_revoke = tok_sub.add_parser("revoke", help="revoke every token with this name")
+    tok_revoke.add_argument("name")
+
     cal = sub.add_parser("calibrate", help="simulate gates: false-hold rate and power vs Kayenta")
     cal.add_argument("--runs", type=int, help="simulated gates per case (default 20)")
     cal.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
@@ -78,6 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_calibration(args.runs, args.seed, args.json, args.limit)
     settings = Settings()
+    if args.command == "serve":
+        return _serve(settings, args.host, args.port)
+    if args.command == "worker":
+        from gate.worker.main import run_worker
+
+        return run_worker(settings, concurrency=args.concurrency)
+    if args.command == "token":
+        return _token(settings, args)
     if args.command == "migrate":
         return _migrate(settings, args.db)
     if args.command == "capacity":
@@ -190,6 +219,38 @@ def _capacity(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print_capacity(doc)
+    return 0
+
+
+def _serve(settings: Settings, host: str, port: int) -> int:
+    import uvicorn
+
+    from gate.api.app import create_app
+
+    app = create_app(settings)
+    mode = f"Celery via {settings.broker_url}" if settings.broker_url else "in-process worker"
+    print(f"gate: serving on http://{host}:{port} (API /v1, docs /v1/docs; gates run by {mode})")
+    uvicorn.run(app, host=host, port=port, log_level="info")
+    return 0
+
+
+def _token(settings: Settings, args: argparse.Namespace) -> int:
+    from gate.access.tokens import TokenError, create_token, revoke
+    from gate.runs.execute import open_factory
+
+    factory = open_factory(settings)
+    if args.token_command == "revoke":
+        n = revoke(factory, args.name)
+        print(f"revoked {n} token(s) named {args.name!r}")
+        return 0 if n else EXIT_ERROR
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    try:
+        token = create_token(factory, args.name, scopes)
+    except TokenError as exc:
+        print(f"gate: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    print(token)
+    print(f"(token {args.name!r} with scopes {','.join(scopes)}; shown once)", file=sys.stderr)
     return 0
 
 
