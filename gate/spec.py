@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -45,9 +46,188 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# distribution/reference's grammar: [registry[:port]/]path[:tag][@algorithm:hex]
+IMAGE_RE = re.compile(
+    rf"^(?:(?P<registry>{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?)/)?"
+    rf"(?P<path>{_PATH_PART}(?:/{_PATH_PART})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
+)
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+QUANTITY_RE = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+KUBERNETES_PLACEHOLDERS = ("port", "host", "model", "tp", "gpus", "nodes", "total_gpus")
+_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DNS_LABEL_MESSAGE = (
+    "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', starting and "
+    "ending with a letter or digit"
+)
+
+
+def check_image(v: str) -> str:
+    """An image reference a kubelet can pull, pinned by a tag or a digest."""
+    m = IMAGE_RE.match(v)
+    if not m or len(v) > 512 or len(v.split("@")[0].rsplit(":", 1)[0]) > 255:
+        raise ValueError(
+            "not an image reference; use [registry/]repository:tag or @sha256:<digest>, "
+            "e.g. vllm/vllm-openai:v0.11.0"
+        )
+    if m.group("tag") is None and m.group("digest") is None:
+        raise ValueError(
+            "give a tag or a digest (e.g. vllm/vllm-openai:v0.11.0): without one the image is "
+            ":latest, which can change between the gate and the rollout"
+        )
+    return v
+
+
+class SecretKeyRef(_Strict):
+    """One key of a Secret in the engine's namespace, e.g. a Hugging Face token."""
+
+    secret: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_ok(cls, v: str) -> str:
+        if not DNS_SUBDOMAIN_RE.match(v):
+            raise ValueError("must be a Secret name (lower-case DNS subdomain)")
+        return v
+
+
+class KubernetesSpec(_Strict):
+    """An engine run as pods by the gate (`gate/engines/kubernetes.py`): a bare Pod when the
+    shape is one node per engine, a LeaderWorkerSet (plus a ComputeDomain inside an NVLink
+    clique) when it is several, and a Service, all owned by the gate's Lease. The reserved
+    shape decides the GPUs, the nodes and the clique; this says what runs there."""
+
+    image: str = Field(description="the engine's image, pinned by a tag or a digest")
+    namespace: str = Field(description="namespace of the engine's objects and the gate's Lease")
+    command: list[str] = Field(
+        default_factory=list, description="replaces the image's entrypoint (an argv list)"
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="the entrypoint's arguments; {port}, {host}, {model}, {tp} (GPUs per node), "
+        "{gpus}, {nodes}, {total_gpus} are filled in; $(VAR) is expanded by Kubernetes",
+    )
+    worker_command: list[str] | None = Field(
+        default=None, description="multi-node engines: the workers' command (default: command)"
+    )
+    worker_args: list[str] | None = Field(
+        default=None, description="multi-node engines: the workers' args (default: args)"
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="the port the engine serves")
+    health_path: str = Field(default="/health", pattern=r"^/\S*$")
+    env: dict[str, str] = Field(default_factory=dict, description="the container's environment")
+    secret_env: dict[str, SecretKeyRef] = Field(
+        default_factory=dict, description="environment variables read from Secrets"
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)"
+    )
+    context: str | None = Field(default=None, description="kubeconfig context (default: current)")
+    in_cluster: bool = Field(
+        default=False, description="use the service account of the pod the gate runs in"
+    )
+    cluster: str | None = Field(
+        default=None,
+        max_length=100,
+        description="the cluster's name in GPU reservations (default: the kubeconfig context's "
+        "cluster, or `in-cluster`); gates on one cluster must agree on it",
+    )
+    cpu: str | None = Field(default=None, description="CPU request, e.g. 32")
+    memory: str | None = Field(default=None, description="memory request and limit, e.g. 512Gi")
+    shm_size: str | None = Field(default="16Gi", description="/dev/shm size (NCCL needs room)")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account: str | None = None
+    tolerate: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu"], description="taint keys the pods tolerate"
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image_ok(cls, v: str) -> str:
+        return check_image(v)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_ok(cls, v: str) -> str:
+        if not DNS_LABEL_RE.match(v):
+            raise ValueError(DNS_LABEL_MESSAGE)
+        return v
+
+    @field_validator("command", "args", "worker_command", "worker_args")
+    @classmethod
+    def _argv_items_ok(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        from gate.engines.manifests import check_argv
+
+        for item in v or []:
+            for name in _PLACEHOLDER_RE.findall(item):
+                if name not in KUBERNETES_PLACEHOLDERS:
+                    raise ValueError(
+                        f"unknown placeholder {{{name}}}; use one of "
+                        + ", ".join("{" + p + "}" for p in KUBERNETES_PLACEHOLDERS)
+                    )
+        if v and info.field_name in ("command", "worker_command"):
+            try:
+                check_argv(tuple(v), "argv")
+            except ValueError as exc:
+                raise ValueError(str(exc).removeprefix("argv: ")) from None
+        return v
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("cpu", "memory", "shm_size")
+    @classmethod
+    def _quantity_ok(cls, v: str | None) -> str | None:
+        if v is not None and not QUANTITY_RE.match(v):
+            raise ValueError("not a Kubernetes quantity, e.g. 32, 500m, 512Gi")
+        return v
+
+    @field_validator("image_pull_secrets", "service_account")
+    @classmethod
+    def _names_ok(cls, v: list[str] | str | None) -> list[str] | str | None:
+        for name in [v] if isinstance(v, str) else v or []:
+            if not DNS_SUBDOMAIN_RE.match(name) or len(name) > 253:
+                raise ValueError(f"{name!r} is not an object name (lower-case DNS subdomain)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KubernetesSpec:
+        from gate.engines.manifests import check_argv
+
+        if not self.command and not self.args:
+            raise ValueError(
+                "give `command` and/or `args`: the image's entrypoint alone does not say the "
+                "model or the port"
+            )
+        # command and args form one argv: `command: [sh], args: [-c, ...]` is a shell string too.
+        check_argv((*self.command, *self.args), "command/args")
+        workers = (*(self.worker_command or self.command), *(self.worker_args or self.args))
+        check_argv(workers, "worker_command/worker_args")
+        if self.in_cluster and (self.kubeconfig or self.context):
+            raise ValueError("give `kubeconfig`/`context` or `in_cluster: true`, not both")
+        return self
+
+    @property
+    def access(self) -> tuple[str | None, str | None, bool]:
+        """How the gate reaches the cluster; both engines of a gate must share it."""
+        return (self.kubeconfig, self.context, self.in_cluster)
+
+
 class EngineSpec(_Strict):
-    """An engine to launch (`command`, an argv list, or a `preset`) or one already running
-    (`url`)."""
+    """An engine to launch (`command`, an argv list, or a `preset`), one run as pods on a
+    cluster (`kubernetes`), or one already running (`url`)."""
 
     command: list[str] | None = Field(
         default=None,
@@ -64,6 +244,9 @@ class EngineSpec(_Strict):
     )
     args: list[str] = Field(default_factory=list, description="with a preset: extra arguments")
     url: str | None = Field(default=None, description="Base URL of a running engine.")
+    kubernetes: KubernetesSpec | None = Field(
+        default=None, description="run the engine as pods on the nodes the gate reserves"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     cwd: str | None = Field(default=None, description="Working directory of the process.")
     readiness_timeout_s: float = Field(default=300.0, gt=0, le=7200)
@@ -97,20 +280,30 @@ class EngineSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSpec:
-        given = [k for k in ("command", "preset", "url") if getattr(self, k) is not None]
+        given = [k for k in ENGINE_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(ENGINE_KIND_MESSAGE)
         if self.preset is None and (self.binary or self.python or self.args):
             raise ValueError("`binary`, `python` and `args` go with a `preset`")
+        if self.kubernetes is not None and (self.env or self.cwd):
+            raise ValueError(
+                "`env` and `cwd` are for local processes; a kubernetes engine's environment "
+                "goes in `kubernetes.env`"
+            )
         return self
 
     @property
-    def kind(self) -> Literal["process", "endpoint"]:
+    def kind(self) -> Literal["process", "endpoint", "kubernetes"]:
+        if self.kubernetes is not None:
+            return "kubernetes"
         return "endpoint" if self.url is not None else "process"
 
     @property
     def label(self) -> str:
-        """What a person calls this engine in a list: its URL, preset and program, or argv."""
+        """What a person calls this engine in a list: its URL, preset and program, argv, or
+        image."""
+        if self.kubernetes is not None:
+            return self.kubernetes.image
         if self.url is not None:
             return self.url
         if self.preset is not None:
@@ -129,10 +322,43 @@ class EngineSpec(_Strict):
         )
 
 
+ENGINE_KINDS = ("command", "preset", "url", "kubernetes")
 ENGINE_KIND_MESSAGE = (
-    "give exactly one of `command` (an argv to launch), `preset` (vllm, sglang, trtllm, sim) "
-    "or `url` (attach to a running engine)"
+    "give exactly one of `command` (an argv to launch), `preset` (vllm, sglang, trtllm, sim), "
+    "`kubernetes` (run an image as pods on the reserved nodes) or `url` (attach to a running "
+    "engine)"
 )
+MIXED_KUBERNETES_MESSAGE = (
+    "a kubernetes engine is compared with another kubernetes engine (or a `url`), not with a "
+    "local process: the two would not run under the same conditions"
+)
+OTHER_CLUSTER_MESSAGE = (
+    "both kubernetes engines must be on one cluster: give them the same `kubeconfig`, "
+    "`context`, `in_cluster` and `cluster`"
+)
+
+
+def engine_pair_problems(data: Mapping[str, Any]) -> list[FieldProblem]:
+    """Rules that tie the two engines together, checked on the raw spec."""
+    engines = {r: data.get(r) for r in ("reference", "candidate")}
+    kinds: dict[str, str] = {}
+    for role, eng in engines.items():
+        if isinstance(eng, Mapping):
+            given = [k for k in ENGINE_KINDS if eng.get(k) is not None]
+            if len(given) == 1:
+                kinds[role] = given[0]
+    problems: list[FieldProblem] = []
+    if "kubernetes" in kinds.values() and {"command", "preset"} & set(kinds.values()):
+        local = next(r for r, k in kinds.items() if k in ("command", "preset"))
+        problems.append(FieldProblem(local, MIXED_KUBERNETES_MESSAGE))
+    if list(kinds.values()).count("kubernetes") == 2:
+        ref, cand = (dict(engines[r] or {}).get("kubernetes") for r in ("reference", "candidate"))
+        if isinstance(ref, Mapping) and isinstance(cand, Mapping):
+            keys = ("kubeconfig", "context", "cluster")
+            same = all(ref.get(k) == cand.get(k) for k in keys)
+            if not same or bool(ref.get("in_cluster")) != bool(cand.get("in_cluster")):
+                problems.append(FieldProblem("candidate.kubernetes", OTHER_CLUSTER_MESSAGE))
+    return problems
 
 
 SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
@@ -355,9 +581,10 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     for role in ("reference", "candidate"):
         eng = data.get(role)
         if isinstance(eng, Mapping):
-            kinds = [k for k in ("command", "preset", "url") if eng.get(k) is not None]
+            kinds = [k for k in ENGINE_KINDS if eng.get(k) is not None]
             if len(kinds) != 1:
                 problems.append(FieldProblem(role, ENGINE_KIND_MESSAGE))
+    problems += engine_pair_problems(data)  # rules that tie the two engines together
     try:
         spec = GateSpec.model_validate(dict(data))
     except ValidationError as exc:
@@ -372,7 +599,7 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
                 continue
             problems.append(problem)
         raise SpecError(problems, source) from None
-    if problems:  # cannot happen when validation passed, kept as a guard
+    if problems:  # rules on both engines together (the model passed each alone)
         raise SpecError(problems, source)
     return spec
 

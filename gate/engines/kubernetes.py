@@ -53,16 +53,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gate.core.errors import EngineError, ReadinessTimeout
+from gate.core.errors import EngineError, GateError, ReadinessTimeout
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import (
     CD_GROUP,
@@ -86,6 +87,8 @@ from gate.engines.manifests import (
     render_lease,
 )
 from gate.engines.readiness import wait_ready
+from gate.reservations.inventory import Inventory
+from gate.reservations.kubernetes import inventory_from_cluster
 
 if TYPE_CHECKING:
     from gate.engines.launchers import Engine
@@ -558,6 +561,50 @@ class GateLease:
         self._holders = 0
 
 
+class ClusterError(GateError):
+    """The cluster cannot be reached or read with the configuration the spec gives."""
+
+    status_code = 502
+    code = "cluster_error"
+
+
+def connect(
+    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool = False
+) -> tuple[client.ApiClient, str]:
+    """An API client for one cluster, and the cluster's name: the kubeconfig context's
+    cluster, or `in-cluster` for the service account of the pod the gate runs in. Reads files
+    only (no API call); the caller closes the client."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    if in_cluster:
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except ConfigException as exc:
+            raise ClusterError(f"cannot use the in-cluster service account: {exc}") from None
+        return client.ApiClient(cfg), "in-cluster"
+    path = str(Path(kubeconfig).expanduser()) if kubeconfig else None
+    where = path or "(default: $KUBECONFIG or ~/.kube/config)"
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
+        chosen = active
+        if context is not None:
+            chosen = next((c for c in contexts if c.get("name") == context), None)
+            if chosen is None:
+                known = ", ".join(str(c.get("name")) for c in contexts) or "none"
+                raise ClusterError(
+                    f"kubeconfig {where} has no context {context!r} (its contexts: {known})"
+                )
+        api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, persist_config=False
+        )
+    except (ConfigException, OSError, TypeError, ValueError, AttributeError) as exc:
+        raise ClusterError(f"cannot use kubeconfig {where}: {exc}") from None
+    spec = (chosen or {}).get("context") or {}
+    return api_client, str(spec.get("cluster") or (chosen or {}).get("name") or "default")
+
+
 def reap_expired_leases(
     api_client: client.ApiClient,
     namespace: str,
@@ -586,6 +633,39 @@ def reap_expired_leases(
         if expiry < now and api.delete(ObjectRef("Lease", namespace, meta.name)):
             reaped.append(meta.name)
     return reaped
+
+
+def reap_namespaces(api_client: client.ApiClient, namespaces: Iterable[str]) -> list[str]:
+    """`reap_expired_leases` in each namespace, as housekeeping before a gate reserves: a
+    failure (no RBAC to list Leases, a dropped connection) is logged, never fatal, since the
+    gate's own Lease creation will say plainly what is wrong. Returns `namespace/name` of the
+    Leases deleted."""
+    out: list[str] = []
+    for ns in sorted(set(namespaces)):
+        try:
+            reaped = reap_expired_leases(api_client, ns)
+        except TRANSIENT as exc:
+            log.warning("could not reap expired gate Leases in %s: %s", ns, api_reason(exc))
+            continue
+        for name in reaped:
+            log.info("reaped the expired Lease %s/%s of a gate that stopped renewing it", ns, name)
+        out += [f"{ns}/{name}" for name in reaped]
+    return out
+
+
+def cluster_inventory(api_client: client.ApiClient, cluster: str) -> Inventory:
+    """The cluster's GPU nodes for the allocator. GPUs of gate engine pods are not subtracted:
+    the gates' reservations in the database count them (see `inventory_from_cluster`)."""
+    try:
+        return inventory_from_cluster(
+            client.CoreV1Api(api_client),
+            cluster=cluster,
+            ignore_labels={MANAGED_BY_LABEL: MANAGER},
+        )
+    except TRANSIENT as exc:
+        raise ClusterError(
+            f"could not read the nodes of cluster {cluster}: {api_reason(exc)}"
+        ) from None
 
 
 # -- the engine ----------------------------------------------------------------------------------

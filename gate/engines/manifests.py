@@ -83,7 +83,7 @@ SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 LwsRestartPolicy = Literal["None", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart"]
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123, as namespaces
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SHORT_ID = 12
 
@@ -186,7 +186,7 @@ class EngineWorkload:
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace):
-            raise ValueError(f"namespace {self.namespace!r} is not a DNS label")
+            raise ValueError(f"namespace {self.namespace!r} is not a DNS-1123 label")
         if not self.gate_id or not _LABEL_VALUE.match(self.gate_id) or len(self.gate_id) > 63:
             raise ValueError(f"gate id {self.gate_id!r} cannot be a label value")
         if not dns_part(self.role) or not _LABEL_VALUE.match(self.role):

@@ -96,14 +96,21 @@ def node_from_k8s(
     )
 
 
-def gpu_requests_by_node(pods: Iterable[Any]) -> dict[str, int]:
-    """GPUs requested by pods that hold them (scheduled, not finished)."""
+def gpu_requests_by_node(
+    pods: Iterable[Any], ignore_labels: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """GPUs requested by pods that hold them (scheduled, not finished), except pods carrying
+    every one of `ignore_labels`."""
     out: dict[str, int] = defaultdict(int)
     for pod in pods:
         node = pod.spec.node_name if pod.spec else None
         phase = pod.status.phase if pod.status else None
         if not node or phase in ("Succeeded", "Failed"):
             continue
+        if ignore_labels:
+            labels = (pod.metadata.labels if pod.metadata else None) or {}
+            if all(labels.get(k) == v for k, v in ignore_labels.items()):
+                continue
         for c in pod.spec.containers or []:
             req = (c.resources.requests or {}) if c.resources else {}
             lim = (c.resources.limits or {}) if c.resources else {}
@@ -117,13 +124,21 @@ def inventory_from_cluster(
     cluster: str,
     label_selector: str | None = None,
     tolerated: Iterable[str] = DEFAULT_TOLERATED,
+    ignore_labels: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
 ) -> Inventory:
-    """Read nodes and GPU-holding pods from a cluster (`core` is a kubernetes CoreV1Api)."""
-    nodes = core.list_node(label_selector=label_selector).items
+    """Read nodes and GPU-holding pods from a cluster (`core` is a kubernetes CoreV1Api).
+
+    `ignore_labels` leaves out the GPUs of pods that carry those labels: a gate passes its own
+    managed-by label, because the GPUs of other gates' engine pods are already counted by their
+    reservations in the database (counted twice, a node would look fuller than it is); the
+    pods of a crashed gate go with its Lease, which `reap_expired_leases` collects."""
+    nodes = core.list_node(label_selector=label_selector, _request_timeout=timeout_s).items
     pods = core.list_pod_for_all_namespaces(
-        field_selector="status.phase!=Succeeded,status.phase!=Failed"
+        field_selector="status.phase!=Succeeded,status.phase!=Failed",
+        _request_timeout=timeout_s,
     ).items
-    used = gpu_requests_by_node(pods)
+    used = gpu_requests_by_node(pods, ignore_labels)
     converted = [
         n
         for obj in nodes

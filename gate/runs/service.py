@@ -25,10 +25,18 @@ from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.judge import judge
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
-from gate.core.errors import GateCancelled, GateError
+from gate.core.errors import EngineError, GateCancelled, GateError
 from gate.core.settings import Settings
+from gate.engines.kubernetes import (
+    GateLease,
+    KubernetesEngine,
+    cluster_inventory,
+    connect,
+    reap_namespaces,
+)
 from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
+from gate.engines.manifests import EngineWorkload
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.reports.html import write_report
 from gate.reservations import leases
@@ -36,7 +44,13 @@ from gate.reservations.allocator import Blocked, Placement
 from gate.reservations.inventory import load_inventory
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.samples import Columns, columns_from_records, drop_warmup
-from gate.spec import EngineSpec, GateSpec, ScenarioSpec, spec_to_dict
+from gate.spec import (
+    MIXED_KUBERNETES_MESSAGE,
+    EngineSpec,
+    GateSpec,
+    ScenarioSpec,
+    spec_to_dict,
+)
 from loadgen import suite as suite_catalogue
 from loadgen.client import RequestSpec, Target
 from loadgen.metrics import summarize
@@ -287,11 +301,28 @@ class GateRunner:
                 delay = min(delay * 2, 15.0)
 
     def _reserve(self) -> leases.Grant | None:
-        roles = tuple(r for r in ROLES if getattr(self.spec, r).kind == "process")
+        launched = ("process", "kubernetes")
+        roles = tuple(r for r in ROLES if getattr(self.spec, r).kind in launched)
         if not roles:
             return None  # both engines are attached endpoints: their GPUs are not ours to hold
-        inv_path = self.spec.inventory or self.settings.inventory
-        inventory = load_inventory(inv_path)
+        pods = [k for r in roles if (k := getattr(self.spec, r).kubernetes) is not None]
+        if pods and len(pods) != len(roles):
+            raise GateError(MIXED_KUBERNETES_MESSAGE)  # parse_spec refuses it; a guard
+        if pods:
+            # The cluster's nodes (or the spec's inventory file), after reaping the Leases of
+            # gates that died without teardown, which frees the GPUs their pods held.
+            k = pods[0]
+            api_client, cluster = connect(
+                kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster
+            )
+            with api_client:
+                reap_namespaces(api_client, (p.namespace for p in pods))
+                if self.spec.inventory:
+                    inventory = load_inventory(self.spec.inventory)
+                else:
+                    inventory = cluster_inventory(api_client, k.cluster or cluster)
+        else:
+            inventory = load_inventory(self.spec.inventory or self.settings.inventory)
         shape = self.spec.shape.request(roles)
         return leases.reserve(
             self._db(),
@@ -347,6 +378,51 @@ class GateRunner:
                 base_url=es.url,
                 model=self.spec.model,
                 phases=phases,
+                readiness_timeout_s=es.readiness_timeout_s,
+            )
+        k = es.kubernetes
+        if k is not None:
+            if placement is None:  # _reserve reserves for every kubernetes engine
+                raise EngineError(role, "launched", "a kubernetes engine needs reserved GPUs")
+            # One cluster per gate (the spec checks it): one client, one Lease per namespace.
+            pods = [e for e in self.engines.values() if isinstance(e, KubernetesEngine)]
+            if pods:
+                api_client = pods[0].api_client
+            else:
+                api_client, _ = connect(
+                    kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster
+                )
+            lease = next((e.lease for e in pods if e.workload.namespace == k.namespace), None)
+            try:
+                workload = EngineWorkload.from_placement(
+                    placement.for_role(role),
+                    namespace=k.namespace,
+                    gate_id=self.gate_id,
+                    image=k.image,
+                    model=self.spec.model,
+                    command=tuple(k.command),
+                    args=tuple(k.args),
+                    worker_command=None if k.worker_command is None else tuple(k.worker_command),
+                    worker_args=None if k.worker_args is None else tuple(k.worker_args),
+                    port=k.port,
+                    env=dict(k.env),
+                    secret_env={name: (r.secret, r.key) for name, r in k.secret_env.items()},
+                    tolerate=tuple(k.tolerate),
+                    cpu=k.cpu,
+                    memory=k.memory,
+                    shm_size=k.shm_size,
+                    image_pull_policy=k.image_pull_policy,
+                    image_pull_secrets=tuple(k.image_pull_secrets),
+                    service_account=k.service_account,
+                    health_path=k.health_path,
+                )
+            except ValueError as exc:
+                raise EngineError(role, "launched", f"cannot be rendered: {exc}") from None
+            return KubernetesEngine(
+                workload,
+                phases,
+                api_client,
+                lease=lease or GateLease(api_client, namespace=k.namespace, gate_id=self.gate_id),
                 readiness_timeout_s=es.readiness_timeout_s,
             )
         log_dir = self.settings.data_dir / "logs" / self.gate_id
@@ -644,15 +720,35 @@ class GateRunner:
             phases = eng.phases.reached if eng else {}
             ready_s = _ready_s(eng) if eng else None
             ready = round(ready_s, 3) if ready_s is not None else None
-            placement = None
-            if self.grant is not None and es.kind == "process":
+            placement: dict[str, Any] | None = None
+            if self.grant is not None and es.kind in ("process", "kubernetes"):
                 p = self.grant.placement.for_role(role)
                 placement = {"node": p.node, "gpus": list(p.gpus), "sku": p.sku}
+                if es.kind == "kubernetes":
+                    placement["nodes"] = [{"node": n, "gpus": list(g)} for n, g in p.nodes]
+                    placement["domain"] = p.domain
+            kube: dict[str, Any] | None = None
+            if isinstance(eng, KubernetesEngine):
+                w, made = eng.workload, eng.manifests
+                kube = {
+                    "namespace": w.namespace,
+                    "image": w.image,
+                    "workload": f"{'LeaderWorkerSet' if w.multi_node else 'Pod'} {w.name}",
+                    "clique": w.clique,
+                    "service_url": eng.service_url,
+                    "lease": eng.lease.name if eng.lease else None,
+                    "objects": []
+                    if made is None
+                    else [
+                        f"{m['kind']} {w.namespace}/{m['metadata']['name']}" for m in made.objects
+                    ],
+                }
             out[role] = {
                 "kind": es.kind,
                 "url": eng.base_url if eng else es.url,
                 "pid": eng.pid if eng else None,
                 "placement": placement,
+                "kubernetes": kube,
                 "phases": {k: round(v, 3) for k, v in phases.items()},
                 "ready_s": ready,
                 "crash": None
