@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gate.access.tokens import TokenChecker
 from gate.api.deps import Ctx
@@ -91,6 +92,14 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     async def gate_error(_request: Request, exc: GateError) -> JSONResponse:
         return _problem(exc.status_code, exc.code, exc.message)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "not_allowed"}
+        resp = _problem(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+        for k, v in (exc.headers or {}).items():
+            resp.headers[k] = v
+        return resp
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
@@ -117,7 +126,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 def _problem(
     status: int, code: str, message: str, problems: list[dict[str, str]] | None = None
 ) -> JSONResponse:
-    body: dict[str, object] = {"error": {"code": code, "message": message}}
+    error: dict[str, object] = {"code": code, "message": message}
     if problems is not None:
-        body["error"] = {**body["error"], "problems": problems}  # type: ignore[dict-item]
-    return JSONResponse(body, status_code=status)
+        error["problems"] = problems
+    return JSONResponse({"error": error}, status_code=status)

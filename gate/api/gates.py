@@ -1,5 +1,301 @@
-"""placeholder"""
+"""`/v1/gates`: create, read, list, cancel, re-judge; the rollout controllers' small verdict
+object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gate.analysis.policy import Policy
+from gate.api.deps import CtxDep, ReadDep, RunDep
+from gate.core.errors import FieldProblem, SpecError
+from gate.models import GateRun
+from gate.runs import store
+from gate.runs.rejudge import rejudge
+from gate.runs.requests import resolve_spec
+
+router = APIRouter(tags=["gates"])
+
+State = Literal["pending", "running", "complete", "error", "cancelled"]
+
+
+class Links(BaseModel):
+    self: str
+    verdict: str
+    document: str
+    report: str
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    scenario: str | None = None
+    done: int | None = None
+    total: int | None = None
+
+
+class GateView(BaseModel):
+    id: str
+    name: str
+    state: State
+    phase: str
+    verdict: Literal["continue", "hold"] | None
+    reason: str | None
+    source: str
+    reference: str | None = Field(description="the reference engine's label")
+    candidate: str | None = Field(description="the candidate engine's label")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    worker: str | None
+    cancel_requested: bool
+    progress: Progress | None
+    links: Links
+
+
+class GateList(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    gates: list[GateView]
+
+
+class VerdictSummary(BaseModel):
+    """What Argo Rollouts' web provider and other pollers read: 200 while running too."""
+
+    id: str
+    state: Literal["pending", "running", "complete", "error"]
+    verdict: Literal["continue", "hold"] | None
+    reason: str | None
+    report_url: str
+
+
+class CreateGate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spec: dict[str, Any] | None = Field(default=None, description="a whole gate spec")
+    spec_name: str | None = Field(default=None, description="a named spec in GATE_SPEC_DIR")
+    reference: dict[str, Any] | None = Field(
+        default=None, description="replaces the spec's reference engine"
+    )
+    candidate: dict[str, Any] | None = Field(
+        default=None, description="replaces the spec's candidate engine"
+    )
+
+
+class EnsureGate(CreateGate):
+    key: str | None = Field(
+        default=None,
+        max_length=64,
+        description="idempotency key; default: the SHA-256 of the resolved spec, so the same "
+        "reference, candidate and spec always name the same gate",
+    )
+
+
+class Rejudge(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: dict[str, Any] = Field(default_factory=dict, description="the policy to judge by")
+
+
+class Problem(BaseModel):
+    code: str
+    message: str
+    problems: list[dict[str, str]] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: Problem
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "no or unknown token"},
+    403: {"model": ErrorBody, "description": "the token lacks the scope"},
+    422: {"model": ErrorBody, "description": "the request or spec has mistakes"},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "no such gate"}
+}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "not possible in the gate's state"}
+}
+
+
+def view(run: GateRun) -> GateView:
+    base = f"/v1/gates/{run.id}"
+    return GateView(
+        id=run.id,
+        name=run.name,
+        state=run.state,
+        phase=run.phase,
+        verdict=run.verdict if run.state in store.FINISHED else None,
+        reason=run.reason,
+        source=run.source,
+        reference=run.reference_label,
+        candidate=run.candidate_label,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        attempts=run.attempts,
+        worker=run.worker,
+        cancel_requested=run.cancel_requested,
+        progress=Progress(**run.progress) if run.progress else None,
+        links=Links(
+            self=base,
+            verdict=f"{base}/verdict",
+            document=f"{base}/document",
+            report=f"/gates/{run.id}",
+        ),
+    )
+
+
+def submit(ctx: CtxDep, body: CreateGate, source: str, key: str | None) -> tuple[GateRun, bool]:
+    spec = resolve_spec(
+        ctx.settings,
+        spec=body.spec,
+        spec_name=body.spec_name,
+        reference=body.reference,
+        candidate=body.candidate,
+    )
+    run, created = store.create_gate(ctx.factory, spec, source=source, idempotency_key=key)
+    if created:
+        ctx.dispatcher.submit(run.id)
+    return run, created
+
+
+@router.post(
+    "/gates",
+    status_code=202,
+    response_model=GateView,
+    responses={**ERRORS, 200: {"model": GateView, "description": "the key's existing gate"}},
+    summary="Create a gate from a spec",
+)
+def create(
+    body: CreateGate,
+    ctx: CtxDep,
+    _: RunDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
+) -> GateView:
+    """Queue a gate; 202 with its id and links. With an `Idempotency-Key` header, a repeat
+    returns the first gate (200) instead of starting another."""
+    run, created = submit(ctx, body, "api", idempotency_key)
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/gates/{run.id}"
+    return view(run)
+
+
+@router.post(
+    "/gates:ensure",
+    response_model=VerdictSummary,
+    responses=ERRORS,
+    summary="Find or start the gate for this reference, candidate and spec (Argo Rollouts)",
+)
+def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep) -> VerdictSummary:
+    """Idempotent: polling this with the same body never starts a second gate. Always 200
+    with the small verdict object; `verdict` is null until the gate is decided."""
+    spec = resolve_spec(
+        ctx.settings,
+        spec=body.spec,
+        spec_name=body.spec_name,
+        reference=body.reference,
+        candidate=body.candidate,
+    )
+    key = body.key or store.spec_key(spec)
+    run, created = store.create_gate(ctx.factory, spec, source="argo", idempotency_key=key)
+    if created:
+        ctx.dispatcher.submit(run.id)
+    return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
+
+
+@router.get("/gates", response_model=GateList, responses=ERRORS, summary="List gates")
+def list_(
+    ctx: CtxDep,
+    _: ReadDep,
+    state: State | None = None,
+    verdict: Literal["continue", "hold"] | None = None,
+    candidate: Annotated[str | None, Query(max_length=200)] = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> GateList:
+    """Newest first; `candidate` matches the start of the candidate engine's label."""
+    rows, total = store.list_gates(
+        ctx.factory,
+        store.GateFilter(state, verdict, candidate, name, limit=limit, offset=offset),
+    )
+    return GateList(total=total, limit=limit, offset=offset, gates=[view(r) for r in rows])
+
+
+@router.get(
+    "/gates/{gate_id}",
+    response_model=GateView,
+    responses={**ERRORS, **NOT_FOUND},
+    summary="A gate: state, current phase, progress",
+)
+def get(gate_id: str, ctx: CtxDep, _: ReadDep) -> GateView:
+    return view(store.get_gate(ctx.factory, gate_id))
+
+
+@router.get(
+    "/gates/{gate_id}/verdict",
+    response_model=VerdictSummary,
+    responses={**ERRORS, **NOT_FOUND},
+    summary="The small verdict object (200 while the gate runs; verdict null until decided)",
+)
+def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> VerdictSummary:
+    return VerdictSummary(
+        **store.verdict_summary(store.get_gate(ctx.factory, gate_id), ctx.settings.public_url)
+    )
+
+
+@router.get(
+    "/gates/{gate_id}/document",
+    responses={**ERRORS, **NOT_FOUND, **CONFLICT},
+    summary="The whole verdict document: every check with its evidence",
+)
+def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
+    run = store.get_gate(ctx.factory, gate_id)
+    if run.document is None:
+        raise store.GateConflict(f"gate {gate_id} is {run.state}; its document comes at the end")
+    return run.document
+
+
+@router.post(
+    "/gates/{gate_id}:cancel",
+    response_model=GateView,
+    status_code=202,
+    responses={**ERRORS, **NOT_FOUND, **CONFLICT},
+    summary="Cancel a gate (pending: at once; running: torn down at its next heartbeat)",
+)
+def cancel(gate_id: str, ctx: CtxDep, _: RunDep) -> GateView:
+    return view(store.request_cancel(ctx.factory, gate_id))
+
+
+@router.post(
+    "/gates/{gate_id}:rejudge",
+    responses={**ERRORS, **NOT_FOUND, **CONFLICT},
+    summary="Judge a finished gate's stored samples under another policy",
+)
+def rejudge_(gate_id: str, body: Rejudge, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
+    """Nothing is launched or stored: the answer is the verdict the stored samples get under
+    `policy` (the fields and defaults of a spec's `policy` section)."""
+    try:
+        policy = Policy.model_validate(body.policy)
+    except ValidationError as exc:
+        problems = [
+            FieldProblem("policy." + ".".join(str(p) for p in e["loc"]), e["msg"])
+            for e in exc.errors()
+        ]
+        raise SpecError(problems, "policy") from None
+    result = rejudge(ctx.factory, gate_id, policy).to_dict()
+    run = store.get_gate(ctx.factory, gate_id)
+    return {
+        "gate_id": gate_id,
+        "verdict": result.pop("decision"),
+        "original_verdict": run.verdict,
+        **result,
+        "policy": policy.model_dump(mode="json"),
+    }

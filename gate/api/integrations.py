@@ -1,5 +1,238 @@
-"""placeholder"""
+"""Webhooks of the systems that call the gate: Flagger's canary hooks and a signed CI webhook.
+(Argo Rollouts polls `POST /v1/gates:ensure` and `GET /v1/gates/{id}/verdict`, in gates.py.)"""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+import hashlib
+import json
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.exc import IntegrityError
+
+from gate.api.deps import CtxDep, require
+from gate.api.gates import ERRORS, VerdictSummary
+from gate.core.database import transaction
+from gate.core.errors import FieldProblem, SpecError
+from gate.integrations.callbacks import allowed
+from gate.integrations.signatures import HEADER, verify
+from gate.models import GateRun, WebhookDelivery
+from gate.runs import store
+from gate.runs.requests import resolve_spec
+
+router = APIRouter(tags=["integrations"])
+
+
+# -- Flagger -----------------------------------------------------------------------------------
+
+
+class FlaggerHook(BaseModel):
+    """What Flagger POSTs to a webhook (metadata values are strings)."""
+
+    name: str = Field(max_length=253)
+    namespace: str = Field(max_length=63)
+    phase: str = Field(default="", max_length=64)
+    checksum: str = Field(default="", max_length=200)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+FlaggerType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
+
+
+def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
+    """The gate of this canary revision: Flagger's checksum is the idempotency key, so every
+    call of every hook for one revision sees the same gate."""
+    md = hook.metadata
+    candidate: dict[str, Any] | None = None
+    if md.get("candidate_url"):
+        candidate = {"url": md["candidate_url"]}
+    elif md.get("candidate"):
+        try:
+            candidate = json.loads(md["candidate"])
+        except json.JSONDecodeError as exc:
+            raise SpecError(
+                [FieldProblem("metadata.candidate", f"not JSON: {exc.msg}")], "flagger"
+            ) from None
+    reference = {"url": md["reference_url"]} if md.get("reference_url") else None
+    if not md.get("spec"):
+        raise SpecError(
+            [FieldProblem("metadata.spec", "name the gate spec (a file in GATE_SPEC_DIR)")],
+            "flagger",
+        )
+    spec = resolve_spec(
+        ctx.settings,
+        spec_name=md["spec"],
+        reference=reference,
+        candidate=candidate,
+        source="flagger",
+    )
+    revision = hook.checksum or store.spec_key(spec)
+    raw = f"flagger:{hook.namespace}/{hook.name}:{revision}:{store.spec_key(spec)}"
+    key = hashlib.sha256(raw.encode()).hexdigest()
+    run, created = store.create_gate(ctx.factory, spec, source="flagger", idempotency_key=key)
+    if created:
+        ctx.dispatcher.submit(run.id)
+    return run
+
+
+def _flagger_token(request: Request, hook: FlaggerHook) -> None:
+    """Flagger cannot send headers: its token may come in `metadata.token` (keep the Canary
+    object as secret as the token) or, behind a proxy that adds it, the Authorization header."""
+    if hook.metadata.get("token") and "authorization" not in request.headers:
+        request.scope["headers"] = [
+            *request.scope["headers"],
+            (b"authorization", f"Bearer {hook.metadata['token']}".encode()),
+        ]
+    require("run")(request)
+
+
+@router.post(
+    "/webhooks/flagger/{hook_type}",
+    response_model=VerdictSummary,
+    responses={
+        **ERRORS,
+        403: {"description": "not (yet) what this hook waits for; the body says why"},
+    },
+    summary="Flagger canary webhooks: confirm-rollout, confirm-promotion, rollback",
+)
+def flagger(hook_type: FlaggerType, hook: FlaggerHook, request: Request, ctx: CtxDep) -> Any:
+    """confirm-rollout / confirm-promotion answer 200 only when the gate says continue (403
+    with the reason while it runs or on hold: Flagger keeps waiting or halts); rollback
+    answers 200 when the gate holds (Flagger then rolls back), 403 otherwise."""
+    _flagger_token(request, hook)
+    run = _flagger_gate(ctx, hook)
+    summary = store.verdict_summary(run, ctx.settings.public_url)
+    wanted = "hold" if hook_type == "rollback" else "continue"
+    status = 200 if summary["verdict"] == wanted else 403
+    return JSONResponse(VerdictSummary(**summary).model_dump(mode="json"), status_code=status)
+
+
+# -- CI webhook --------------------------------------------------------------------------------
+
+
+class Callback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(max_length=2000, description="commit-status URL (must be allow-listed)")
+    context: str = Field(default="llm-deploy-gate", max_length=200)
+
+
+class CiDelivery(BaseModel):
+    """The signed body: the delivery id and timestamp are inside it, so both are signed."""
+
+    model_config = ConfigDict(extra="forbid")
+    delivery_id: str = Field(min_length=1, max_length=128)
+    timestamp: float = Field(description="unix seconds when the delivery was made")
+    spec: dict[str, Any] | None = None
+    spec_name: str | None = None
+    reference: dict[str, Any] | None = None
+    candidate: dict[str, Any] | None = None
+    callback: Callback | None = None
+
+
+class CiAccepted(BaseModel):
+    delivery_id: str
+    duplicate: bool
+    gate: VerdictSummary
+
+
+@router.post(
+    "/webhooks/ci",
+    response_model=CiAccepted,
+    status_code=202,
+    responses={
+        200: {"model": CiAccepted, "description": "a redelivery: the same gate"},
+        401: {"description": "bad or missing signature, or a delivery outside the time window"},
+        404: {"description": "the CI webhook is not configured (no GATE_WEBHOOK_SECRET)"},
+        422: ERRORS[422],
+    },
+    summary="Signed CI webhook: start a gate for a build (idempotent per delivery)",
+)
+async def ci_webhook(
+    request: Request,
+    ctx: CtxDep,
+    x_hub_signature_256: Annotated[str | None, Header()] = None,
+) -> Any:
+    """HMAC-SHA256 of the raw body with the shared secret in `X-Hub-Signature-256:
+    sha256=<hex>`; `timestamp` within GATE_WEBHOOK_MAX_AGE_S; a repeated `delivery_id`
+    returns the gate of the first delivery (200) and starts nothing."""
+    secret = ctx.settings.webhook_secret
+    if not secret:
+        raise HTTPException(404, detail="the CI webhook is off: set GATE_WEBHOOK_SECRET")
+    body = await request.body()
+    if not verify(secret, body, x_hub_signature_256):
+        raise HTTPException(401, detail=f"{HEADER}: missing or does not match the body")
+    try:
+        delivery = CiDelivery.model_validate_json(body)
+    except ValidationError as exc:
+        problems = [
+            FieldProblem(".".join(str(p) for p in e["loc"]) or "(body)", e["msg"])
+            for e in exc.errors()
+        ]
+        raise SpecError(problems, "webhook body") from None
+    age = time.time() - delivery.timestamp
+    if abs(age) > ctx.settings.webhook_max_age_s:
+        raise HTTPException(
+            401,
+            detail=f"timestamp: the delivery is {age:.0f}s old; the window is "
+            f"{ctx.settings.webhook_max_age_s:.0f}s (replayed or clock skew)",
+        )
+    delivery_key = f"ci:{delivery.delivery_id}"
+    digest = hashlib.sha256(body).hexdigest()
+    with transaction(ctx.factory) as s:
+        seen = s.get(WebhookDelivery, delivery_key)
+        if seen is not None:
+            return _duplicate(ctx, delivery, seen, digest)
+    if delivery.callback and not allowed(delivery.callback.url, ctx.settings.callback_allow):
+        raise SpecError(
+            [FieldProblem("callback.url", "not on the callback allow-list (GATE_CALLBACK_ALLOW)")],
+            "webhook body",
+        )
+    spec = resolve_spec(
+        ctx.settings,
+        spec=delivery.spec,
+        spec_name=delivery.spec_name,
+        reference=delivery.reference,
+        candidate=delivery.candidate,
+        source="webhook body",
+    )
+    run, created = store.create_gate(
+        ctx.factory,
+        spec,
+        source="ci",
+        idempotency_key=hashlib.sha256(delivery_key.encode()).hexdigest(),
+        callback=delivery.callback.model_dump() if delivery.callback else None,
+    )
+    try:
+        with transaction(ctx.factory) as s:
+            s.add(WebhookDelivery(id=delivery_key, source="ci", body_sha256=digest, gate_id=run.id))
+    except IntegrityError:
+        pass  # a concurrent redelivery recorded it first; the gate is the same (same key)
+    if created:
+        ctx.dispatcher.submit(run.id)
+    out = CiAccepted(
+        delivery_id=delivery.delivery_id,
+        duplicate=not created,
+        gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
+    )
+    return JSONResponse(out.model_dump(mode="json"), status_code=202 if created else 200)
+
+
+def _duplicate(
+    ctx: CtxDep, delivery: CiDelivery, seen: WebhookDelivery, digest: str
+) -> JSONResponse:
+    if seen.body_sha256 != digest:
+        raise HTTPException(
+            409, detail=f"delivery_id {delivery.delivery_id!r} was used for a different body"
+        )
+    run = store.get_gate(ctx.factory, seen.gate_id) if seen.gate_id else None
+    if run is None:
+        raise HTTPException(410, detail="the gate of this delivery was deleted")
+    out = CiAccepted(
+        delivery_id=delivery.delivery_id,
+        duplicate=True,
+        gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
+    )
+    return JSONResponse(out.model_dump(mode="json"), status_code=200)

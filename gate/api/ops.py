@@ -1,6 +1,202 @@
-"""placeholder"""
+"""Capacity, reservations and inventory (`/v1`), and Prometheus `/metrics`."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
-metrics_router = APIRouter()
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel
+from sqlalchemy import func, select
+
+from gate.api.deps import Ctx, CtxDep, ReadDep
+from gate.api.gates import ERRORS
+from gate.core.database import transaction
+from gate.core.errors import FieldProblem, SpecError
+from gate.models import GatePhase, GateRun, GpuLease, Reservation
+from gate.reservations.allocator import ShapeRequest
+from gate.reservations.inventory import Inventory, load_inventory
+from gate.reservations.report import capacity_document, parse_shape
+
+router = APIRouter(tags=["capacity"])
+metrics_router = APIRouter(include_in_schema=False)
+
+
+def _inventory(ctx: Ctx) -> Inventory:
+    return load_inventory(ctx.settings.inventory)
+
+
+def _held(ctx: Ctx, inventory: str) -> list[tuple[str, int]]:
+    with transaction(ctx.factory) as s:
+        rows = s.execute(
+            select(GpuLease.node, GpuLease.gpu_index).where(GpuLease.inventory == inventory)
+        ).all()
+    return [(node, int(gpu)) for node, gpu in rows]
+
+
+@router.get("/capacity", responses=ERRORS, summary="How many gate shapes fit now, per domain")
+def capacity(
+    ctx: CtxDep,
+    _: ReadDep,
+    shape: Annotated[
+        str,
+        Query(
+            max_length=1000,
+            description="key=value pairs, e.g. sku=H200,gpus_per_engine=8 "
+            "(as `gate capacity --shape`)",
+        ),
+    ] = "",
+) -> dict[str, Any]:
+    try:
+        request = ShapeRequest(**parse_shape(shape))
+    except (ValueError, TypeError) as exc:
+        raise SpecError([FieldProblem("shape", str(exc))], "query") from None
+    inv = _inventory(ctx)
+    t0 = time.perf_counter()
+    doc = capacity_document(inv, request, _held(ctx, inv.name), 0.0)
+    doc["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+    return doc
+
+
+class ReservationView(BaseModel):
+    id: int
+    gate_id: str | None
+    holder: str
+    state: str
+    inventory: str
+    placement: dict[str, Any]
+    created_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    release_reason: str | None
+
+
+@router.get(
+    "/reservations",
+    response_model=list[ReservationView],
+    responses=ERRORS,
+    summary="GPU reservations, newest first",
+)
+def reservations(
+    ctx: CtxDep,
+    _: ReadDep,
+    active: bool = True,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[ReservationView]:
+    q = select(Reservation).order_by(Reservation.id.desc()).limit(limit)
+    if active:
+        q = q.where(Reservation.state == "active")
+    with transaction(ctx.factory) as s:
+        rows = s.scalars(q).all()
+        return [
+            ReservationView(
+                id=r.id,
+                gate_id=r.gate_id,
+                holder=r.holder,
+                state=r.state,
+                inventory=r.inventory,
+                placement=r.placement,
+                created_at=r.created_at,
+                expires_at=r.expires_at,
+                released_at=r.released_at,
+                release_reason=r.release_reason,
+            )
+            for r in rows
+        ]
+
+
+@router.get("/inventory", responses=ERRORS, summary="The GPU inventory and what gates hold")
+def inventory(ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
+    inv = _inventory(ctx)
+    held: dict[str, int] = {}
+    for node, _gpu in _held(ctx, inv.name):
+        held[node] = held.get(node, 0) + 1
+    return {
+        "name": inv.name,
+        "nodes": [
+            {**n.model_dump(mode="json"), "held_by_gates": held.get(n.name, 0)} for n in inv.nodes
+        ],
+        "gpus": sum(n.gpus for n in inv.nodes),
+        "held_by_gates": sum(held.values()),
+    }
+
+
+PHASE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class ServiceCollector(Collector):
+    """Read at scrape time from the database, so every API replica reports the same truth."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+
+    def collect(self) -> Iterator[Any]:
+        ctx = self.ctx
+        gates = GaugeMetricFamily(
+            "gate_gates", "Gates by state and verdict", labels=["state", "verdict"]
+        )
+        phases = HistogramMetricFamily(
+            "gate_engine_phase_seconds",
+            "Time from one engine lifecycle phase to the next (launch to ready)",
+            labels=["role", "phase"],
+        )
+        with transaction(ctx.factory) as s:
+            for state, verdict, n in s.execute(
+                select(GateRun.state, GateRun.verdict, func.count()).group_by(
+                    GateRun.state, GateRun.verdict
+                )
+            ):
+                gates.add_metric([state, verdict or ""], n)
+            active = s.scalar(
+                select(func.count()).select_from(Reservation).where(Reservation.state == "active")
+            )
+            held = s.scalar(select(func.count()).select_from(GpuLease))
+            rows = s.execute(
+                select(GatePhase.gate_id, GatePhase.role, GatePhase.phase, GatePhase.at_s)
+                .where(GatePhase.role != "gate")
+                .order_by(GatePhase.gate_id, GatePhase.role, GatePhase.at_s)
+                .limit(200_000)
+            ).all()
+        yield gates
+        durations: dict[tuple[str, str], list[float]] = {}
+        prev: tuple[str, str, float] | None = None
+        for gate_id, role, phase, at in rows:
+            if prev is not None and prev[0] == gate_id and prev[1] == role:
+                durations.setdefault((role, phase), []).append(max(0.0, at - prev[2]))
+            prev = (gate_id, role, at)
+        for (role, phase), values in sorted(durations.items()):
+            counts = [sum(1 for v in values if v <= b) for b in PHASE_BUCKETS]
+            buckets = [(str(b), c) for b, c in zip(PHASE_BUCKETS, counts, strict=True)]
+            buckets.append(("+Inf", len(values)))
+            phases.add_metric([role, phase], buckets, sum(values))
+        yield phases
+        yield GaugeMetricFamily("gate_reservations_active", "Active GPU reservations", active or 0)
+        yield GaugeMetricFamily("gate_gpus_held", "GPUs held by gate reservations", held or 0)
+        depth = ctx.dispatcher.queue_depth()
+        if depth is not None:
+            yield GaugeMetricFamily("gate_queue_depth", "Gates waiting for a worker", depth)
+        try:
+            inv = load_inventory(ctx.settings.inventory)
+            total = sum(n.gpus - n.allocated_gpus for n in inv.nodes if n.healthy)
+            yield GaugeMetricFamily(
+                "gate_capacity_gpus",
+                "GPUs of healthy inventory nodes not used by other workloads",
+                total,
+            )
+            yield GaugeMetricFamily(
+                "gate_capacity_free_gpus", "Of those, not held by gates", total - (held or 0)
+            )
+        except SpecError:
+            pass
+
+
+@metrics_router.get("/metrics")
+def metrics(ctx: CtxDep) -> Response:
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(ctx))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

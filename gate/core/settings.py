@@ -25,6 +25,14 @@ class Settings(BaseSettings):
         description="GPU inventory YAML; unset means the embedded local example inventory.",
     )
     lease_ttl_s: float = Field(default=600.0, gt=0, description="Reservation lease lifetime.")
+    spec_dir: Path | None = Field(
+        default=None,
+        description="Named gate specs (NAME.yaml) that rollout controllers and webhooks may "
+        "refer to by name instead of sending a whole spec.",
+    )
+    callback_token: str | None = Field(
+        default=None, description="Bearer token sent with commit-status callbacks."
+    )
     broker_url: str | None = Field(
         default=None,
         description="Celery broker (Redis) URL; set, gate runs are Celery tasks executed by "
@@ -38,6 +46,14 @@ class Settings(BaseSettings):
         gt=0,
         description="A running gate whose heartbeat is older than this has lost its worker: "
         "it ends in hold and its reservation is released.",
+    )
+    broker_visibility_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Redis redelivers a gate task that no worker acknowledged within this "
+        "many seconds (its worker died); a redelivered gate that was already claimed is a "
+        "no-op, so this only bounds how long a gate whose worker died before claiming it "
+        "stays pending.",
     )
     open_reads: bool = Field(
         default=False, description="Let requests without a token read gates and verdicts."

@@ -1,0 +1,55 @@
+"""Turn what a caller sends (a whole spec, or the name of a stored spec with the reference and
+candidate given separately) into a validated GateSpec. Every mistake is named by its field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gate.core.errors import FieldProblem, SpecError
+from gate.core.settings import Settings
+from gate.spec import NAME_RE, GateSpec, load_spec, parse_spec, spec_to_dict
+
+
+def resolve_spec(
+    settings: Settings,
+    *,
+    spec: Mapping[str, Any] | None = None,
+    spec_name: str | None = None,
+    reference: Mapping[str, Any] | None = None,
+    candidate: Mapping[str, Any] | None = None,
+    source: str = "request",
+) -> GateSpec:
+    """`spec` inline, or `spec_name` from settings.spec_dir; `reference`/`candidate`, when
+    given, replace the spec's engines (a rollout controller names only the new image)."""
+    if (spec is None) == (spec_name is None):
+        raise SpecError([FieldProblem("spec", "give exactly one of `spec` or `spec_name`")], source)
+    if spec_name is not None:
+        base = _named(settings, spec_name, source)
+        data: dict[str, Any] = spec_to_dict(base)
+        where = f"spec {spec_name!r}"
+    else:
+        assert spec is not None
+        data = dict(spec)
+        where = source
+    if reference is not None:
+        data["reference"] = dict(reference)
+    if candidate is not None:
+        data["candidate"] = dict(candidate)
+    return parse_spec(data, where)
+
+
+def _named(settings: Settings, name: str, source: str) -> GateSpec:
+    if not NAME_RE.match(name):
+        raise SpecError(
+            [FieldProblem("spec_name", "use 1-63 letters, digits, '.', '_' or '-'")], source
+        )
+    if settings.spec_dir is None:
+        raise SpecError(
+            [FieldProblem("spec_name", "no named specs here (GATE_SPEC_DIR is not set)")], source
+        )
+    for suffix in (".yaml", ".yml", ".json"):
+        path = settings.spec_dir / f"{name}{suffix}"
+        if path.is_file():
+            return load_spec(path)
+    raise SpecError([FieldProblem("spec_name", f"no spec named {name!r} in GATE_SPEC_DIR")], source)

@@ -1,0 +1,83 @@
+"""Helpers for API tests: sim-engine specs, auth headers, polling."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from fastapi.testclient import TestClient
+
+from gate.core.settings import Settings
+
+SECRET = "test-webhook-secret"
+
+
+def sim(tag: str, *flags: str) -> dict[str, Any]:
+    return {
+        "command": [
+            sys.executable,
+            "-m",
+            "gate.engines.sim",
+            "--port",
+            "{port}",
+            "--model",
+            "{model}",
+            "--tag",
+            tag,
+            *flags,
+        ]
+    }
+
+
+def spec_dict(
+    tag: str, *, cand_flags: tuple[str, ...] = (), requests: int = 120, rate: float = 40.0
+) -> dict[str, Any]:
+    return {
+        "name": "api-test",
+        "model": "demo-model",
+        "reference": sim(tag, "--ttft-ms", "20", "--seed", "1"),
+        "candidate": sim(tag, "--ttft-ms", "20", "--seed", "2", *cand_flags),
+        "shape": {"sku": "H200", "gpus_per_engine": 1},
+        "scenarios": [
+            {
+                "name": "steady",
+                "arrival": "poisson",
+                "rate": rate,
+                "requests": requests,
+                "prompt_tokens": 32,
+                "max_tokens": 8,
+            }
+        ],
+    }
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 90.0, every: float = 0.2, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def poll_finished(client: TestClient, gate_id: str, token: str, timeout: float = 120) -> Any:
+    def done() -> Any:
+        body = client.get(f"/v1/gates/{gate_id}", headers=auth(token)).json()
+        return body if body["state"] in ("complete", "error", "cancelled") else None
+
+    return wait_for(done, timeout, what=f"gate {gate_id} to finish")
+
+
+def write_named_spec(settings: Settings, name: str, doc: dict[str, Any]) -> None:
+    assert settings.spec_dir is not None
+    (settings.spec_dir / f"{name}.yaml").write_text(yaml.safe_dump(doc))
