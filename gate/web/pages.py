@@ -1,7 +1,358 @@
-"""Report pages (issue 9): placeholder router, filled in by the pages work."""
+"""Report pages served by `gate serve`: `/` lists gates (filter by state, verdict and
+candidate, paged), `/gates/{id}` is one gate: the same report as the file `gate run` writes
+(one renderer, gate.reports.html), or, while the gate runs, its live progress.
+
+Pages need read access like the JSON API (a bearer header or the `gate_token` cookie, or
+nobody when reads are open); without it they redirect to `/login`, which checks a token and
+sets the cookie (HttpOnly, SameSite=Strict). Every response carries a Content-Security-Policy
+whose only script is the live page's inline poller, allowed by a per-response nonce.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader
+from markupsafe import Markup
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from gate.api.deps import TOKEN_COOKIE, Ctx, get_ctx, require
+from gate.core.database import transaction
+from gate.models import GatePhase, GateRun, SampleSet
+from gate.reports.html import environment, format_time, render_body
+from gate.runs import store
+from gate.runs.samples import Columns
 
 router = APIRouter(include_in_schema=False)
+
+PER_PAGE = 25
+COOKIE_MAX_AGE_S = 12 * 3600
+CSP = (
+    "default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
+_LOADER = PackageLoader("gate.web", "templates")
+
+
+def _env() -> Environment:
+    return environment(_LOADER)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _page(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    nonce = secrets.token_urlsafe(18)
+    html = (
+        _env()
+        .get_template(template)
+        .render(nonce=nonce, signed_in=TOKEN_COOKIE in request.cookies, **ctx)
+    )
+    resp = HTMLResponse(html, status_code=status)
+    resp.headers["Content-Security-Policy"] = CSP.format(nonce=nonce)
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "same-origin"
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+def _here(request: Request) -> str:
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a path on this site, never another origin."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return value
+
+
+def _denied(request: Request) -> Response | None:
+    """None when the caller may read; else the redirect to the login form (no or a bad
+    token) or an error page (a token without the read scope)."""
+    try:
+        require("read")(request)
+    except HTTPException as exc:
+        if exc.status_code == 401:
+            return RedirectResponse(
+                "/login?" + urlencode({"next": _here(request)}), status_code=303
+            )
+        return _page(
+            request, "error.html.j2", exc.status_code, title="No access", message=str(exc.detail)
+        )
+    return None
+
+
+def _not_found(request: Request, gate_id: str) -> HTMLResponse:
+    return _page(
+        request, "error.html.j2", 404, title="No such gate", message=f"no gate with id {gate_id!r}"
+    )
+
+
+# --------------------------------------------------------------------------- list
+
+
+def _choice(value: str, allowed: tuple[str, ...]) -> str:
+    return value if value in allowed else ""
+
+
+@router.get("/", response_class=HTMLResponse)
+def gates_page(
+    request: Request, state: str = "", verdict: str = "", candidate: str = "", page: str = "1"
+) -> Response:
+    if (denied := _denied(request)) is not None:
+        return denied
+    ctx = get_ctx(request)
+    state, verdict = _choice(state, store.STATES), _choice(verdict, store.VERDICTS)
+    candidate = candidate.strip()[:200]
+    number = int(page) if page.isdigit() and 0 < int(page) < 1_000_000 else 1
+    rows, total = store.list_gates(
+        ctx.factory,
+        store.GateFilter(
+            state=state or None,
+            verdict=verdict or None,
+            candidate=candidate or None,
+            limit=PER_PAGE,
+            offset=(number - 1) * PER_PAGE,
+        ),
+    )
+    filters = {
+        k: v for k, v in (("state", state), ("verdict", verdict), ("candidate", candidate)) if v
+    }
+
+    def page_url(n: int) -> str:
+        return "/?" + urlencode({**filters, "page": n}) if n > 1 else "/?" + urlencode(filters)
+
+    last = max(1, -(-total // PER_PAGE))
+    return _page(
+        request,
+        "gates.html.j2",
+        title="Gates",
+        gates=[_row(r) for r in rows],
+        total=total,
+        first_shown=(number - 1) * PER_PAGE + 1 if rows else 0,
+        last_shown=(number - 1) * PER_PAGE + len(rows),
+        newer=page_url(number - 1) if number > 1 else None,
+        older=page_url(number + 1) if number < last else None,
+        state=state,
+        verdict=verdict,
+        candidate=candidate,
+        states=store.STATES,
+        verdicts=store.VERDICTS,
+        filtered=bool(filters),
+    )
+
+
+def _took(run: GateRun) -> str:
+    if run.started_at is None or run.finished_at is None:
+        return ""
+    s = (run.finished_at - run.started_at).total_seconds()
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def _row(run: GateRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "state": run.state,
+        "phase": run.phase,
+        "verdict": run.verdict if run.state in store.FINISHED else None,
+        "progress": progress_view(run.state, run.phase, run.progress)["text"]
+        if run.state not in store.FINISHED
+        else "",
+        "reference": run.reference_label or "",
+        "candidate": run.candidate_label or "",
+        "source": run.source,
+        "created": format_time(run.created_at),
+        "took": _took(run),
+    }
+
+
+# --------------------------------------------------------------------------- one gate
+
+
+def progress_view(state: str, phase: str, progress: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the live part shows; live.js computes the same from `GET /v1/gates/{id}`."""
+    pct: int | None = None
+    if isinstance(progress, Mapping) and progress.get("scenario") is not None:
+        done, total = progress.get("done") or 0, progress.get("total") or 0
+        if isinstance(total, int) and total > 0 and isinstance(done, int):
+            pct = max(0, min(100, round(100 * done / total)))
+            text = f"scenario {progress['scenario']}: {done} of {total} responses ({pct}%)"
+        else:
+            text = f"scenario {progress['scenario']}: {done} responses"
+    elif state == "pending":
+        text = "waiting for a worker"
+    else:
+        text = f"phase {phase}"
+    return {"pct": pct, "text": text}
+
+
+def gate_links(gate_id: str) -> list[tuple[str, str]]:
+    return [
+        ("gate (JSON)", f"/v1/gates/{gate_id}"),
+        ("verdict (JSON)", f"/v1/gates/{gate_id}/verdict"),
+        ("verdict document (JSON)", f"/v1/gates/{gate_id}/document"),
+    ]
+
+
+def load_columns(ctx: Ctx, gate_id: str) -> dict[str, dict[str, Columns]]:
+    with transaction(ctx.factory) as s:
+        rows = s.execute(
+            select(SampleSet.scenario, SampleSet.role, SampleSet.columns).where(
+                SampleSet.gate_id == gate_id
+            )
+        ).all()
+    out: dict[str, dict[str, Columns]] = {}
+    for scenario, role, blob in rows:
+        out.setdefault(scenario, {})[role] = Columns.from_bytes(blob)
+    return out
+
+
+def _warmup(run: GateRun) -> int:
+    policy = (run.spec or {}).get("policy") or {}
+    value = policy.get("warmup_requests", 8) if isinstance(policy, Mapping) else 8
+    return value if isinstance(value, int) and value >= 0 else 8
+
+
+class _BodyCache:
+    """Rendered reports of finished gates (they never change), a few at a time."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], Markup] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> Markup | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[str, str], body: Markup) -> None:
+        with self._lock:
+            self._items[key] = body
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_bodies = _BodyCache()
+
+
+def _report_body(ctx: Ctx, run: GateRun) -> Markup:
+    assert run.document is not None
+    key = (run.id, str(run.finished_at))
+    body = _bodies.get(key)
+    if body is None:
+        body = render_body(
+            run.document, load_columns(ctx, run.id), _warmup(run), gate_links(run.id)
+        )
+        _bodies.put(key, body)
+    return body
+
+
+@router.get("/gates/{gate_id}", response_class=HTMLResponse)
+def gate_page(request: Request, gate_id: str) -> Response:
+    if (denied := _denied(request)) is not None:
+        return denied
+    ctx = get_ctx(request)
+    try:
+        run = store.get_gate(ctx.factory, gate_id)
+    except store.GateNotFound:
+        return _not_found(request, gate_id)
+    finished = run.state in store.FINISHED
+    if finished and run.document is not None:
+        verdict = str(run.document.get("verdict") or run.verdict or "hold")
+        return _page(
+            request,
+            "gate.html.j2",
+            title=f"{verdict.upper()} · {run.name}",
+            body=_report_body(ctx, run),
+        )
+    with transaction(ctx.factory) as s:
+        phases = s.scalars(
+            select(GatePhase).where(GatePhase.gate_id == gate_id).order_by(GatePhase.at_s)
+        ).all()
+    return _page(
+        request,
+        "gate_live.html.j2",
+        title=f"{run.state} · {run.name}",
+        run=run,
+        finished=finished,
+        created=format_time(run.created_at),
+        started=format_time(run.started_at) if run.started_at else None,
+        progress=progress_view(run.state, run.phase, run.progress),
+        phases=phases,
+        links=gate_links(run.id),
+    )
+
+
+# --------------------------------------------------------------------------- login
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/") -> Response:  # the query's name
+    return _page(request, "login.html.j2", title="Sign in", next=safe_next(next), error=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    """A form post (application/x-www-form-urlencoded, parsed here: no multipart needed)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return _page(
+            request,
+            "login.html.j2",
+            415,
+            title="Sign in",
+            next="/",
+            error="send the form as application/x-www-form-urlencoded",
+        )
+    body = (await request.body()).decode("utf-8", "replace")
+    fields = parse_qs(body, keep_blank_values=True, max_num_fields=10)
+    token = (fields.get("token") or [""])[0].strip()
+    target = safe_next((fields.get("next") or ["/"])[0])
+    scopes = await run_in_threadpool(get_ctx(request).tokens.scopes, token) if token else None
+    if scopes is None or "read" not in scopes:
+        return _page(
+            request,
+            "login.html.j2",
+            401,
+            title="Sign in",
+            next=target,
+            error="That token is unknown or revoked." if token else "Enter a token.",
+        )
+    resp = RedirectResponse(target, status_code=303)
+    resp.set_cookie(
+        TOKEN_COOKIE,
+        token,
+        max_age=COOKIE_MAX_AGE_S,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return resp
+
+
+@router.post("/logout")
+def logout() -> Response:
+    resp = RedirectResponse("/login", status_code=303)
+    resp.delete_cookie(TOKEN_COOKIE, path="/", httponly=True, samesite="strict")
+    return resp

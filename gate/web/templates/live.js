@@ -1,0 +1,70 @@
+// Live progress of a running gate: poll the JSON API every second, update the phase and the
+// progress bar in place, and reload once when the gate has finished (to show its report).
+// Text only (textContent), never markup: every value may come from an engine.
+(function () {
+  "use strict";
+  var root = document.getElementById("live");
+  if (!root) { return; }
+  var url = root.getAttribute("data-poll");
+  var FINISHED = ["complete", "error", "cancelled"];
+  var bar = document.getElementById("live-bar");
+  var text = document.getElementById("live-text");
+  var phase = document.getElementById("live-phase");
+  var state = document.getElementById("live-state");
+  var note = document.getElementById("live-note");
+  var delay = 1000;
+  var reloading = false;
+
+  function describe(g) {
+    var p = g.progress;
+    if (p && p.scenario !== null && p.scenario !== undefined) {
+      var done = p.done || 0, total = p.total || 0;
+      if (total > 0) {
+        var pct = Math.max(0, Math.min(100, Math.round(100 * done / total)));
+        return {pct: pct, text: "scenario " + p.scenario + ": " + done + " of " + total + " responses (" + pct + "%)"};
+      }
+      return {pct: null, text: "scenario " + p.scenario + ": " + done + " responses"};
+    }
+    if (g.state === "pending") { return {pct: null, text: "waiting for a worker"}; }
+    return {pct: null, text: "phase " + g.phase};
+  }
+
+  function render(g) {
+    var d = describe(g);
+    if (state.textContent !== g.state) { state.textContent = g.state; }
+    if (phase.textContent !== g.phase) { phase.textContent = g.phase; }
+    if (text.textContent !== d.text) { text.textContent = d.text; }
+    if (d.pct === null) { bar.removeAttribute("value"); } else { bar.value = d.pct; }
+    root.setAttribute("data-state", g.state);
+  }
+
+  function schedule() { window.setTimeout(tick, delay); }
+
+  function tick() {
+    fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
+      .then(function (r) {
+        if (!r.ok) { throw new Error("HTTP " + r.status); }
+        return r.json();
+      })
+      .then(function (g) {
+        delay = 1000;
+        render(g);
+        if (FINISHED.indexOf(g.state) >= 0) {
+          if (!reloading) {
+            reloading = true;
+            note.textContent = "The gate has finished: loading its report.";
+            window.location.reload();
+          }
+          return;
+        }
+        schedule();
+      })
+      .catch(function (e) {
+        note.textContent = "Live updates paused (" + e.message + "); retrying.";
+        delay = Math.min(delay * 2, 15000);
+        schedule();
+      });
+  }
+
+  schedule();
+})();
