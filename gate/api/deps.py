@@ -34,7 +34,7 @@ def get_ctx(request: Request) -> Ctx:
 CtxDep = Annotated[Ctx, Depends(get_ctx)]
 
 
-def _token(request: Request) -> str | None:
+def request_token(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
@@ -46,29 +46,32 @@ def require(scope: str) -> Callable[[Request], frozenset[str]]:
     Authorization header, or the pages' cookie); reads may be opened by settings."""
 
     def check(request: Request) -> frozenset[str]:
-        ctx = get_ctx(request)
-        if scope == "read" and ctx.settings.open_reads:
-            return frozenset({"read"})
-        token = _token(request)
-        if not token:
-            raise HTTPException(
-                401,
-                detail=f"this needs a token with the '{scope}' scope "
-                "(Authorization: Bearer gt_...; make one with `gate token create`)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        scopes = ctx.tokens.scopes(token)
-        if scopes is None:
-            raise HTTPException(
-                401, detail="unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
-            )
-        if scope not in scopes:
-            raise HTTPException(
-                403, detail=f"this token lacks the '{scope}' scope (it has {sorted(scopes)})"
-            )
-        return scopes
+        return authorize(get_ctx(request), request_token(request), scope)
 
     return check
+
+
+def authorize(ctx: Ctx, token: str | None, scope: str) -> frozenset[str]:
+    """The scopes of `token` if it has `scope`; otherwise 401 (no or unknown token) or 403."""
+    if scope == "read" and ctx.settings.open_reads:
+        return frozenset({"read"})
+    if not token:
+        raise HTTPException(
+            401,
+            detail=f"this needs a token with the '{scope}' scope "
+            "(Authorization: Bearer gt_...; make one with `gate token create`)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    scopes = ctx.tokens.scopes(token)
+    if scopes is None:
+        raise HTTPException(
+            401, detail="unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    if scope not in scopes:
+        raise HTTPException(
+            403, detail=f"this token lacks the '{scope}' scope (it has {sorted(scopes)})"
+        )
+    return scopes
 
 
 ReadDep = Annotated[frozenset[str], Depends(require("read"))]

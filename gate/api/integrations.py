@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from gate.api.deps import CtxDep, require
+from gate.api.deps import CtxDep, authorize, request_token
 from gate.api.gates import ERRORS, VerdictSummary
 from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
@@ -78,15 +78,10 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
     return run
 
 
-def _flagger_token(request: Request, hook: FlaggerHook) -> None:
+def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> None:
     """Flagger cannot send headers: its token may come in `metadata.token` (keep the Canary
     object as secret as the token) or, behind a proxy that adds it, the Authorization header."""
-    if hook.metadata.get("token") and "authorization" not in request.headers:
-        request.scope["headers"] = [
-            *request.scope["headers"],
-            (b"authorization", f"Bearer {hook.metadata['token']}".encode()),
-        ]
-    require("run")(request)
+    authorize(ctx, request_token(request) or hook.metadata.get("token"), "run")
 
 
 @router.post(
@@ -102,7 +97,7 @@ def flagger(hook_type: FlaggerType, hook: FlaggerHook, request: Request, ctx: Ct
     """confirm-rollout / confirm-promotion answer 200 only when the gate says continue (403
     with the reason while it runs or on hold: Flagger keeps waiting or halts); rollback
     answers 200 when the gate holds (Flagger then rolls back), 403 otherwise."""
-    _flagger_token(request, hook)
+    _flagger_token(request, ctx, hook)
     run = _flagger_gate(ctx, hook)
     summary = store.verdict_summary(run, ctx.settings.public_url)
     wanted = "hold" if hook_type == "rollback" else "continue"
@@ -183,8 +178,8 @@ async def ci_webhook(
     digest = hashlib.sha256(body).hexdigest()
     with transaction(ctx.factory) as s:
         seen = s.get(WebhookDelivery, delivery_key)
-        if seen is not None:
-            return _duplicate(ctx, delivery, seen, digest)
+    if seen is not None:
+        return _duplicate(ctx, delivery, seen, digest)
     if delivery.callback and not allowed(delivery.callback.url, ctx.settings.callback_allow):
         raise SpecError(
             [FieldProblem("callback.url", "not on the callback allow-list (GATE_CALLBACK_ALLOW)")],

@@ -32,7 +32,7 @@ def settings(tmp_path: Path) -> Settings:
         public_url="http://gate.test",
         spec_dir=spec_dir,
         webhook_secret=SECRET,
-        callback_allow=["http://127.0.0.1:"],
+        callback_allow=["http://127.0.0.1:9/allowed/"],
     )
 
 

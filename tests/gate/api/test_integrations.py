@@ -1,0 +1,239 @@
+"""Flagger hooks and the signed CI webhook on the real app, with real gates and a real HTTP
+server receiving the commit-status callback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from apitools import SECRET, auth, poll_finished, spec_dict, wait_for, write_named_spec
+from fastapi.testclient import TestClient
+
+from gate.core.settings import Settings
+from gate.integrations.signatures import sign
+
+pytestmark = pytest.mark.slow
+
+
+def flagger_body(checksum: str, **metadata: str) -> dict[str, Any]:
+    return {
+        "name": "llama",
+        "namespace": "serving",
+        "phase": "Progressing",
+        "checksum": checksum,
+        "metadata": metadata,
+    }
+
+
+def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
+    app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
+) -> None:
+    write_named_spec(settings, "llama", spec_dict(tag, requests=400, rate=80))
+    body = flagger_body("rev-1", spec="llama", token=tokens["run"])
+    first = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=body)
+    assert first.status_code == 403  # pending or running: Flagger keeps waiting
+    assert first.json()["verdict"] is None
+    gid = first.json()["id"]
+    # every later call of this revision sees the same gate (checksum = idempotency key)
+    again = app_client.post("/v1/webhooks/flagger/confirm-promotion", json=body)
+    assert again.json()["id"] == gid
+    final = poll_finished(app_client, gid, tokens["read"], timeout=180)
+    assert final["state"] == "complete"
+    confirm = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=body)
+    rollback = app_client.post("/v1/webhooks/flagger/rollback", json=body)
+    if final["verdict"] == "continue":
+        assert (confirm.status_code, rollback.status_code) == (200, 403)
+    else:  # a busy machine can leave a check inconclusive: hold, and Flagger rolls back
+        assert (confirm.status_code, rollback.status_code) == (403, 200)
+    assert confirm.json()["reason"] == final["reason"]
+    # a new revision is a new gate
+    other = app_client.post(
+        "/v1/webhooks/flagger/confirm-rollout",
+        json=flagger_body("rev-2", spec="llama", token=tokens["run"]),
+    )
+    assert other.json()["id"] != gid
+
+
+def test_flagger_candidate_from_metadata_and_hold_triggers_rollback(
+    app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
+) -> None:
+    write_named_spec(settings, "llama", spec_dict(tag, requests=200, rate=80))
+    slow = spec_dict(tag, cand_flags=("--ttft-ms", "40"))["candidate"]
+    body = flagger_body("rev-9", spec="llama", token=tokens["run"], candidate=json.dumps(slow))
+    gid = app_client.post("/v1/webhooks/flagger/rollback", json=body).json()["id"]
+    final = poll_finished(app_client, gid, tokens["read"], timeout=180)
+    assert final["verdict"] == "hold"
+    assert "--ttft-ms 40" in final["candidate"]
+    assert app_client.post("/v1/webhooks/flagger/rollback", json=body).status_code == 200
+    assert app_client.post("/v1/webhooks/flagger/confirm-promotion", json=body).status_code == 403
+
+
+def test_flagger_needs_a_run_token_and_a_spec(
+    app_client: TestClient, settings: Settings, tokens: dict[str, str]
+) -> None:
+    r = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=flagger_body("x"))
+    assert r.status_code == 401
+    r = app_client.post(
+        "/v1/webhooks/flagger/confirm-rollout", json=flagger_body("x", token=tokens["read"])
+    )
+    assert r.status_code == 403
+    r = app_client.post(
+        "/v1/webhooks/flagger/confirm-rollout", json=flagger_body("x", token=tokens["run"])
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]["problems"][0]["path"] == "metadata.spec"
+    r = app_client.post(
+        "/v1/webhooks/flagger/confirm-rollout",
+        json=flagger_body("x", token=tokens["run"], spec="../../etc/passwd"),
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]["problems"][0]["path"] == "spec_name"
+    r = app_client.post(
+        "/v1/webhooks/flagger/pre-rollout", json=flagger_body("x", token=tokens["run"])
+    )
+    assert r.status_code == 422  # not a hook type the gate answers
+
+
+# -- CI webhook ----------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A real HTTP server standing in for a commit-status API."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, str], dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                n = int(self.headers.get("content-length", 0))
+                outer.calls.append((dict(self.headers), json.loads(self.rfile.read(n))))
+                self.send_response(201)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def deliver(
+    client: TestClient, body: dict[str, Any], secret: str = SECRET, signature: str | None = None
+) -> Any:
+    raw = json.dumps(body).encode()
+    sig = signature if signature is not None else sign(secret, raw)
+    return client.post(
+        "/v1/webhooks/ci",
+        content=raw,
+        headers={"Content-Type": "application/json", "X-Hub-Signature-256": sig},
+    )
+
+
+def ci_body(tag: str, delivery: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "delivery_id": delivery,
+        "timestamp": time.time(),
+        "spec": spec_dict(tag, requests=200, rate=80, cand_flags=("--ttft-ms", "40")),
+        **extra,
+    }
+
+
+def test_bad_signatures_are_refused_and_start_nothing(
+    app_client: TestClient, tokens: dict[str, str], tag: str
+) -> None:
+    body = ci_body(tag, "d-bad")
+    assert deliver(app_client, body, signature="").status_code == 401
+    assert deliver(app_client, body, secret="wrong-secret").status_code == 401
+    assert deliver(app_client, body, signature="sha256=" + "0" * 64).status_code == 401
+    assert deliver(app_client, body, signature="sha1=abc").status_code == 401
+    # a signature of a different body
+    raw_other = json.dumps({**body, "delivery_id": "other"}).encode()
+    r = deliver(app_client, body, signature=sign(SECRET, raw_other))
+    assert r.status_code == 401
+    assert "X-Hub-Signature-256" in r.json()["error"]["message"]
+    assert app_client.get("/v1/gates", headers=auth(tokens["read"])).json()["total"] == 0
+
+
+def test_stale_or_future_deliveries_are_refused(app_client: TestClient, tag: str) -> None:
+    old = ci_body(tag, "d-old", timestamp=time.time() - 3600)
+    r = deliver(app_client, old)
+    assert r.status_code == 401
+    assert "timestamp" in r.json()["error"]["message"]
+    future = ci_body(tag, "d-future", timestamp=time.time() + 3600)
+    assert deliver(app_client, future).status_code == 401
+
+
+def test_duplicate_delivery_returns_the_same_gate_and_callback_reports_it(
+    app_client: TestClient,
+    settings: Settings,
+    tokens: dict[str, str],
+    tag: str,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(settings, "callback_token", "cb-token")
+    monkeypatch.setattr(settings, "callback_allow", [f"{receiver.url}/repos/acme/"])
+    body = ci_body(tag, "d-1", callback={"url": f"{receiver.url}/repos/acme/llm/statuses/abc123"})
+    first = deliver(app_client, body)
+    assert first.status_code == 202, first.text
+    second = deliver(app_client, body)
+    assert second.status_code == 200
+    assert second.json()["duplicate"] is True
+    gid = first.json()["gate"]["id"]
+    assert second.json()["gate"]["id"] == gid
+    # the same delivery id with another body is a conflict, not a new gate
+    changed = deliver(app_client, {**body, "timestamp": body["timestamp"] + 1})
+    assert changed.status_code == 409
+    assert app_client.get("/v1/gates", headers=auth(tokens["read"])).json()["total"] == 1
+
+    final = poll_finished(app_client, gid, tokens["read"], timeout=180)
+    assert final["verdict"] == "hold"
+    headers, status = wait_for(lambda: receiver.calls and receiver.calls[0], 30, what="callback")
+    assert len(receiver.calls) == 1
+    assert headers["Authorization"] == "Bearer cb-token"
+    assert status["state"] == "failure"
+    assert status["context"] == "llm-deploy-gate"
+    assert status["target_url"] == f"http://gate.test/gates/{gid}"
+    assert status["description"].startswith("gate hold: TTFT")
+    assert len(status["description"]) <= 140
+
+
+def test_callback_must_be_allow_listed(app_client: TestClient, tag: str) -> None:
+    for url in (
+        "https://evil.example/status",
+        "http://127.0.0.1.evil.example/x",
+        "http://user:pw@127.0.0.1:9/x",
+        "file:///etc/passwd",
+    ):
+        r = deliver(app_client, ci_body(tag, f"d-cb-{url}", callback={"url": url}))
+        assert r.status_code == 422, url
+        assert r.json()["error"]["problems"][0]["path"] == "callback.url"
+
+
+def test_webhook_is_off_without_a_secret(settings: Settings, tag: str) -> None:
+    from gate.api.app import create_app
+
+    app = create_app(settings.model_copy(update={"webhook_secret": None}))
+    with TestClient(app) as c:
+        r = deliver(c, ci_body(tag, "d-off"))
+        assert r.status_code == 404
+        assert "GATE_WEBHOOK_SECRET" in r.json()["error"]["message"]

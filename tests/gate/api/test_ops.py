@@ -1,0 +1,74 @@
+"""Capacity, inventory, reservations and /metrics on the real app."""
+
+from __future__ import annotations
+
+import pytest
+from apitools import auth
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from gate.core.settings import Settings
+from gate.runs import store
+from gate.spec import parse_spec
+
+
+def test_capacity_and_inventory(app_client: TestClient, tokens: dict[str, str]) -> None:
+    read = auth(tokens["read"])
+    cap = app_client.get("/v1/capacity?shape=sku=H200,gpus_per_engine=1", headers=read).json()
+    assert cap["gates"] >= 1
+    assert cap["shape"]["gpus_per_engine"] == 1
+    inv = app_client.get("/v1/inventory", headers=read).json()
+    assert inv["gpus"] == sum(n["gpus"] for n in inv["nodes"])
+    assert inv["held_by_gates"] == 0
+    bad = app_client.get("/v1/capacity?shape=gpus_per_engine=lots", headers=read)
+    assert bad.status_code == 422
+    assert bad.json()["error"]["problems"][0]["path"] == "shape"
+    assert app_client.get("/v1/reservations", headers=read).json() == []
+
+
+def test_metrics_count_gates_by_state_and_verdict(
+    app_client: TestClient, settings: Settings
+) -> None:
+    from apitools import spec_dict
+
+    factory = app_client.app.state.ctx.factory  # type: ignore[attr-defined]
+    spec = parse_spec(spec_dict("m"))
+    run, _ = store.create_gate(factory, spec, source="api")
+    store.request_cancel(factory, run.id)  # pending -> cancelled at once, hold
+    text = app_client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gates = {
+        (s.labels["state"], s.labels["verdict"]): s.value for s in families["gate_gates"].samples
+    }
+    assert gates[("cancelled", "hold")] == 1
+    assert families["gate_reservations_active"].samples[0].value == 0
+    assert families["gate_capacity_gpus"].samples[0].value > 0
+    assert "gate_queue_depth" in families
+
+
+@pytest.mark.parametrize("path", ["/v1/openapi.json"])
+def test_openapi_lists_every_route(app_client: TestClient, path: str) -> None:
+    doc = app_client.get(path).json()
+    paths = set(doc["paths"])
+    for p in (
+        "/v1/gates",
+        "/v1/gates:ensure",
+        "/v1/gates/{gate_id}",
+        "/v1/gates/{gate_id}/verdict",
+        "/v1/gates/{gate_id}/document",
+        "/v1/gates/{gate_id}:cancel",
+        "/v1/gates/{gate_id}:rejudge",
+        "/v1/webhooks/ci",
+        "/v1/webhooks/flagger/{hook_type}",
+        "/v1/capacity",
+        "/v1/reservations",
+        "/v1/inventory",
+    ):
+        assert p in paths, p
+    assert doc["components"]["schemas"]["VerdictSummary"]["required"] == [
+        "id",
+        "state",
+        "verdict",
+        "reason",
+        "report_url",
+    ]
