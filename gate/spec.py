@@ -364,10 +364,6 @@ def engine_pair_problems(data: Mapping[str, Any]) -> list[FieldProblem]:
 SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
 LOAD_SUITES = ("normal", "peak", "overload", "recovery")
 SUITE_OWN_KEYS = ("name", "suite", "api", "settings")
-CORRECTNESS_NOT_WIRED = (
-    "the correctness suite's divergence checks are not run by gates yet; remove this scenario "
-    "(the judge has them; the run does not feed them)"
-)
 
 
 def suite_knob_problems(suite: str, knobs: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -426,8 +422,6 @@ class ScenarioSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
-        if self.suite == "correctness":
-            raise ValueError(CORRECTNESS_NOT_WIRED)
         if self.suite is not None:
             problems = suite_knob_problems(self.suite, self.settings)
         else:
@@ -568,9 +562,7 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     scenarios = data.get("scenarios")
     if isinstance(scenarios, list):
         for i, sc in enumerate(scenarios):
-            if isinstance(sc, Mapping) and sc.get("suite") == "correctness":
-                problems.append(FieldProblem(f"scenarios[{i}].suite", CORRECTNESS_NOT_WIRED))
-            elif isinstance(sc, Mapping) and isinstance(sc.get("suite"), str):
+            if isinstance(sc, Mapping) and isinstance(sc.get("suite"), str):
                 if sc["suite"] in SUITES:
                     knobs = {k: v for k, v in sc.items() if k not in SUITE_OWN_KEYS}
                     for field, msg in suite_knob_problems(sc["suite"], knobs):

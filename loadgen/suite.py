@@ -19,6 +19,7 @@ rate=40)`` one to one, and a misspelt knob is an error naming the scenario's rea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -107,11 +108,26 @@ class Normal(Steady):
 
 @dataclass(frozen=True, slots=True)
 class Peak(Steady):
-    """A higher sustained rate: the busiest hour, not a spike."""
+    """A higher sustained rate: the busiest hour, not a spike.
+
+    ``slo_ttft_ms``, ``slo_itl_ms`` (mean per request) and ``slo_e2e_ms`` define goodput (a
+    request that succeeded and met every SLO given); with none given, goodput is success.
+    """
 
     name: ClassVar[str] = "peak"
     rate: float = 40.0
     requests: int | None = 1200
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
+    slo_e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for knob in ("slo_ttft_ms", "slo_itl_ms", "slo_e2e_ms"):
+            value = getattr(self, knob)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise ValueError(f"{knob} must be a positive number of milliseconds, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +302,36 @@ class Compatibility:
 @dataclass(frozen=True, slots=True)
 class Correctness:
     """Greedy probes with logprobs: temperature 0, fixed seeds, top-5 logprobs and token ids,
-    so that two engines serving the same weights can be compared token by token."""
+    so that two engines serving the same weights can be compared token by token.
+
+    ``teacher_forced``: also score the reference's greedy continuation with both engines
+    through ``prompt_logprobs`` (:func:`score_continuations`), where the engines support it.
+    ``envelope_load``: requests kept in flight on the reference while it repeats the probes
+    all at once, so its envelope (the reference against itself) includes the batch noise a
+    loaded engine has; 0 repeats them alone.
+    """
 
     name: ClassVar[str] = "correctness"
     probes_count: int = 8
     prompt_tokens: int = 32
     max_tokens: int = 32
     top_logprobs: int = 5
+    teacher_forced: bool = True
+    envelope_load: int = 16
+
+    def __post_init__(self) -> None:
+        for knob, low, high in (
+            ("probes_count", 1, 10_000),
+            ("prompt_tokens", 1, 1_000_000),
+            ("max_tokens", 1, 1_000_000),
+            ("top_logprobs", 1, 20),
+            ("envelope_load", 0, 4_096),
+        ):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{knob} must be an integer from {low} to {high}, got {value!r}")
+        if not isinstance(self.teacher_forced, bool):
+            raise ValueError(f"teacher_forced must be true or false, got {self.teacher_forced!r}")
 
     def requests(self, seed: int = 0) -> list[RequestSpec]:
         prompts = synthetic_prompts(self.probes_count, self.prompt_tokens, seed=seed)
@@ -431,14 +470,14 @@ async def _max_model_len(http: httpx.AsyncClient, target: Target) -> int | None:
 
 @contextlib.asynccontextmanager
 async def _client_for(
-    target: Target, client: httpx.AsyncClient | None
+    target: Target, client: httpx.AsyncClient | None, connections: int = 2
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The caller's client, or a fresh one (httpx's default transport: probes are few and
     some are not streams) closed afterwards."""
     if client is not None:
         yield client
         return
-    async with make_client(target, 2, lean=False) as owned:
+    async with make_client(target, max(2, connections), lean=False) as owned:
         yield owned
 
 
@@ -615,7 +654,12 @@ def _check_stream(payload: bytes, api: ProbeKind, body: Mapping[str, Any]) -> li
 
 @dataclass(slots=True)
 class CorrectnessResult:
-    """One greedy probe's output, token by token, for comparing engines."""
+    """One greedy probe's output, token by token, for comparing engines.
+
+    ``tokens`` are the sampled tokens as the logprobs name them (the keys of
+    ``top_logprobs``); ``prompt_token_ids`` come with ``return_token_ids`` where the engine
+    gives them. A logprob the engine sent as ``null`` (vLLM's NaN) is NaN here.
+    """
 
     request_id: int
     prompt: str
@@ -625,6 +669,20 @@ class CorrectnessResult:
     top_logprobs: list[dict[str, float]] | None
     text: str
     error: str | None = None
+    tokens: list[str] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+def _json_or_text(response: httpx.Response) -> Any:
+    """The body as JSON, or its text when it is not JSON (an engine's plain 500 page)."""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text[:300]
+
+
+def _logprob(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else float("nan")
 
 
 async def run_correctness(
@@ -633,49 +691,216 @@ async def run_correctness(
     scenario: Correctness | None = None,
     seed: int = 0,
     client: httpx.AsyncClient | None = None,
+    concurrent: bool = False,
+    background: int = 0,
 ) -> list[CorrectnessResult]:
     """Send the greedy probes (non-streaming completions) and return what each produced.
 
     Non-streaming, so that the answer is one JSON document whose logprobs need no
     reassembly; ``return_token_ids`` is vLLM's (engines without it give ``token_ids=None``
-    and the comparison falls back to the logprob tokens' text).
+    and the comparison falls back to the logprob tokens' text). One probe at a time, or with
+    ``concurrent`` all at once, while ``background`` other requests are kept in flight (the
+    batch an engine under load computes them in).
     """
     scenario = scenario or Correctness()
-    out: list[CorrectnessResult] = []
-    async with _client_for(target, client) as http:
-        for req in scenario.requests(seed):
-            body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens}
-            body.update(req.extra)
-            body["stream"] = False
-            result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
+    requests = scenario.requests(seed)
+    width = (len(requests) if concurrent else 1) + background
+    async with (
+        _client_for(target, client, width) as http,
+        _background_load(http, target, background, scenario, seed),
+    ):
+        if concurrent:
+            return list(await asyncio.gather(*(_greedy_probe(http, target, r) for r in requests)))
+        return [await _greedy_probe(http, target, r) for r in requests]
+
+
+async def _greedy_probe(
+    http: httpx.AsyncClient, target: Target, req: RequestSpec
+) -> CorrectnessResult:
+    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens}
+    body.update(req.extra)
+    body["stream"] = False
+    result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
+    try:
+        response = await http.post(
+            _api_url(target, "completions"), json=body, timeout=target.timeout_s
+        )
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.status = response.status_code
+    obj = _json_or_text(response)
+    choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
+    if response.status_code != 200 or not isinstance(choice, dict):
+        result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
+        return result
+    result.text = choice.get("text") or ""
+    ids = choice.get("token_ids")
+    result.token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
+    prompt_ids = choice.get("prompt_token_ids")
+    if isinstance(prompt_ids, list) and all(isinstance(i, int) for i in prompt_ids):
+        result.prompt_token_ids = [int(i) for i in prompt_ids]
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        values = lp.get("token_logprobs")
+        if isinstance(values, list):
+            result.logprobs = [_logprob(v) for v in values]
+        tokens = lp.get("tokens")
+        if isinstance(tokens, list):
+            result.tokens = [str(t) for t in tokens]
+        tops = lp.get("top_logprobs")
+        if isinstance(tops, list):
+            result.top_logprobs = [
+                {str(k): _logprob(v) for k, v in t.items()} if isinstance(t, dict) else {}
+                for t in tops
+            ]
+    return result
+
+
+@contextlib.asynccontextmanager
+async def _background_load(
+    http: httpx.AsyncClient, target: Target, n: int, scenario: Correctness, seed: int
+) -> AsyncIterator[None]:
+    """Keep ``n`` generation requests in flight on ``target`` until the block ends."""
+    if n <= 0:
+        yield
+        return
+    prompts = synthetic_prompts(n, scenario.prompt_tokens, seed=seed + 104_729)
+    url = _api_url(target, "completions")
+
+    async def loop(prompt: str) -> None:
+        body = {
+            "model": target.model,
+            "prompt": prompt,
+            "max_tokens": scenario.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": False,
+        }
+        while True:
             try:
-                response = await http.post(
-                    _api_url(target, "completions"), json=body, timeout=target.timeout_s
-                )
-                result.status = response.status_code
-                obj = response.json()
-            except (httpx.HTTPError, ValueError) as exc:
-                result.error = f"{type(exc).__name__}: {exc}"
-                out.append(result)
-                continue
-            choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
-            if response.status_code != 200 or not isinstance(choice, dict):
-                result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
-                out.append(result)
-                continue
-            result.text = choice.get("text") or ""
-            ids = choice.get("token_ids")
-            result.token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
-            lp = choice.get("logprobs")
-            if isinstance(lp, dict):
-                values = lp.get("token_logprobs")
-                if isinstance(values, list):
-                    result.logprobs = [float(v) for v in values if isinstance(v, int | float)]
-                tops = lp.get("top_logprobs")
-                if isinstance(tops, list):
-                    result.top_logprobs = [dict(t) for t in tops if isinstance(t, dict)]
-            out.append(result)
-    return out
+                await http.post(url, json=body, timeout=target.timeout_s)
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)  # a refusing engine is not ours to hammer
+
+    tasks = [asyncio.create_task(loop(p)) for p in prompts]
+    try:
+        await asyncio.sleep(0)  # let the background requests leave first
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(slots=True)
+class ScoreResult:
+    """One engine's teacher-forced scores of a continuation: per continuation token, its
+    logprob and the engine's top-k {token id: logprob}.
+
+    ``supported`` is False when the engine does not do ``prompt_logprobs`` (it refused the
+    option or ignored it), as opposed to an engine that failed the request (``error``).
+    """
+
+    request_id: int
+    status: int | None
+    logprobs: list[float] | None = None
+    top: list[dict[int, float]] | None = None
+    error: str | None = None
+    supported: bool = True
+
+
+async def score_continuations(
+    target: Target,
+    items: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    top_logprobs: int = 5,
+    client: httpx.AsyncClient | None = None,
+    concurrent: bool = False,
+    background: int = 0,
+    scenario: Correctness | None = None,
+    seed: int = 0,
+) -> list[ScoreResult]:
+    """Teacher-forced scoring: for each (prompt token ids, continuation token ids), send the
+    concatenation as a token-id prompt with vLLM's ``prompt_logprobs`` and read back the
+    logprob and top-k of every continuation token. One at a time, or all at once beside
+    ``background`` other requests (as :func:`run_correctness`)."""
+    scenario = scenario or Correctness()
+    width = (len(items) if concurrent else 1) + background
+    async with (
+        _client_for(target, client, width) as http,
+        _background_load(http, target, background, scenario, seed),
+    ):
+        jobs = [(i, list(p), list(c)) for i, (p, c) in enumerate(items)]
+        if concurrent:
+            return list(
+                await asyncio.gather(*(_score(http, target, *j, top_logprobs) for j in jobs))
+            )
+        return [await _score(http, target, *j, top_logprobs) for j in jobs]
+
+
+async def _score(
+    http: httpx.AsyncClient,
+    target: Target,
+    request_id: int,
+    prompt: list[int],
+    continuation: list[int],
+    top_n: int,
+) -> ScoreResult:
+    body = {
+        "model": target.model,
+        "prompt": prompt + continuation,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": top_n,
+        "stream": False,
+    }
+    result = ScoreResult(request_id, None)
+    try:
+        response = await http.post(
+            _api_url(target, "completions"), json=body, timeout=target.timeout_s
+        )
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.status = response.status_code
+    obj = _json_or_text(response)
+    if response.status_code != 200 or not isinstance(obj, dict):
+        result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
+        # A clean 400 naming the option is an engine without it, not a broken engine.
+        result.supported = not (
+            response.status_code == 400 and "prompt_logprobs" in json.dumps(obj)[:2000]
+        )
+        return result
+    choice = (obj.get("choices") or [None])[0]
+    entries = choice.get("prompt_logprobs") if isinstance(choice, dict) else None
+    if entries is None:
+        entries = obj.get("prompt_logprobs")  # chat puts it beside the choices
+    if not isinstance(entries, list):
+        result.supported = False
+        result.error = "no prompt_logprobs in the response"
+        return result
+    if len(entries) != len(prompt) + len(continuation):
+        result.error = (
+            f"{len(entries)} prompt_logprobs entries for {len(prompt) + len(continuation)} "
+            "prompt tokens"
+        )
+        return result
+    logprobs: list[float] = []
+    top: list[dict[int, float]] = []
+    for token, entry in zip(continuation, entries[len(prompt) :], strict=True):
+        if not isinstance(entry, dict) or not isinstance(entry.get(str(token)), dict):
+            result.error = f"prompt_logprobs lacks the scored token {token}"
+            return result
+        logprobs.append(_logprob(entry[str(token)].get("logprob")))
+        ranked: dict[int, float] = {}
+        for key, value in entry.items():
+            rank = value.get("rank") if isinstance(value, dict) else None
+            if isinstance(rank, int) and rank <= top_n and str(key).lstrip("-").isdigit():
+                ranked[int(key)] = _logprob(value.get("logprob"))
+        top.append(ranked)
+    result.logprobs, result.top = logprobs, top
+    return result
 
 
 def first_divergence(a: CorrectnessResult, b: CorrectnessResult) -> int | None:

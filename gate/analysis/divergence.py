@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from scipy.special import comb
@@ -154,6 +155,11 @@ class DivergenceSamples:
     greedy: Sequence[GreedyPair] = field(default_factory=tuple)
     envelope_teacher: Sequence[TeacherForcedPair] = field(default_factory=tuple)
     envelope_greedy: Sequence[GreedyPair] = field(default_factory=tuple)
+    failures: Sequence[tuple[Literal["reference", "candidate"], str]] = field(default_factory=tuple)
+    """(engine, what went wrong) per probe an engine did not answer usably (an HTTP error,
+    a body without logprobs): such a prompt has no pair above. A candidate failure on a
+    prompt the reference answered is a hard fail (vLLM answers a NaN logprob with a 500);
+    a reference failure leaves the prompt uncompared, which is a lack of evidence."""
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,36 @@ def _check(
         samples=samples,
         alpha=alpha,
         message=message,
+    )
+
+
+def _answered_check(failures: Sequence[tuple[str, str]], compared: int) -> Check | None:
+    """Requests an engine failed: a hard fail for the candidate, inconclusive for the
+    reference (see DivergenceSamples.failures); None when every one was answered."""
+    cand = [m for role, m in failures if role == "candidate"]
+    ref = [m for role, m in failures if role == "reference"]
+    if not cand and not ref:
+        return None
+    if cand:
+        return _check(
+            "answered",
+            "fail",
+            f"The candidate failed {len(cand)} correctness request(s) (greedy probes or "
+            f"teacher-forced scoring) that the reference answered (first: {cand[0][:200]}); an "
+            "engine that cannot return its logprobs is held.",
+            reference=float(len(ref)),
+            candidate=float(len(cand)),
+            threshold=0.0,
+            samples=(compared, compared),
+        )
+    return _check(
+        "answered",
+        "inconclusive",
+        f"The reference failed {len(ref)} correctness request(s) (first: {ref[0][:200]}), so "
+        "those prompts could not be compared.",
+        reference=float(len(ref)),
+        threshold=0.0,
+        samples=(compared, compared),
     )
 
 
@@ -540,10 +576,13 @@ def divergence_checks(data: DivergenceSamples, policy: Policy, notes: list[str])
     env_teach = [teacher_stats(p, k) for p in data.envelope_teacher]
     greedy = [greedy_stats(p, k, dp.runaway_factor) for p in data.greedy]
     env_greedy = [greedy_stats(p, k, dp.runaway_factor) for p in data.envelope_greedy]
+    answered = _answered_check(data.failures, max(len(teach), len(greedy)))
     if not teach and not greedy:
-        return []
+        return [answered] if answered is not None else []
     n_prompts = max(len(teach), len(greedy))
     checks = _hard_checks(teach, greedy, env_greedy, policy, n_prompts)
+    if answered is not None:
+        checks.insert(0, answered)
     env_bad = sum(not s.finite for s in env_teach) + sum(not s.finite for s in env_greedy)
     if env_bad:
         notes.append(

@@ -165,11 +165,33 @@ def columns_from_records(
 
 def drop_warmup(cols: Columns, warmup_requests: int) -> Columns:
     """Discard the first requests of a scenario (by request id, the same ones on both arms)."""
-    keep = cols.request_id >= warmup_requests
+    return select_requests(cols, warmup_requests)
+
+
+def select_requests(cols: Columns, first: int, end: int | None = None) -> Columns:
+    """The requests with ``first <= request_id < end`` (end None: no upper bound).
+
+    By request id, i.e. by place in the schedule, so both arms keep the same requests: a
+    scenario stopped early is judged on the prefix of the schedule its last look saw.
+    """
+    keep = cols.request_id >= first
+    if end is not None:
+        keep &= cols.request_id < end
+    return take_requests(cols, keep)
+
+
+def take_requests(cols: Columns, keep: npt.NDArray[np.bool_]) -> Columns:
+    """The requests where `keep` is True, in order."""
     idx = np.nonzero(keep)[0]
-    gap_parts = [cols.gaps_ns[cols.gap_offsets[i] : cols.gap_offsets[i + 1]] for i in idx]
-    lens = np.array([p.size for p in gap_parts], np.int64)
+    starts, stops = cols.gap_offsets[idx], cols.gap_offsets[idx + 1]
+    lens = (stops - starts).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    if idx.size and lens.sum():
+        # Every kept request's gaps, in order, without a Python loop over requests.
+        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(offsets[:-1], lens)
+        gaps = cols.gaps_ns[np.repeat(starts, lens) + within]
+    else:
+        gaps = np.zeros(0, np.float64)
     return Columns(
         request_id=cols.request_id[keep],
         intended_ns=cols.intended_ns[keep],
@@ -181,10 +203,28 @@ def drop_warmup(cols: Columns, warmup_requests: int) -> Columns:
         output_tokens=cols.output_tokens[keep],
         itl_mean_ns=cols.itl_mean_ns[keep],
         gap_offsets=offsets,
-        gaps_ns=np.concatenate(gap_parts) if gap_parts else np.zeros(0, np.float64),
+        gaps_ns=gaps,
         phase=cols.phase[keep],
         bad_logprobs=cols.bad_logprobs[keep],
     )
+
+
+def concat_columns(parts: Sequence[Columns]) -> Columns:
+    """Several runs of requests as one (a live look appends each new batch of records)."""
+    if not parts:
+        return columns_from_records([], 0)
+    if len(parts) == 1:
+        return parts[0]
+    shifts = np.cumsum([0] + [int(p.gaps_ns.size) for p in parts[:-1]])
+    offsets = np.concatenate(
+        [[0]] + [p.gap_offsets[1:] + shift for p, shift in zip(parts, shifts, strict=True)]
+    ).astype(np.int64)
+    fields = {
+        k: np.concatenate([getattr(p, k) for p in parts])
+        for k in Columns.__slots__
+        if k != "gap_offsets"
+    }
+    return Columns(gap_offsets=offsets, **fields)
 
 
 def dumps(obj: Any) -> str:

@@ -16,13 +16,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.analysis.compat import ProbePair, ProbeResult
+from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.judge import judge
+from gate.analysis.load import OverloadPhase, PeakPhase
+from gate.analysis.plan import Plan
+from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.errors import EngineError, GateCancelled, GateError
@@ -42,8 +46,18 @@ from gate.reports.html import write_report
 from gate.reservations import leases
 from gate.reservations.allocator import Blocked, Placement
 from gate.reservations.inventory import load_inventory
+from gate.runs.judging import (
+    CorrectnessRun,
+    EarlyStop,
+    LiveLooks,
+    correctness_doc,
+    divergence_examples,
+    divergence_samples,
+    load_phases,
+    merge_divergence,
+)
 from gate.runs.progress import NullProgress, Progress
-from gate.runs.samples import Columns, columns_from_records, drop_warmup
+from gate.runs.samples import Columns, columns_from_records, select_requests
 from gate.spec import (
     MIXED_KUBERNETES_MESSAGE,
     EngineSpec,
@@ -134,6 +148,21 @@ class ScenarioResult:
     duration_s: float
     aborted: bool
     phases: list[tuple[str, float]] = field(default_factory=list)  # (name, start_s)
+    kind: Literal["load", "correctness"] = "load"  # correctness: probes, no load columns
+    planned: int | None = None  # requests per arm after the warm-up, when the plan has it
+    early_stop: EarlyStop | None = None  # judged on the prefix its last look saw
+    looks: int = 0
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """A load scenario's requests and when to send them (offsets, or a concurrency)."""
+
+    requests: Sequence[RequestSpec]
+    offsets: np.ndarray | None
+    concurrency: int | None
+    phases: PhasedSchedule | None
+    n: int
 
 
 class _LiveProgress:
@@ -190,6 +219,12 @@ class GateRunner:
         self.probes: list[ProbePair] = []
         self.probe_doc: list[dict[str, Any]] = []
         self.blocked: Blocked | None = None
+        self.plan: Plan | None = None  # fixed before the first scenario runs (_fix_plan)
+        self.plan_fixed = False
+        self.schedules: dict[str, _Schedule] = {}
+        self.run_notes: list[str] = []  # the run's own notes for the verdict document
+        self.correctness: list[CorrectnessRun] = []
+        self.divergence: list[DivergenceSamples] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -527,7 +562,12 @@ class GateRunner:
                 }
             )
 
-    async def _run_scenario(self, sc: ScenarioSpec) -> ScenarioResult:
+    def _schedule(self, sc: ScenarioSpec) -> _Schedule:
+        """A load scenario's requests and send times, built once (the plan needs every
+        scenario's size before the first one runs)."""
+        cached = self.schedules.get(sc.name)
+        if cached is not None:
+            return cached
         seed = self.spec.seed * 7_777 + self.spec.scenarios.index(sc)
         offsets: np.ndarray | None = None
         concurrency: int | None = None
@@ -558,16 +598,80 @@ class GateRunner:
             n = int(offsets.size)
         if sc.suite is None:
             reqs = LazyRequests(sc, seed=seed, length=n)
+        out = _Schedule(reqs, offsets, concurrency, phases, n)
+        self.schedules[sc.name] = out
+        return out
+
+    def _fix_plan(self) -> None:
+        """Fix every load scenario's checks, tunings and alphas before the first sample
+        (analysis/plan.py), from the schedules' sizes alone. Without a plan (a scenario whose
+        size is not known in advance) nothing stops early and the judge looks once, at the
+        end."""
+        if self.plan_fixed:
+            return
+        self.plan_fixed = True
+        warm = self.spec.policy.warmup_requests
+        sizes: dict[str, int] = {}
+        for sc in self.spec.scenarios:
+            if sc.is_probe:
+                continue
+            n = self._schedule(sc).n
+            if n >= CLOSED_LOOP_CAP:
+                self.run_notes.append(
+                    f"No early stop in this gate: {sc.name} runs closed loop for a duration, so "
+                    "its size is not known in advance; each scenario was judged once, at its end."
+                )
+                return
+            if n <= warm:
+                self.run_notes.append(
+                    f"No early stop in this gate: {sc.name} has {n} requests, none left after "
+                    f"the {warm}-request warm-up."
+                )
+                return
+            sizes[sc.name] = n - warm
+        if sizes:
+            self.plan = Plan.build(self.spec.policy, sizes)
+
+    def _looks(self, sc: ScenarioSpec, stop: asyncio.Event) -> LiveLooks | None:
+        if self.plan is None or sc.name not in self.plan.requests:
+            return None
+        policy = self.spec.policy
+
+        def stopped(early: EarlyStop) -> None:
+            self.gate_phase("early_stop", early.message)
+            stop.set()
+
+        return LiveLooks(
+            judge=SequentialJudge(self.plan),
+            scenario=sc.name,
+            warmup=policy.warmup_requests,
+            look_every=policy.look_every,
+            zero_ns=time.monotonic_ns(),
+            on_stop=stopped,
+            # Goodput, collapse and recovery are judged at the end; the looks do not see them,
+            # so such a scenario stops early only on a hold, which they could not undo.
+            hold_only=sc.suite in ("peak", "overload", "recovery"),
+        )
+
+    async def _run_scenario(self, sc: ScenarioSpec) -> ScenarioResult:
+        if sc.suite == "correctness":
+            return await self._run_correctness(sc)
+        self._fix_plan()
+        sched = self._schedule(sc)
+        n, phases = sched.n, sched.phases
         total = n if n < CLOSED_LOOP_CAP else 0
         self.gate_phase(f"scenario:{sc.name}", f"{n if total else 'open-ended'} requests")
         self.progress.scenario_started(sc.name, total * len(ROLES))
         stop = asyncio.Event()
+        looks = self._looks(sc, stop)
         done = 0
 
-        def on_record(_rec: RequestRecord) -> None:
+        def on_record(rec: RequestRecord) -> None:
             nonlocal done
             done += 1
             self.progress.request_done(sc.name, done, total * len(ROLES))
+            if looks is not None:
+                looks.add(rec)
 
         watcher = asyncio.create_task(self._watch(stop))
         timer: asyncio.TimerHandle | None = None
@@ -577,9 +681,9 @@ class GateRunner:
         try:
             result = await run_paired(
                 self._targets(sc.api),
-                reqs,
-                offsets_s=offsets,
-                concurrency=concurrency,
+                sched.requests,
+                offsets_s=sched.offsets,
+                concurrency=sched.concurrency,
                 on_record=on_record,
                 stop=stop,
             )
@@ -589,6 +693,8 @@ class GateRunner:
             if timer is not None:
                 timer.cancel()
             await watcher
+            if looks is not None:
+                await looks.close()
         duration = time.monotonic() - t0
         self._check_crashes()
         self.progress.scenario_finished(sc.name)
@@ -603,18 +709,95 @@ class GateRunner:
             if phases is not None
             else []
         )
-        return ScenarioResult(sc.name, columns, summaries, duration, aborted, marks)
+        return ScenarioResult(
+            sc.name,
+            columns,
+            summaries,
+            duration,
+            aborted,
+            marks,
+            planned=self.plan.requests.get(sc.name) if self.plan is not None else None,
+            early_stop=looks.stopped if looks is not None else None,
+            looks=looks.looks if looks is not None else 0,
+        )
+
+    async def _run_correctness(self, sc: ScenarioSpec) -> ScenarioResult:
+        """The correctness suite: greedy probes with logprobs on both engines, one at a time;
+        the same probes on the reference again, all at once beside `envelope_load` other
+        requests (the reference's own envelope, alone against under load); and, where the
+        engines do prompt_logprobs, the reference's continuations scored by both engines and
+        by the reference under load (teacher-forced). Judged in judging.divergence_samples."""
+        cfg = suite_catalogue.get("correctness", **sc.settings)
+        assert isinstance(cfg, suite_catalogue.Correctness)
+        seed = self.spec.seed * 7_777 + self.spec.scenarios.index(sc)
+        self.gate_phase(f"scenario:{sc.name}", f"{cfg.probes_count} correctness probes")
+        ref_t, cand_t = self._targets("completions")
+        t0 = time.monotonic()
+        ref, cand = await asyncio.gather(
+            suite_catalogue.run_correctness(ref_t, scenario=cfg, seed=seed),
+            suite_catalogue.run_correctness(cand_t, scenario=cfg, seed=seed),
+        )
+        loaded = await suite_catalogue.run_correctness(
+            ref_t, scenario=cfg, seed=seed, concurrent=True, background=cfg.envelope_load
+        )
+        run = CorrectnessRun(sc.name, cfg.max_tokens, ref, cand, loaded)
+        if cfg.teacher_forced:
+            run.scored = [i for i, r in enumerate(ref) if r.prompt_token_ids and r.token_ids]
+            items = [(ref[i].prompt_token_ids or [], ref[i].token_ids or []) for i in run.scored]
+            if items:
+                k = cfg.top_logprobs
+                s_ref, s_cand = await asyncio.gather(
+                    suite_catalogue.score_continuations(ref_t, items, top_logprobs=k),
+                    suite_catalogue.score_continuations(cand_t, items, top_logprobs=k),
+                )
+                s_load = await suite_catalogue.score_continuations(
+                    ref_t,
+                    items,
+                    top_logprobs=k,
+                    concurrent=True,
+                    background=cfg.envelope_load,
+                    scenario=cfg,
+                    seed=seed,
+                )
+                run.scores = {"reference": s_ref, "candidate": s_cand, "loaded": s_load}
+            elif any(r.error is None for r in ref):
+                self.run_notes.append(
+                    f"Teacher-forced scoring in {sc.name} skipped: the reference returns no "
+                    "prompt and output token ids (vLLM's return_token_ids); free-run greedy only."
+                )
+        self._check_crashes()
+        self.correctness.append(run)
+        self.divergence.append(divergence_samples(run, self.run_notes))
+        empty = columns_from_records([], 0)
+        return ScenarioResult(
+            sc.name,
+            dict.fromkeys(ROLES, empty),
+            {role: {} for role in ROLES},
+            time.monotonic() - t0,
+            bool(self.crashes),
+            kind="correctness",
+        )
 
     def _judge(self) -> Verdict:
+        """The verdict on everything the run fed: under the plan the looks used, so a scenario
+        stopped early is judged on exactly the prefix its last look saw (the same sequences
+        give the same decisions; judging.py); load phases; the correctness suite's pairs."""
         warm = self.spec.policy.warmup_requests
-        scenarios = [
-            ScenarioSamples(
-                name=r.name,
-                reference=drop_warmup(r.columns["reference"], warm).to_arm(),
-                candidate=drop_warmup(r.columns["candidate"], warm).to_arm(),
-            )
-            for r in self.results
-        ]
+        specs = {s.name: s for s in self.spec.scenarios}
+        scenarios: list[ScenarioSamples] = []
+        peaks: list[PeakPhase] = []
+        overloads: list[OverloadPhase] = []
+        for r in self.results:
+            if r.kind != "load":
+                continue
+            upto = r.early_stop.upto if r.early_stop is not None else None
+            ref = select_requests(r.columns["reference"], warm, upto)
+            cand = select_requests(r.columns["candidate"], warm, upto)
+            scenarios.append(ScenarioSamples(r.name, ref.to_arm(), cand.to_arm()))
+            sc = specs[r.name]
+            p, o = load_phases(r.name, sc.suite, sc.settings, ref, cand, r.phases)
+            peaks.extend(p)
+            overloads.extend(o)
         facts = []
         for role in ROLES:
             eng = self.engines[role]
@@ -629,7 +812,16 @@ class GateRunner:
                     phases=_phase_durations(eng.phases.reached) if ready is not None else {},
                 )
             )
-        return judge(scenarios, facts, self.spec.policy, probes=self.probes)
+        return judge(
+            scenarios,
+            facts,
+            self.spec.policy,
+            plan=self.plan,
+            peaks=peaks,
+            overloads=overloads,
+            probes=self.probes,
+            divergence=merge_divergence(self.divergence),
+        )
 
     async def _teardown(self, state: str) -> None:
         for role in ROLES:
@@ -663,6 +855,8 @@ class GateRunner:
             checks = vdict["checks"]
             reasons = [{"check": c["id"], "message": c["message"]} for c in vdict["reasons"]]
             notes = list(vdict.get("notes", []))
+            notes += [r.early_stop.message for r in self.results if r.early_stop is not None]
+            notes += self.run_notes
             exit_code = 0 if decision == "continue" else EXIT_HOLD
         else:
             assert error is not None
@@ -671,6 +865,7 @@ class GateRunner:
             reasons = [{"check": f"gate.{error.code}", "message": error.message}]
             notes = ["The gate could not finish, so it cannot vouch for the candidate: hold."]
             exit_code = EXIT_INTERRUPTED if state == "cancelled" else EXIT_ERROR
+        loads = [r for r in self.results if r.kind == "load"]
         document: dict[str, Any] = {
             "gate_id": self.gate_id,
             "name": self.spec.name,
@@ -693,10 +888,20 @@ class GateRunner:
                     "phases": [{"name": n, "start_s": round(s, 3)} for n, s in r.phases],
                     "reference": r.summaries["reference"],
                     "candidate": r.summaries["candidate"],
+                    "planned_requests": r.planned,
+                    "looks": r.looks,
+                    "early_stop": r.early_stop.to_doc() if r.early_stop is not None else None,
                 }
-                for r in self.results
+                for r in loads
             ],
             "probes": self.probe_doc,
+            "correctness": [
+                correctness_doc(run, data)
+                for run, data in zip(self.correctness, self.divergence, strict=True)
+            ],
+            "divergence_examples": [
+                ex for run in self.correctness for ex in divergence_examples(run, self.spec.policy)
+            ][:5],
             "started_at": self.started.isoformat(),
             "finished_at": finished.isoformat(),
             "duration_s": round(self.clock.now_s(), 3),
@@ -704,7 +909,7 @@ class GateRunner:
         }
         write_report(
             document,
-            {r.name: r.columns for r in self.results},
+            {r.name: r.columns for r in loads},
             report_path,
             warmup=self.spec.policy.warmup_requests,
         )
@@ -803,6 +1008,8 @@ class GateRunner:
             run.report_path = report
             run.finished_at = finished
             for r in self.results:
+                if r.kind != "load":
+                    continue  # correctness probes are on the document, not request columns
                 for role in ROLES:
                     cols = r.columns[role]
                     s.add(

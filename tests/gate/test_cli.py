@@ -381,10 +381,11 @@ def test_a_candidate_that_breaks_streaming_fails_compatibility(tmp_path: Path, t
     assert failed, doc["reasons"]
 
 
-def test_correctness_suite_is_refused_until_wired(tmp_path: Path) -> None:
+def test_correctness_suite_settings_are_validated(tmp_path: Path) -> None:
     p = spec(tmp_path, {"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"})
     doc_spec = yaml.safe_load(p.read_text())
-    doc_spec["scenarios"] = [{"suite": "correctness"}]
+    doc_spec["scenarios"] = [{"suite": "correctness", "probes": 8, "top_logprobs": 50}]
     p.write_text(yaml.safe_dump(doc_spec))
     out = gate(tmp_path, "run", str(p))
-    assert out.returncode == 2 and "scenarios[0].suite" in out.stderr
+    assert out.returncode == 2
+    assert "scenarios[0].probes" in out.stderr and "probes_count" in out.stderr

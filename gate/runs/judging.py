@@ -1,0 +1,435 @@
+"""What a gate run feeds the judge beyond each scenario's samples: live looks that stop a
+scenario early, the load phases of peak, overload and recovery scenarios, and the numerical
+divergence of the correctness suite.
+
+Live looks (`LiveLooks`): a `SequentialJudge` under the gate's `Plan` looks at the prefix of the
+schedule that both engines have finished, every `look_every` requests per arm. A prefix by
+request id, not whatever has come back: the requests still in flight at a look are the slow
+ones, and judging only the finished ones would flatter the slower engine. Every sequence of the
+plan holds at every prefix at once, so the gate may act on any look; when one says the
+scenario's verdict cannot change (a check failed, or every check is decided) the scenario stops,
+and the final judge is given exactly that prefix, so the verdict is the look's (plus estimate
+intervals), never a fixed-sample test run again after an optional stop. Records are turned into
+columns in batches and the look runs in a worker thread: the event loop only files records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from gate.analysis.divergence import (
+    DivergenceSamples,
+    GreedyPair,
+    GreedyRun,
+    Scored,
+    TeacherForcedPair,
+    Token,
+    greedy_stats,
+)
+from gate.analysis.load import OverloadPhase, PeakPhase, RequestLog, Slo
+from gate.analysis.policy import Policy
+from gate.analysis.sequential import Look, SequentialJudge
+from gate.runs.samples import (
+    ERROR_KINDS,
+    Columns,
+    columns_from_records,
+    concat_columns,
+    select_requests,
+    take_requests,
+)
+from loadgen import suite as catalogue
+from loadgen.records import RequestRecord
+
+ROLES = ("reference", "candidate")
+MAX_EXAMPLES = 5
+_EXAMPLE_TOKENS = 64
+
+
+# --------------------------------------------------------------------------- early stop
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """A scenario stopped before its planned end: judged on the schedule's first `upto`
+    requests (`requests` per arm after the warm-up) because of `checks`."""
+
+    scenario: str
+    requests: int
+    planned: int
+    upto: int
+    reason: Literal["hold", "decided"]
+    checks: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        at = f"{self.requests} of {self.planned} planned requests per arm"
+        if self.reason == "hold":
+            return (
+                f"{self.scenario} stopped early at {at}: {', '.join(self.checks)} failed, and no "
+                "more samples could turn the hold into a continue."
+            )
+        return (
+            f"{self.scenario} stopped early at {at}: every check was decided, so more samples "
+            "could not change its verdict."
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "planned": self.planned,
+            "reason": self.reason,
+            "checks": list(self.checks),
+            "message": self.message,
+        }
+
+
+@dataclass
+class LiveLooks:
+    """Looks at one running scenario (module docstring); `add` is the run's record callback.
+
+    hold_only: stop only on a failed check (scenarios whose load checks, judged at the end, the
+    looks do not see); on_stop: called once, on the event loop, when the scenario may stop.
+    """
+
+    judge: SequentialJudge
+    scenario: str
+    warmup: int
+    look_every: int
+    zero_ns: int
+    on_stop: Callable[[EarlyStop], None]
+    hold_only: bool = False
+    looks: int = 0
+    stopped: EarlyStop | None = None
+    last: Look | None = None
+    _next: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
+    _pending: dict[str, dict[int, RequestRecord]] = field(
+        default_factory=lambda: {r: {} for r in ROLES}
+    )
+    _ready: dict[str, list[RequestRecord]] = field(default_factory=lambda: {r: [] for r in ROLES})
+    _cols: dict[str, list[Columns]] = field(default_factory=lambda: {r: [] for r in ROLES})
+    _due: int = 0
+    _task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self._due = self.look_every
+
+    @property
+    def planned(self) -> int:
+        return int(self.judge.plan.requests[self.scenario])
+
+    def add(self, rec: RequestRecord) -> None:
+        role = rec.target
+        if role not in self._next or self.stopped is not None:
+            return
+        pending = self._pending[role]
+        pending[rec.request_id] = rec
+        nxt = self._next[role]
+        while nxt in pending:
+            self._ready[role].append(pending.pop(nxt))
+            nxt += 1
+        self._next[role] = nxt
+        upto = min(self._next.values())
+        judged = upto - self.warmup
+        if judged < self._due or self._task is not None:
+            return
+        self._due = (judged // self.look_every + 1) * self.look_every
+        batches = {}
+        for r in ROLES:
+            ready = self._ready[r]
+            take = upto - (self._next[r] - len(ready))
+            batches[r], self._ready[r] = ready[:take], ready[take:]
+        self._task = asyncio.create_task(self._look(batches, upto))
+
+    async def _look(self, batches: Mapping[str, list[RequestRecord]], upto: int) -> None:
+        try:
+            look = await asyncio.to_thread(self._compute, batches)
+        finally:
+            self._task = None
+        self.looks += 1
+        self.last = look
+        if self.stopped is not None or look.at_limit or not look.stop:
+            return
+        if self.hold_only and not look.hold:
+            return
+        failed = tuple(c.id for c in look.checks if c.decision == "fail")
+        self.stopped = EarlyStop(
+            scenario=self.scenario,
+            requests=min(look.samples),
+            planned=look.planned,
+            upto=upto,
+            reason="hold" if look.hold else "decided",
+            checks=failed if look.hold else tuple(c.id for c in look.checks),
+        )
+        self.on_stop(self.stopped)
+
+    def _compute(self, batches: Mapping[str, list[RequestRecord]]) -> Look:
+        arms = {}
+        for role in ROLES:
+            parts = self._cols[role]
+            parts.append(columns_from_records(batches[role], self.zero_ns))
+            whole = concat_columns(parts)
+            self._cols[role] = [whole]
+            arms[role] = select_requests(whole, self.warmup).to_arm()
+        return self.judge.look(self.scenario, arms["reference"], arms["candidate"])
+
+    async def close(self) -> None:
+        """The scenario ended: a look still running decides nothing any more."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+# --------------------------------------------------------------------------- load phases
+
+
+def request_log(cols: Columns) -> RequestLog:
+    """One engine's requests as the load checks read them; send times are the schedule's
+    (identical on both arms), so windows cut both engines at the same requests."""
+    ok = cols.ok
+    sent = cols.sent_ns.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ttft = np.where(ok & (cols.first_token_ns >= 0), (cols.first_token_ns - sent) / 1e6, np.nan)
+        e2e = np.where(cols.end_ns >= 0, (cols.end_ns - sent) / 1e6, np.nan)
+    return RequestLog(
+        sent_s=cols.intended_ns / 1e9,
+        ttft_ms=ttft,
+        itl_ms=np.where(ok, cols.itl_mean_ns / 1e6, np.nan),
+        e2e_ms=e2e,
+        status=cols.status,
+        error=tuple(None if e < 0 else ERROR_KINDS[int(e)] for e in cols.error),
+    )
+
+
+def _paired(reference: Columns, candidate: Columns) -> tuple[Columns, Columns]:
+    """Both arms cut to the requests both have (a stopped run may miss some on one side)."""
+    common = np.intersect1d(reference.request_id, candidate.request_id)
+    out = []
+    for cols in (reference, candidate):
+        out.append(_subset(cols, np.isin(cols.request_id, common)))
+    return out[0], out[1]
+
+
+def _subset(cols: Columns, keep: np.ndarray) -> Columns:
+    return cols if bool(keep.all()) else take_requests(cols, keep)
+
+
+def load_phases(
+    name: str,
+    suite: str | None,
+    settings: Mapping[str, Any],
+    reference: Columns,
+    candidate: Columns,
+    marks: Sequence[tuple[str, float]],
+) -> tuple[list[PeakPhase], list[OverloadPhase]]:
+    """The peak or overload phase of a suite scenario (warm-up already dropped), else none.
+
+    peak: the whole scenario, goodput under the suite's SLOs. overload and recovery: the
+    overload window from the schedule's phases; a ramp into it is left out (neither the level
+    before the overload nor the overload itself).
+    """
+    if suite not in ("peak", "overload", "recovery"):
+        return [], []
+    ref, cand = _paired(reference, candidate)
+    if suite == "peak":
+        cfg = catalogue.get("peak", **settings)
+        assert isinstance(cfg, catalogue.Peak)
+        slo = Slo(ttft_ms=cfg.slo_ttft_ms, itl_ms=cfg.slo_itl_ms, e2e_ms=cfg.slo_e2e_ms)
+        return [PeakPhase(name, request_log(ref), request_log(cand), slo)], []
+    cfg_o = catalogue.get(suite, **settings)
+    assert isinstance(cfg_o, catalogue.Overload)
+    names = [n for n, _ in marks]
+    if "overload" not in names:
+        return [], []
+    i = names.index("overload")
+    start = marks[i][1]
+    end = start + cfg_o.overload_s
+    if "ramp" in names:
+        ramp = names.index("ramp")
+        ref = _subset(ref, ref.phase != ramp)
+        cand = _subset(cand, cand.phase != ramp)
+    return [], [OverloadPhase(name, request_log(ref), request_log(cand), start, end)]
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+@dataclass
+class CorrectnessRun:
+    """What the correctness suite brought back from one scenario: greedy probes on both
+    engines (one at a time) and on the reference again under load, and, where run, the
+    teacher-forced scores of the reference's continuations (`scored`: the probe indices)."""
+
+    name: str
+    max_tokens: int
+    reference: list[catalogue.CorrectnessResult]
+    candidate: list[catalogue.CorrectnessResult]
+    reference_loaded: list[catalogue.CorrectnessResult]
+    scored: list[int] = field(default_factory=list)
+    scores: dict[str, list[catalogue.ScoreResult]] = field(default_factory=dict)
+
+
+def _greedy(result: catalogue.CorrectnessResult, max_tokens: int) -> GreedyRun | str:
+    """The probe as a greedy run, or what makes it unusable."""
+    if result.error is not None:
+        return result.error
+    tokens, lps, tops = result.tokens, result.logprobs, result.top_logprobs
+    if tokens is None or lps is None or tops is None:
+        return f"HTTP {result.status}: the answer has no logprobs"
+    if not len(tokens) == len(lps) == len(tops):
+        return (
+            f"HTTP {result.status}: {len(tokens)} tokens but {len(lps)} logprobs and "
+            f"{len(tops)} top-k entries"
+        )
+    return GreedyRun(tokens, lps, cast("list[Mapping[Token, float]]", tops), max_tokens=max_tokens)
+
+
+def _scored(score: catalogue.ScoreResult) -> Scored | str:
+    if score.error is not None or score.logprobs is None or score.top is None:
+        return score.error or "no scores"
+    return Scored(score.logprobs, cast("list[Mapping[Token, float]]", score.top))
+
+
+def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSamples:
+    """Candidate pairs (reference vs candidate) and envelope pairs (reference alone vs the
+    reference under load), free-run greedy and teacher-forced, plus every probe an engine
+    could not answer."""
+    failures: list[tuple[Literal["reference", "candidate"], str]] = []
+    greedy: list[GreedyPair] = []
+    env_greedy: list[GreedyPair] = []
+    usable_ref: set[int] = set()
+    for i, (r, c, rl) in enumerate(
+        zip(run.reference, run.candidate, run.reference_loaded, strict=True)
+    ):
+        a = _greedy(r, run.max_tokens)
+        if isinstance(a, str):
+            failures.append(("reference", a))
+            continue
+        usable_ref.add(i)
+        b = _greedy(c, run.max_tokens)
+        if isinstance(b, str):
+            failures.append(("candidate", b))
+        else:
+            greedy.append(GreedyPair(a, b))
+        e = _greedy(rl, run.max_tokens)
+        if isinstance(e, str):
+            failures.append(("reference", f"under load: {e}"))
+        else:
+            env_greedy.append(GreedyPair(a, e))
+    teacher: list[TeacherForcedPair] = []
+    env_teacher: list[TeacherForcedPair] = []
+    if run.scores:
+        s_ref, s_cand, s_load = (run.scores[k] for k in ("reference", "candidate", "loaded"))
+        unsupported = [
+            role
+            for role, scores in (("reference", s_ref), ("candidate", s_cand))
+            if scores and not any(s.supported for s in scores)
+        ]
+        if unsupported:
+            notes.append(
+                f"Teacher-forced scoring in {run.name} skipped: the {' and '.join(unsupported)} "
+                "does not support prompt_logprobs; free-run greedy only."
+            )
+        else:
+            for j, i in enumerate(run.scored):
+                if i not in usable_ref:
+                    continue
+                ids = run.reference[i].token_ids or []
+                sa = _scored(s_ref[j])
+                if isinstance(sa, str):
+                    failures.append(("reference", f"teacher-forced scoring: {sa}"))
+                    continue
+                sb = _scored(s_cand[j])
+                if isinstance(sb, str):
+                    failures.append(("candidate", f"teacher-forced scoring: {sb}"))
+                else:
+                    teacher.append(TeacherForcedPair(ids, sa, sb))
+                se = _scored(s_load[j])
+                if isinstance(se, str):
+                    failures.append(("reference", f"teacher-forced scoring under load: {se}"))
+                else:
+                    env_teacher.append(TeacherForcedPair(ids, sa, se))
+    return DivergenceSamples(
+        teacher=teacher,
+        greedy=greedy,
+        envelope_teacher=env_teacher,
+        envelope_greedy=env_greedy,
+        failures=failures,
+    )
+
+
+def merge_divergence(parts: Sequence[DivergenceSamples]) -> DivergenceSamples | None:
+    """Several correctness scenarios judged as one set of prompts."""
+    if not parts:
+        return None
+    return DivergenceSamples(
+        teacher=[p for d in parts for p in d.teacher],
+        greedy=[p for d in parts for p in d.greedy],
+        envelope_teacher=[p for d in parts for p in d.envelope_teacher],
+        envelope_greedy=[p for d in parts for p in d.envelope_greedy],
+        failures=[f for d in parts for f in d.failures],
+    )
+
+
+def divergence_examples(
+    run: CorrectnessRun, policy: Policy, limit: int = MAX_EXAMPLES
+) -> list[dict[str, Any]]:
+    """The greedy outputs where the candidate left the reference, worst first (a token
+    outside the reference's top-k, then the largest margin): what a person looks at first."""
+    dp = policy.divergence
+    found: list[tuple[float, dict[str, Any]]] = []
+    for r, c in zip(run.reference, run.candidate, strict=True):
+        a, b = _greedy(r, run.max_tokens), _greedy(c, run.max_tokens)
+        if isinstance(a, str) or isinstance(b, str):
+            continue
+        st = greedy_stats(GreedyPair(a, b), dp.top_k, dp.runaway_factor)
+        if st.first_divergence is None:
+            continue
+        margin = None if st.margin is None or not math.isfinite(st.margin) else st.margin
+        worst = math.inf if st.outside_top_k else (margin if margin is not None else -1.0)
+        found.append(
+            (
+                worst,
+                {
+                    "prompt": r.prompt,
+                    "reference_tokens": [str(t) for t in a.token_ids[:_EXAMPLE_TOKENS]],
+                    "candidate_tokens": [str(t) for t in b.token_ids[:_EXAMPLE_TOKENS]],
+                    "index": st.first_divergence,
+                    "margin": round(margin, 4) if margin is not None else None,
+                    "outside_top_k": st.outside_top_k,
+                    "scenario": run.name,
+                },
+            )
+        )
+    found.sort(key=lambda kv: -kv[0])
+    return [doc for _, doc in found[:limit]]
+
+
+def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> dict[str, Any]:
+    """A correctness scenario's summary for the verdict document."""
+
+    def answered(results: Sequence[catalogue.CorrectnessResult]) -> int:
+        return sum(not isinstance(_greedy(x, run.max_tokens), str) for x in results)
+
+    exact = sum(p.a.token_ids == p.b.token_ids for p in data.greedy)
+    return {
+        "name": run.name,
+        "probes": len(run.reference),
+        "answered": {
+            "reference": answered(run.reference),
+            "candidate": answered(run.candidate),
+            "reference_under_load": answered(run.reference_loaded),
+        },
+        "exact_matches": exact,
+        "envelope_exact_matches": sum(p.a.token_ids == p.b.token_ids for p in data.envelope_greedy),
+        "teacher_forced": len(data.teacher),
+        "failures": [{"engine": role, "message": m[:300]} for role, m in data.failures[:20]],
+    }
