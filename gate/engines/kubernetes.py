@@ -770,21 +770,23 @@ class KubernetesEngine:
         while True:
             await self._poll_once()
             pods = self._pods
-            failure = pull_failure(pods)
-            if failure is not None:
-                raise EngineError(self.role, "image_pulled", f"{failure} during image_pulled")
-            failure = start_failure(pods)
-            if failure is not None:
-                raise EngineError(self.role, "started", f"{failure} during started")
+            # Each phase a poll shows is marked before a failure it also shows ends the start:
+            # one poll can see pods bound to their nodes and already failing to pull.
             reached = self.phases.reached
             if "pods_scheduled" not in reached and all_scheduled(pods, n):
                 self.phases.mark("pods_scheduled", ", ".join(f"{p.name}@{p.node}" for p in pods))
+            failure = pull_failure(pods)
+            if failure is not None:
+                raise EngineError(self.role, "image_pulled", f"{failure} during image_pulled")
             if (
                 "pods_scheduled" in reached
                 and "image_pulled" not in reached
                 and all_pulled(pods, n)
             ):
                 self.phases.mark("image_pulled", self.workload.image)
+            failure = start_failure(pods)
+            if failure is not None:
+                raise EngineError(self.role, "started", f"{failure} during started")
             if "image_pulled" in reached and "started" not in reached and all_running(pods, n):
                 self.phases.mark("started")
             # After marking: a container that crash-loops did pull its image and did start.

@@ -23,14 +23,17 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 import urllib3
 from kubernetes import client
+from kubernetes.client import rest
 
 Handler = Callable[[str, str, dict[str, list[str]], Any], tuple[int, Any]]
 Key = tuple[str, str, str]  # (resource: "pods" or "group/plural", namespace, name)
@@ -56,6 +59,7 @@ class Call:
     path: str
     query: dict[str, list[str]]
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -70,6 +74,7 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+_CLUSTER = re.compile(r"^/api/v1/(nodes|pods)(?:/([^/]+))?$")  # nodes; pods of all namespaces
 _CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?(?:/(log|status))?$")
 _GROUP = re.compile(
     r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?(?:/(status))?$"
@@ -125,7 +130,7 @@ class ObjectStore:
         """Store a new object as the API server would (also for objects a controller makes)."""
         with self.lock:
             meta = obj.setdefault("metadata", {})
-            key = (resource, meta["namespace"], meta["name"])
+            key = (resource, meta.get("namespace", ""), meta["name"])  # "": cluster-scoped
             if key in self.objects:
                 raise KeyError(key)
             meta["uid"] = str(uuid.uuid4())
@@ -185,6 +190,9 @@ class ObjectStore:
     def handle(
         self, method: str, path: str, query: dict[str, list[str]], body: Any
     ) -> tuple[int, Any] | None:
+        c = _CLUSTER.match(path)
+        if c and method == "GET":
+            return self._cluster_get(c.group(1), c.group(2), query)
         m = _CORE.match(path)
         if m:
             ns, plural, name, sub = m.groups()
@@ -235,6 +243,37 @@ class ObjectStore:
             gone["metadata"]["deletionTimestamp"] = _now()
             return 200, gone
         return None
+
+    def _cluster_get(
+        self, plural: str, name: str | None, query: dict[str, list[str]]
+    ) -> tuple[int, Any]:
+        """Nodes (cluster-scoped, stored with namespace "") or pods of every namespace."""
+        if name is not None:
+            obj = self.get(plural, "", name) if plural == "nodes" else None
+            return (200, obj) if obj is not None else self._missing(plural, name)
+        for hook in self.on_list.get(plural, []):
+            hook(self)
+        selector = query.get("labelSelector", [""])[0]
+        not_phases = {
+            t.split("!=", 1)[1]
+            for t in query.get("fieldSelector", [""])[0].split(",")
+            if t.startswith("status.phase!=")
+        }
+        with self.lock:
+            items = [
+                json.loads(json.dumps(o))
+                for o in self.items(plural)
+                if _matches(o["metadata"].get("labels") or {}, selector)
+                and (o.get("status") or {}).get("phase") not in not_phases
+            ]
+            rv = str(next(self._rv))
+        kind = "NodeList" if plural == "nodes" else "PodList"
+        return 200, {
+            "apiVersion": "v1",
+            "kind": kind,
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
 
     def _missing(self, resource: str, name: str) -> tuple[int, Any]:
         plural = resource.rsplit("/", 1)[-1]
@@ -313,7 +352,7 @@ class FakeKubernetes:
         parsed = json.loads(body) if isinstance(body, (str, bytes)) and body else body
         query = parse_qs(parts.query)
         self.requests.append((method, parts.path, parsed))
-        self.calls.append(Call(method, parts.path, query, parsed))
+        self.calls.append(Call(method, parts.path, query, parsed, dict(kw.get("headers") or {})))
         for m, rx, handler in self.routes:
             if m == method and rx.match(parts.path):
                 status_code, payload = handler(method, parts.path, query, parsed)
@@ -324,12 +363,56 @@ class FakeKubernetes:
                 return _response(*answer)
         return _response(404, status(404, "NotFound", f"{parts.path} not found"))
 
+    def clear(self) -> None:
+        """urllib3.PoolManager.clear, which ApiClient.close calls: nothing to close here."""
+
     def api_client(self) -> client.ApiClient:
         cfg = client.Configuration()
         cfg.host = "https://fake-apiserver.invalid"
         api = client.ApiClient(cfg)
         api.rest_client.pool_manager = self  # type: ignore[assignment]
         return api
+
+    def intercept(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Every client the code under test builds itself (from a kubeconfig, in-cluster)
+        sends its requests here instead of to the network, for the rest of the test."""
+        original = rest.RESTClientObject.__init__
+        fake = self
+
+        def init(obj: rest.RESTClientObject, *args: Any, **kw: Any) -> None:
+            original(obj, *args, **kw)
+            obj.pool_manager = fake  # type: ignore[assignment]
+
+        monkeypatch.setattr(rest.RESTClientObject, "__init__", init)
+
+
+def write_kubeconfig(
+    path: Path, *, cluster: str = "h200-prod", token: str = "gate-token", namespace: str = "default"
+) -> Path:
+    """A kubeconfig with one context, `gate@<cluster>`, whose server is the fake's address."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": cluster,
+                "cluster": {
+                    "server": "https://fake-apiserver.invalid",
+                    "insecure-skip-tls-verify": True,
+                },
+            }
+        ],
+        "users": [{"name": "gate", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": f"gate@{cluster}",
+                "context": {"cluster": cluster, "user": "gate", "namespace": namespace},
+            }
+        ],
+        "current-context": f"gate@{cluster}",
+    }
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
 
 
 def _response(status: int, payload: Any) -> urllib3.HTTPResponse:
@@ -345,3 +428,190 @@ def _response(status: int, payload: Any) -> urllib3.HTTPResponse:
         preload_content=True,
         reason="OK" if status < 400 else "Error",
     )
+
+
+# -- the controllers a cluster runs: LeaderWorkerSet and the kubelet ---------------------------
+
+LWS = "leaderworkerset.x-k8s.io/leaderworkersets"
+
+
+def pinned_nodes(pod: dict[str, Any]) -> list[str]:
+    """The nodes a rendered pod's required node affinity allows."""
+    aff = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return list(aff["nodeSelectorTerms"][0]["matchExpressions"][0]["values"])
+
+
+def lws_controller(store: ObjectStore, lws: dict[str, Any]) -> None:
+    """What the LWS controller (and its StatefulSets) make of one group: the leader
+    `<name>-0` and workers `<name>-0-<i>`, owned by the LWS."""
+    meta, lwt = lws["metadata"], lws["spec"]["leaderWorkerTemplate"]
+    owner = {
+        "apiVersion": lws["apiVersion"],
+        "kind": "LeaderWorkerSet",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
+    names = [f"{meta['name']}-0"] + [f"{meta['name']}-0-{i}" for i in range(1, lwt["size"])]
+    for i, name in enumerate(names):
+        template = lwt["leaderTemplate" if i == 0 else "workerTemplate"]
+        labels = {
+            **template["metadata"]["labels"],
+            "leaderworkerset.sigs.k8s.io/name": meta["name"],
+        }
+        store.create(
+            "pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": meta["namespace"],
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },
+                "spec": json.loads(json.dumps(template["spec"])),
+            },
+        )
+
+
+def container_status(
+    image: str,
+    *,
+    waiting: str | None = None,
+    message: str | None = None,
+    running: bool = False,
+    restarts: int = 0,
+    last: tuple[str, int] | None = None,
+) -> client.V1ContainerStatus:
+    state = client.V1ContainerState(
+        waiting=client.V1ContainerStateWaiting(reason=waiting, message=message)
+        if waiting
+        else None,
+        running=client.V1ContainerStateRunning(started_at=datetime.now(UTC)) if running else None,
+    )
+    last_state = None
+    if last is not None:
+        last_state = client.V1ContainerState(
+            terminated=client.V1ContainerStateTerminated(reason=last[0], exit_code=last[1])
+        )
+    pulling = waiting in ("ContainerCreating", "ErrImagePull", "ImagePullBackOff")
+    return client.V1ContainerStatus(
+        name="engine",
+        image=image,
+        image_id="" if pulling else f"{image}@sha256:ab",
+        ready=running,
+        restart_count=restarts,
+        started=running,
+        state=state,
+        last_state=last_state,
+    )
+
+
+def scheduled(ok: bool, message: str = "") -> client.V1PodCondition:
+    if ok:
+        return client.V1PodCondition(type="PodScheduled", status="True")
+    return client.V1PodCondition(
+        type="PodScheduled", status="False", reason="Unschedulable", message=message
+    )
+
+
+def _pending(image: str, waiting: str, message: str | None = None) -> client.V1PodStatus:
+    return client.V1PodStatus(
+        phase="Pending",
+        conditions=[scheduled(True)],
+        container_statuses=[container_status(image, waiting=waiting, message=message)],
+    )
+
+
+def _running(image: str, **kw: Any) -> client.V1PodStatus:
+    return client.V1PodStatus(
+        phase="Running",
+        conditions=[scheduled(True)],
+        container_statuses=[container_status(image, **kw)],
+    )
+
+
+UNSCHEDULABLE = (
+    "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are "
+    "available: 4 No preemption victims found for incoming pod."
+)
+# Each stage: the pod status the kubelet reports (built from the client's own models, for the
+# pod's image), and whether the pod is bound to its node.
+STAGES: dict[str, tuple[Callable[[str], client.V1PodStatus], bool]] = {
+    "pending": (lambda image: client.V1PodStatus(phase="Pending"), False),
+    "unschedulable": (
+        lambda image: client.V1PodStatus(
+            phase="Pending", conditions=[scheduled(False, UNSCHEDULABLE)]
+        ),
+        False,
+    ),
+    "creating": (lambda image: _pending(image, "ContainerCreating"), True),
+    "pull_failed": (
+        lambda image: _pending(
+            image, "ErrImagePull", f'failed to pull and unpack image "{image}": not found'
+        ),
+        True,
+    ),
+    "pull_backoff": (
+        lambda image: _pending(image, "ImagePullBackOff", f'Back-off pulling image "{image}"'),
+        True,
+    ),
+    "config_error": (
+        lambda image: _pending(image, "CreateContainerConfigError", 'secret "hf" not found'),
+        True,
+    ),
+    "crashloop": (
+        lambda image: _running(image, waiting="CrashLoopBackOff", restarts=1, last=("Error", 1)),
+        True,
+    ),
+    "running": (lambda image: _running(image, running=True), True),
+    "oom_restarted": (
+        lambda image: _running(image, running=True, restarts=1, last=("OOMKilled", 137)),
+        True,
+    ),
+}
+
+
+class Kubelet:
+    """Moves every pod one stage further each time pods are listed (launchers poll by
+    listing), so phases follow one another deterministically however slow the machine is.
+    `by_role` gives the pods of one engine (label gate.dev/role) stages of their own."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        stages: Sequence[str],
+        by_role: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self.store, self.stages = store, list(stages)
+        self.by_role = {role: list(s) for role, s in (by_role or {}).items()}
+        self.step: dict[str, int] = {}
+        store.on_list.setdefault("pods", []).append(self.advance)
+
+    def advance(self, store: ObjectStore) -> None:
+        with store.lock:
+            for pod in store.items("pods"):
+                meta = pod["metadata"]
+                labels = meta.get("labels") or {}
+                if labels.get("app.kubernetes.io/managed-by") != "llm-deploy-gate":
+                    continue  # another workload's pod: its status is its own
+                stages = self.by_role.get(labels.get("gate.dev/role", ""))
+                stages = self.stages if stages is None else stages
+                i = self.step.get(meta["name"], -1) + 1
+                if i >= len(stages):
+                    continue
+                self.step[meta["name"]] = i
+                self.put(pod, stages[i])
+
+    def put(self, pod: dict[str, Any], stage: str) -> None:
+        make, bound = STAGES[stage]
+        meta = pod["metadata"]
+        with self.store.lock:
+            if bound:
+                # Workers `<name>-0-<i>` are pinned to nodes[1:], the leader to nodes[0].
+                nodes = pinned_nodes(pod)
+                index = int(meta["name"].rsplit("-", 1)[-1]) if "-0-" in meta["name"] else 1
+                pod["spec"]["nodeName"] = nodes[(index - 1) % len(nodes)]
+            image = pod["spec"]["containers"][0]["image"]
+            self.store.set_status("pods", meta["namespace"], meta["name"], to_json(make(image)))

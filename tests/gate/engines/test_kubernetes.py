@@ -12,24 +12,39 @@ import asyncio
 import datetime as dt
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-from k8s_fake import FakeKubernetes, ObjectStore, status, to_json
+from k8s_fake import (
+    LWS,
+    STAGES,
+    FakeKubernetes,
+    Kubelet,
+    ObjectStore,
+    lws_controller,
+    status,
+    to_json,
+    write_kubeconfig,
+)
 from kubernetes import client
 
 from gate.core.errors import EngineError, ReadinessTimeout
 from gate.engines.kubernetes import (
     KUBERNETES_PHASES,
+    ClusterError,
     GateLease,
     KubernetesEngine,
+    cluster_inventory,
+    connect,
     find_crash,
     pod_view,
     reap_expired_leases,
+    reap_namespaces,
 )
 from gate.engines.lifecycle import Clock, PhaseLog
 from gate.engines.manifests import (
@@ -44,7 +59,6 @@ NS = "llm-gate"
 GATE_ID = "5a1b2c3d4e5f60718293a4b5c6d7e8f9"
 MODEL = "demo-model"
 IMAGE = "vllm/vllm-openai:v0.11.0"
-LWS = "leaderworkerset.x-k8s.io/leaderworkersets"
 CD = "resource.nvidia.com/computedomains"
 LEASES = "coordination.k8s.io/leases"
 FAST: dict[str, Any] = {"poll_s": 0.01, "stop_wait_s": 2.0}
@@ -97,181 +111,7 @@ def http() -> Iterator[EngineHttp]:
         thread.join()
 
 
-# -- the controllers: LWS and the kubelet ----------------------------------------------------
-
-
-def pinned_nodes(pod: dict[str, Any]) -> list[str]:
-    aff = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return list(aff["nodeSelectorTerms"][0]["matchExpressions"][0]["values"])
-
-
-def lws_controller(store: ObjectStore, lws: dict[str, Any]) -> None:
-    """What the LWS controller (and its StatefulSets) make of one group: the leader
-    `<name>-0` and workers `<name>-0-<i>`, owned by the LWS."""
-    meta, lwt = lws["metadata"], lws["spec"]["leaderWorkerTemplate"]
-    owner = {
-        "apiVersion": lws["apiVersion"],
-        "kind": "LeaderWorkerSet",
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-    }
-    names = [f"{meta['name']}-0"] + [f"{meta['name']}-0-{i}" for i in range(1, lwt["size"])]
-    for i, name in enumerate(names):
-        template = lwt["leaderTemplate" if i == 0 else "workerTemplate"]
-        labels = {
-            **template["metadata"]["labels"],
-            "leaderworkerset.sigs.k8s.io/name": meta["name"],
-        }
-        store.create(
-            "pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": meta["namespace"],
-                    "labels": labels,
-                    "ownerReferences": [owner],
-                },
-                "spec": json.loads(json.dumps(template["spec"])),
-            },
-        )
-
-
-def container_status(
-    *,
-    waiting: str | None = None,
-    message: str | None = None,
-    running: bool = False,
-    restarts: int = 0,
-    last: tuple[str, int] | None = None,
-) -> client.V1ContainerStatus:
-    state = client.V1ContainerState(
-        waiting=client.V1ContainerStateWaiting(reason=waiting, message=message)
-        if waiting
-        else None,
-        running=client.V1ContainerStateRunning(started_at=dt.datetime.now(dt.UTC))
-        if running
-        else None,
-    )
-    last_state = None
-    if last is not None:
-        last_state = client.V1ContainerState(
-            terminated=client.V1ContainerStateTerminated(reason=last[0], exit_code=last[1])
-        )
-    return client.V1ContainerStatus(
-        name="engine",
-        image=IMAGE,
-        image_id="" if waiting in ("ContainerCreating", "ErrImagePull") else f"{IMAGE}@sha256:ab",
-        ready=running,
-        restart_count=restarts,
-        started=running,
-        state=state,
-        last_state=last_state,
-    )
-
-
-def scheduled(ok: bool, message: str = "") -> client.V1PodCondition:
-    if ok:
-        return client.V1PodCondition(type="PodScheduled", status="True")
-    return client.V1PodCondition(
-        type="PodScheduled", status="False", reason="Unschedulable", message=message
-    )
-
-
-UNSCHEDULABLE = (
-    "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are "
-    "available: 4 No preemption victims found for incoming pod."
-)
-# Each stage: the pod status the kubelet reports, and whether the pod is bound to its node.
-STAGES: dict[str, tuple[Callable[[], client.V1PodStatus], bool]] = {
-    "pending": (lambda: client.V1PodStatus(phase="Pending"), False),
-    "unschedulable": (
-        lambda: client.V1PodStatus(phase="Pending", conditions=[scheduled(False, UNSCHEDULABLE)]),
-        False,
-    ),
-    "creating": (
-        lambda: client.V1PodStatus(
-            phase="Pending",
-            conditions=[scheduled(True)],
-            container_statuses=[container_status(waiting="ContainerCreating")],
-        ),
-        True,
-    ),
-    "pull_failed": (
-        lambda: client.V1PodStatus(
-            phase="Pending",
-            conditions=[scheduled(True)],
-            container_statuses=[
-                container_status(
-                    waiting="ErrImagePull",
-                    message=f'failed to pull and unpack image "{IMAGE}": not found',
-                )
-            ],
-        ),
-        True,
-    ),
-    "crashloop": (
-        lambda: client.V1PodStatus(
-            phase="Running",
-            conditions=[scheduled(True)],
-            container_statuses=[
-                container_status(waiting="CrashLoopBackOff", restarts=1, last=("Error", 1))
-            ],
-        ),
-        True,
-    ),
-    "running": (
-        lambda: client.V1PodStatus(
-            phase="Running",
-            conditions=[scheduled(True)],
-            container_statuses=[container_status(running=True)],
-        ),
-        True,
-    ),
-    "oom_restarted": (
-        lambda: client.V1PodStatus(
-            phase="Running",
-            conditions=[scheduled(True)],
-            container_statuses=[
-                container_status(running=True, restarts=1, last=("OOMKilled", 137))
-            ],
-        ),
-        True,
-    ),
-}
-
-
-class Kubelet:
-    """Moves every pod one stage further each time the pods are listed (the launcher polls by
-    listing), so phases follow one another deterministically however slow the machine is."""
-
-    def __init__(self, store: ObjectStore, stages: Sequence[str]) -> None:
-        self.store, self.stages = store, list(stages)
-        self.step: dict[str, int] = {}
-        store.on_list.setdefault("pods", []).append(self.advance)
-
-    def advance(self, store: ObjectStore) -> None:
-        with store.lock:
-            for pod in store.items("pods"):
-                name = pod["metadata"]["name"]
-                i = self.step.get(name, -1) + 1
-                if i >= len(self.stages):
-                    continue
-                self.step[name] = i
-                self.put(pod, self.stages[i])
-
-    def put(self, pod: dict[str, Any], stage: str) -> None:
-        make, bound = STAGES[stage]
-        meta = pod["metadata"]
-        with self.store.lock:
-            if bound:
-                # Workers `<name>-0-<i>` are pinned to nodes[1:], the leader to nodes[0].
-                nodes = pinned_nodes(pod)
-                index = int(meta["name"].rsplit("-", 1)[-1]) if "-0-" in meta["name"] else 1
-                pod["spec"]["nodeName"] = nodes[(index - 1) % len(nodes)]
-            self.store.set_status("pods", meta["namespace"], meta["name"], to_json(make()))
+# -- the cluster ---------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -448,6 +288,34 @@ def test_image_pull_failure_ends_the_start_naming_phase_and_image(
     assert "pods_scheduled" in eng.phases.reached and "image_pulled" not in eng.phases.reached
     # Standalone engine: a Lease of its own, named after the gate and the role.
     assert deleted_paths(fake) == set(paths_for(w, f"{lease_name(GATE_ID)}-candidate").values())
+    assert ours_left(store_of(fake)) == []
+
+
+@pytest.mark.parametrize(
+    ("stage", "phase", "reached", "says"),
+    [
+        ("pull_backoff", "image_pulled", "pods_scheduled", "ImagePullBackOff"),
+        ("config_error", "started", "image_pulled", 'CreateContainerConfigError: secret "hf"'),
+    ],
+)
+def test_a_failure_seen_in_the_first_poll_still_marks_what_that_poll_showed(
+    fake: FakeKubernetes, http: EngineHttp, stage: str, phase: str, reached: str, says: str
+) -> None:
+    """One poll can show the pod bound to its node and already failing: the phases it did
+    reach are on the timeline, and the failure names the next one."""
+    Kubelet(store_of(fake), [stage])
+    eng = engine(fake, h200(), http.url)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(EngineError) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == phase and says in info.value.message
+
+    asyncio.run(go())
+    assert reached in eng.phases.reached and phase not in eng.phases.reached
     assert ours_left(store_of(fake)) == []
 
 
@@ -724,7 +592,7 @@ def _pod(name: str, uid: str, st: client.V1PodStatus, node: str | None = "n0") -
 
 
 def test_crash_evidence_from_pod_status() -> None:
-    running = STAGES["running"][0]()
+    running = STAGES["running"][0](IMAGE)
     up = [pod_view(_pod("p-0", "u0", running))]
     assert find_crash(up, {"p-0": "u0"}) is None
 
@@ -760,8 +628,109 @@ def test_crash_evidence_from_pod_status() -> None:
     )
 
     # Round trip through the API's JSON, as the launcher sees it.
-    oom = to_json(_pod("p-1", "u2", STAGES["oom_restarted"][0]()))
+    oom = to_json(_pod("p-1", "u2", STAGES["oom_restarted"][0](IMAGE)))
     back = client.V1Pod.from_dict(oom)
     assert back is not None
     got = find_crash([pod_view(back)], {})
     assert got is not None and got.exit_code == 137 and got.previous
+
+
+# -- reaching a cluster ----------------------------------------------------------------------
+
+
+def test_connect_reads_the_kubeconfig_and_names_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeKubernetes(store=ObjectStore())
+    fake.intercept(monkeypatch)
+    path = write_kubeconfig(tmp_path / "kubeconfig", cluster="h200-prod", token="s3cret")
+    api_client, cluster = connect(kubeconfig=str(path))
+    with api_client:
+        assert cluster == "h200-prod"
+        assert api_client.configuration.host == "https://fake-apiserver.invalid"
+        client.CoreV1Api(api_client).list_namespaced_pod(NS)
+    (call,) = fake.sent("GET")
+    assert call.path == f"/api/v1/namespaces/{NS}/pods"
+    assert {k.lower(): v for k, v in call.headers.items()}["authorization"] == "Bearer s3cret"
+    _, same = connect(kubeconfig=str(path), context="gate@h200-prod")
+    assert same == "h200-prod"
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"context": "nope"}, "has no context 'nope' (its contexts: gate@h200-prod)"),
+        ({"kubeconfig": "/nonexistent/kubeconfig"}, "cannot use kubeconfig /nonexistent"),
+        ({"in_cluster": True}, "cannot use the in-cluster service account"),
+    ],
+)
+def test_connect_failures_are_cluster_errors(
+    tmp_path: Path, kw: dict[str, Any], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = write_kubeconfig(tmp_path / "kubeconfig")
+    args = kw if kw.get("in_cluster") else {"kubeconfig": str(path), **kw}
+    with pytest.raises(ClusterError) as info:
+        connect(**args)
+    assert says in info.value.message
+
+
+def test_cluster_inventory_leaves_gate_pods_to_the_reservations(fake: FakeKubernetes) -> None:
+    """A node's GPUs held by another workload are subtracted; those of gate engine pods are
+    not, since the gates' database reservations already count them."""
+    store = store_of(fake)
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name="h200-a",
+            labels={"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771"},
+        ),
+        status=client.V1NodeStatus(
+            allocatable={"nvidia.com/gpu": "8"},
+            conditions=[client.V1NodeCondition(type="Ready", status="True")],
+        ),
+    )
+    store.create("nodes", to_json(node))
+
+    def pod(name: str, gpus: int, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {
+                "nodeName": "h200-a",
+                "containers": [
+                    {
+                        "name": "engine",
+                        "image": IMAGE,
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                    }
+                ],
+            },
+            "status": {"phase": "Running"},
+        }
+
+    store.create("pods", pod("training", 2, {"app": "train"}))
+    store.create("pods", pod("gate-x-candidate", 4, gate_labels("x")))
+    inv = cluster_inventory(fake.api_client(), "h200-prod")
+    assert inv.name == "k8s:h200-prod"
+    (got,) = inv.nodes
+    assert (got.name, got.gpus, got.allocated_gpus, got.normalised_sku) == ("h200-a", 8, 2, "H200")
+
+
+def test_reap_namespaces_reaps_each_namespace_and_survives_a_refusal(
+    fake: FakeKubernetes,
+) -> None:
+    store = store_of(fake)
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+    for ns in (NS, "other"):
+        store.create(
+            LEASES, render_lease(namespace=ns, gate_id="dead", holder="x", duration_s=60, now=old)
+        )
+    fake.route(
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/locked/leases",
+        lambda *_: (403, status(403, "Forbidden", "leases is forbidden")),
+    )
+    reaped = reap_namespaces(fake.api_client(), [NS, "locked", "other", NS])
+    assert reaped == [f"{NS}/gate-dead", "other/gate-dead"]
+    assert store.items(LEASES) == []

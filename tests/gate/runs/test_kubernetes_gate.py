@@ -1,0 +1,450 @@
+"""Whole gates with both engines of the kubernetes kind, through the official client against
+the stateful fake API server (tests/support/k8s_fake.py).
+
+What is real here: the spec, the gate runner, the SQLite reservations, the kubeconfig loading
+(`connect`), every API call through the official `kubernetes` client, the cluster inventory,
+the load (mirrored to two real sim engine processes) and the judge. What is played: the
+cluster. The fake stores and serves objects; the tests play the kubelet (pod status, one stage
+per poll) and the LWS controller; and, since a pod's Service address means nothing here, each
+engine's `base_url_override` points at its sim process. No real API server, kubelet, scheduler,
+image pull or GPU is involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from k8s_fake import (
+    LWS,
+    FakeKubernetes,
+    Kubelet,
+    ObjectStore,
+    lws_controller,
+    to_json,
+    write_kubeconfig,
+)
+from kubernetes import client
+from sqlalchemy import create_engine, text
+
+import gate.runs.service as service
+from gate.core.settings import Settings
+from gate.engines.kubernetes import KubernetesEngine
+from gate.engines.launchers import free_port
+from gate.engines.manifests import MANAGED_BY_LABEL, MANAGER, gate_labels, render_lease
+from gate.runs.progress import NullProgress
+from gate.runs.service import GateOutcome, run_gate
+from gate.spec import parse_spec
+
+pytestmark = pytest.mark.slow
+
+NS = "llm-gate"
+MODEL = "demo-model"
+REFERENCE = "vllm/vllm-openai:v0.11.0"
+CANDIDATE = "vllm/vllm-openai:v0.11.1"
+LEASES = "coordination.k8s.io/leases"
+K8S_PHASES = [
+    "launched",
+    "pods_scheduled",
+    "image_pulled",
+    "started",
+    "port_open",
+    "healthy",
+    "model_listed",
+    "warmup_done",
+    "ready",
+]
+
+
+# -- the cluster and the engines' HTTP side ---------------------------------------------------
+
+
+def h200_node(name: str) -> dict[str, Any]:
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            labels={
+                "kubernetes.io/hostname": name,
+                "topology.kubernetes.io/region": "us-central1",
+                "cloud.google.com/gce-topology-block": "b0",
+                "cloud.google.com/gke-nodepool": "h200",
+                "nvidia.com/gpu.product": "NVIDIA-H200",
+                "nvidia.com/gpu.memory": "143771",
+                "nvidia.com/gpu.count": "8",
+            },
+        ),
+        spec=client.V1NodeSpec(
+            provider_id=f"gce://proj/us-central1-a/{name}",
+            taints=[client.V1Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")],
+        ),
+        status=client.V1NodeStatus(
+            allocatable={"nvidia.com/gpu": "8", "cpu": "192", "memory": "2Ti"},
+            conditions=[client.V1NodeCondition(type="Ready", status="True")],
+        ),
+    )
+    return dict(to_json(node))
+
+
+def gpu_pod(name: str, node: str, gpus: int, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "trainer:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+@dataclass
+class Cluster:
+    fake: FakeKubernetes
+    store: ObjectStore
+    kubeconfig: Path
+    urls: dict[str, str]
+
+    def ours(self) -> list[str]:
+        """Objects the gate system made that are still stored."""
+        return sorted(
+            f"{r}/{n}"
+            for (r, _, n), o in self.store.objects.items()
+            if (o["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER
+        )
+
+
+@pytest.fixture
+def sims(find_processes: Callable[[str], list[int]]) -> Iterator[dict[str, str]]:
+    """Two real sim engines, standing in for what the reference and candidate pods serve."""
+    tag = uuid.uuid4().hex
+    procs, urls = [], {}
+    for role, seed in (("reference", "1"), ("candidate", "2")):
+        port = free_port()
+        argv = [sys.executable, "-m", "gate.engines.sim", "--port", str(port)]
+        argv += ["--model", MODEL, "--seed", seed, "--tag", tag]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        urls[role] = f"http://127.0.0.1:{port}"
+    try:
+        for url in urls.values():
+            for _ in range(300):
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)
+    assert find_processes(tag) == []
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sims: dict[str, str]) -> Cluster:
+    store = ObjectStore()
+    store.on_create.setdefault(LWS, []).append(lws_controller)
+    fake = FakeKubernetes(store=store)
+    fake.intercept(monkeypatch)  # clients built from the kubeconfig talk to the fake
+    for name in ("h200-a", "h200-b", "h200-c"):
+        store.create("nodes", h200_node(name))
+    store.create("pods", gpu_pod("trainer", "h200-c", 4, {"app": "train"}))  # h200-c half used
+
+    class Reachable(KubernetesEngine):
+        """The engine as the gate builds it, reached at its sim instead of its Service."""
+
+        def __post_init__(self) -> None:
+            self.base_url_override = sims[self.workload.role]
+            self.poll_s, self.stop_wait_s = 0.2, 5.0
+            super().__post_init__()
+
+    monkeypatch.setattr(service, "KubernetesEngine", Reachable)
+    return Cluster(fake, store, write_kubeconfig(tmp_path / "kubeconfig", namespace=NS), sims)
+
+
+def kube_spec(c: Cluster, *, requests: int = 400, **candidate: Any) -> dict[str, Any]:
+    def engine(image: str) -> dict[str, Any]:
+        return {
+            "image": image,
+            "namespace": NS,
+            "kubeconfig": str(c.kubeconfig),
+            "args": ["--model", "{model}", "--port", "{port}", "--tensor-parallel-size", "{tp}"],
+            "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+            "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+            "memory": "512Gi",
+        }
+
+    timeout = candidate.pop("readiness_timeout_s", 60)
+    return {
+        "name": "k8s",
+        "model": MODEL,
+        "reference": {"kubernetes": engine(REFERENCE), "readiness_timeout_s": 60},
+        "candidate": {"kubernetes": engine(CANDIDATE), "readiness_timeout_s": timeout},
+        "shape": {"sku": "H200", "gpus_per_engine": 8, "together": "block"},
+        # This machine is shared and small: two identical sims can differ by more than the
+        # default 5% at p50 while other work runs. What is under test is the Kubernetes path,
+        # not the judge's resolution, so the tolerance is wide enough not to flake.
+        "policy": {"tolerance": {"p50": 0.3, "p90": 0.5, "p99": 0.5}},
+        "scenarios": [
+            {
+                "name": "steady",
+                "arrival": "poisson",
+                "rate": 40,
+                "requests": requests,
+                "prompt_tokens": 64,
+                "max_tokens": 16,
+            }
+        ],
+    }
+
+
+def gate(tmp_path: Path, spec: dict[str, Any], **kw: Any) -> GateOutcome:
+    settings = Settings(data_dir=tmp_path / ".gate")
+    return asyncio.run(
+        run_gate(
+            parse_spec(spec),
+            settings,
+            report_dir=tmp_path / "reports",
+            db_url=f"sqlite:///{tmp_path / 'g.db'}",
+            **kw,
+        )
+    )
+
+
+def db_rows(tmp_path: Path, sql: str) -> list[Any]:
+    eng = create_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    with eng.connect() as conn:
+        rows = list(conn.execute(text(sql)))
+    eng.dispose()
+    return rows
+
+
+def assert_torn_down(c: Cluster, tmp_path: Path) -> None:
+    """Every object the gate created was deleted, its Lease too, and its GPUs released."""
+    created = {call.path + "/" + call.body["metadata"]["name"] for call in c.fake.sent("POST")}
+    deleted = {call.path for call in c.fake.sent("DELETE")}
+    assert created and created <= deleted, created - deleted
+    assert c.ours() == []
+    assert [p["metadata"]["name"] for p in c.store.items("pods")] == ["trainer"]
+    assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
+    assert db_rows(tmp_path, "select state from reservations") == [("released",)]
+
+
+# -- whole gates -----------------------------------------------------------------------------
+
+
+def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    c = cluster
+    # A gate that died an hour ago without teardown: its Lease expired, its pod is still there.
+    dead = c.store.create(
+        LEASES,
+        render_lease(
+            namespace=NS,
+            gate_id="dead",
+            holder="x",
+            duration_s=60,
+            now=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1),
+        ),
+    )
+    orphan = gpu_pod("gate-dead-candidate", "h200-b", 8, gate_labels("dead"))
+    owner = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": "gate-dead"}
+    orphan["metadata"]["ownerReferences"] = [{**owner, "uid": dead["metadata"]["uid"]}]
+    c.store.create("pods", orphan)
+    Kubelet(c.store, ["pending", "creating", "running"])
+
+    out = gate(tmp_path, kube_spec(c))
+    doc = out.document
+
+    assert (out.verdict, out.exit_code, doc["state"]) == ("continue", 0, "complete"), doc["reasons"]
+    ids = {ch["id"] for ch in doc["checks"]}
+    assert {"steady.ttft.p50", "steady.itl.p50", "steady.errors", "startup.ready"} <= ids
+    assert all(ch["decision"] == "pass" for ch in doc["checks"])
+    steady = doc["scenarios"][0]
+    # The load really flowed to both engines (the sims behind the pods).
+    for role in ("reference", "candidate"):
+        assert steady[role]["requests"] == {"sent": 400, "ok": 400, "errors": 0}, steady[role]
+    # Reserved from the cluster's nodes: one whole H200 host each; h200-c is half used.
+    ref, cand = doc["engines"]["reference"], doc["engines"]["candidate"]
+    assert {ref["placement"]["node"], cand["placement"]["node"]} == {"h200-a", "h200-b"}
+    for e, image in ((ref, REFERENCE), (cand, CANDIDATE)):
+        assert e["kind"] == "kubernetes" and e["pid"] is None and e["log"] is None
+        assert e["placement"]["gpus"] == list(range(8)) and e["placement"]["sku"] == "H200"
+        assert list(e["phases"])[: len(K8S_PHASES)] == K8S_PHASES
+        times = [e["phases"][p] for p in K8S_PHASES]
+        assert times == sorted(times) and e["ready_s"] > 0
+        k = e["kubernetes"]
+        assert (k["namespace"], k["image"], k["lease"]) == (NS, image, f"gate-{out.gate_id}")
+        assert k["service_url"].endswith(f".{NS}.svc:8000")
+        assert [o.split()[0] for o in k["objects"]] == ["Service", "Pod"]
+    assert doc["reservation"]["placement"]["engines"][0]["sku"] == "H200"
+    assert db_rows(tmp_path, "select inventory from reservations") == [("k8s:h200-prod",)]
+
+    # What went to the API server: one Lease for the gate, then per engine a Service and a
+    # Pod pinned to its reserved node, owned by the Lease, with the spec's argv and env.
+    posts = c.fake.sent("POST")
+    assert [p.path.rsplit("/", 1)[-1] for p in posts].count("leases") == 1
+    pods = {
+        p.body["metadata"]["labels"]["gate.dev/role"]: p.body
+        for p in posts
+        if p.path.endswith("/pods")
+    }
+    for role, image in (("reference", REFERENCE), ("candidate", CANDIDATE)):
+        container = pods[role]["spec"]["containers"][0]
+        assert container["image"] == image
+        assert container["args"] == [
+            "--model",
+            MODEL,
+            "--port",
+            "8000",
+            "--tensor-parallel-size",
+            "8",
+        ]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "memory": "512Gi"}
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VLLM_LOGGING_LEVEL"]["value"] == "INFO"
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+        affinity = pods[role]["spec"]["affinity"]["nodeAffinity"]
+        term = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        assert term["matchExpressions"][0]["values"] == [doc["engines"][role]["placement"]["node"]]
+        assert pods[role]["metadata"]["ownerReferences"][0]["kind"] == "Lease"
+    # Authenticated with the kubeconfig's token.
+    auth = {
+        dict((k.lower(), v) for k, v in call.headers.items()).get("authorization")
+        for call in c.fake.calls
+    }
+    assert auth == {"Bearer gate-token"}
+
+    # The dead gate's Lease was reaped at the start, and its pod went with it.
+    assert c.store.get(LEASES, NS, "gate-dead") is None
+    assert c.store.get("pods", NS, "gate-dead-candidate") is None
+    assert_torn_down(c, tmp_path)
+    assert db_rows(tmp_path, "select state, verdict from gates") == [("complete", "continue")]
+
+
+class OomAfter(NullProgress):
+    """Plays the kubelet when the candidate's container is OOM-killed and restarted, once
+    `after` requests of the scenario are done."""
+
+    def __init__(self, c: Cluster, kubelet: Kubelet, after: int) -> None:
+        self.c, self.kubelet, self.after, self.done_at = c, kubelet, after, -1
+
+    def request_done(self, name: str, done: int, total: int) -> None:
+        if done < self.after or self.done_at >= 0:
+            return
+        self.done_at = done
+        (pod,) = [
+            p
+            for p in self.c.store.items("pods", NS)
+            if p["metadata"]["labels"].get("gate.dev/role") == "candidate"
+        ]
+        name = pod["metadata"]["name"]
+        self.c.store.previous_logs[(NS, name)] = (
+            "INFO serving\ntorch.OutOfMemoryError: CUDA out of memory\n"
+        )
+        self.kubelet.put(pod, "oom_restarted")
+
+
+def test_a_pod_restarted_by_an_oom_kill_mid_load_holds_naming_the_crash(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    c = cluster
+    kubelet = Kubelet(c.store, ["pending", "creating", "running"])
+    progress = OomAfter(c, kubelet, after=100)
+    out = gate(tmp_path, kube_spec(c, requests=2000), progress=progress)
+    doc = out.document
+
+    assert progress.done_at >= 100
+    assert (out.verdict, out.exit_code) == ("hold", 1), doc
+    crash = next(r for r in doc["reasons"] if r["check"] == "crash.candidate")
+    assert "OOMKilled, exit code 137" in crash["message"] and "restarted" in crash["message"]
+    seen = doc["engines"]["candidate"]["crash"]
+    assert seen["exit_code"] == 137 and "OOMKilled" in seen["description"]
+    assert seen["log_tail"][-1] == "torch.OutOfMemoryError: CUDA out of memory"
+    assert seen["at_s"] > doc["engines"]["candidate"]["phases"]["ready"]
+    assert doc["engines"]["reference"]["crash"] is None
+    # The scenario stopped at the crash instead of running its 2000 requests.
+    assert doc["scenarios"][0]["aborted"] is True
+    assert doc["scenarios"][0]["candidate"]["requests"]["sent"] < 2000
+    assert_torn_down(c, tmp_path)
+
+
+def test_a_pod_stuck_in_image_pull_back_off_holds_naming_the_phase(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """A pull that fails is not waited out: a wrong tag does not fix itself."""
+    c = cluster
+    Kubelet(
+        c.store,
+        ["pending", "creating", "running"],
+        by_role={"candidate": ["pending", "creating", "pull_backoff"]},
+    )
+    out = gate(tmp_path, kube_spec(c))
+    doc = out.document
+
+    assert (out.verdict, out.exit_code, doc["state"]) == ("hold", 2, "error"), doc
+    (reason,) = doc["reasons"]
+    assert reason["check"] == "gate.engine_error"
+    msg = reason["message"]
+    assert msg.startswith("candidate engine could not pull image " + CANDIDATE)
+    assert "ImagePullBackOff" in msg and msg.endswith("during image_pulled")
+    phases = doc["engines"]["candidate"]["phases"]
+    assert "pods_scheduled" in phases and "image_pulled" not in phases
+    assert doc["scenarios"] == []
+    assert_torn_down(c, tmp_path)
+
+
+def test_a_pull_that_never_finishes_is_a_readiness_timeout_naming_the_phase(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    c = cluster
+    Kubelet(
+        c.store,
+        ["pending", "creating", "running"],
+        by_role={"candidate": ["pending", "creating"]},  # ContainerCreating for ever
+    )
+    out = gate(tmp_path, kube_spec(c, readiness_timeout_s=3))
+    doc = out.document
+
+    assert (out.verdict, out.exit_code, doc["state"]) == ("hold", 2, "error"), doc
+    (reason,) = doc["reasons"]
+    assert reason["check"] == "gate.readiness_timeout"
+    assert (
+        "candidate engine was not ready after 3s: stuck in phase image_pulled" in reason["message"]
+    )
+    assert "ContainerCreating" in reason["message"]
+    assert_torn_down(c, tmp_path)
+
+
+def test_a_kubeconfig_that_cannot_be_used_holds_before_reserving(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    spec = kube_spec(cluster)
+    for role in ("reference", "candidate"):
+        spec[role]["kubernetes"]["context"] = "prod"
+    out = gate(tmp_path, spec)
+    assert (out.verdict, out.exit_code) == ("hold", 2)
+    (reason,) = out.document["reasons"]
+    assert reason["check"] == "gate.cluster_error"
+    assert "has no context 'prod' (its contexts: gate@h200-prod)" in reason["message"]
+    assert cluster.fake.calls == [] and out.document["reservation"] is None
