@@ -160,3 +160,172 @@ def test_engine_presets() -> None:
     paths = {p.path: p.message for p in info.value.problems}
     assert "exactly one of" in paths["candidate"]
     assert "go with a `preset`" in paths["reference"]
+
+
+def test_correctness_suite_is_accepted_with_its_knobs() -> None:
+    base = yaml_example()
+    base["scenarios"].append(
+        {"suite": "correctness", "probes_count": 12, "max_tokens": 16, "envelope_load": 4}
+    )
+    spec = parse_spec(base)
+    sc = spec.scenarios[1]
+    assert sc.name == "correctness" and sc.is_probe
+    assert sc.settings == {"probes_count": 12, "max_tokens": 16, "envelope_load": 4}
+
+
+def test_correctness_and_peak_knobs_are_validated() -> None:
+    base = yaml_example()
+    base["scenarios"] = [
+        {"suite": "correctness", "top_logprobs": 50},
+        {"suite": "correctness", "name": "c2", "probes": 3},
+        {"suite": "peak", "slo_ttft_ms": -5},
+        {"suite": "peak", "name": "p2", "slo_ttft_ms": 200, "slo_itl_ms": 30},
+    ]
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "top_logprobs must be an integer from 1 to 20" in paths["scenarios[0].settings"]
+    assert "probes_count" in paths["scenarios[1].probes"]  # the real knobs are named
+    assert "slo_ttft_ms must be a positive number" in paths["scenarios[2].settings"]
+    assert not any(p.startswith("scenarios[3]") for p in paths)
+
+
+# -- kubernetes engines ------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "specs"
+
+
+def kube_engine(**kw: object) -> dict:  # type: ignore[type-arg]
+    return {
+        "image": "vllm/vllm-openai:v0.11.0",
+        "namespace": "llm-gate",
+        "args": ["--model", "{model}", "--port", "{port}", "--tensor-parallel-size", "{tp}"],
+        **kw,
+    }
+
+
+def test_kubernetes_example_validates() -> None:
+    spec = load_spec(EXAMPLES / "kubernetes.yaml")
+    ref, cand = spec.reference, spec.candidate
+    assert (ref.kind, cand.kind) == ("kubernetes", "kubernetes")
+    assert ref.kubernetes is not None and cand.kubernetes is not None
+    assert (ref.label, cand.label) == ("vllm/vllm-openai:v0.10.2", "vllm/vllm-openai:v0.11.0")
+    # The two engines differ by image only.
+    assert ref.kubernetes.model_dump(exclude={"image"}) == cand.kubernetes.model_dump(
+        exclude={"image"}
+    )
+    assert ref.kubernetes.command == ["vllm", "serve", "{model}"]
+    assert "{tp}" in ref.kubernetes.args and ref.kubernetes.secret_env["HF_TOKEN"].secret
+    assert (spec.shape.sku, spec.shape.gpus_per_engine, spec.shape.together) == ("H200", 8, "block")
+    assert ref.readiness_timeout_s == 1800
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "vllm/vllm-openai:v0.11.0",
+        "nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3",
+        "lmsysorg/sglang:v0.5.3-cu129",
+        "localhost:5000/team/vllm@sha256:" + "a" * 64,
+        "registry.example.com:443/a/b:c@sha256:" + "0" * 64,
+    ],
+)
+def test_kubernetes_image_references_with_a_tag_or_digest_pass(image: str) -> None:
+    base = yaml_example()
+    base["reference"] = base["candidate"] = {"kubernetes": kube_engine(image=image)}
+    assert parse_spec(base).candidate.label == image
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        ("vllm/vllm-openai", "give a tag or a digest"),
+        ("vllm/vllm-openai:", "not an image reference"),
+        ("vllm/VLLM-openai:v1", "not an image reference"),
+        ("vllm/vllm-openai:v1 --debug", "not an image reference"),
+        ("vllm/vllm-openai@sha256:abc", "not an image reference"),
+    ],
+)
+def test_kubernetes_image_reference_mistakes_are_named(image: str, says: str) -> None:
+    base = yaml_example()
+    base["reference"] = base["candidate"] = {"kubernetes": kube_engine(image=image)}
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert says in paths["candidate.kubernetes.image"]
+    assert says in paths["reference.kubernetes.image"]
+
+
+def test_kubernetes_engine_mistakes_are_each_named_by_field() -> None:
+    base = yaml_example()
+    base["reference"] = {
+        "kubernetes": kube_engine(
+            namespace="LLM_Gate",
+            command=["sh", "-c", "vllm serve {model}"],
+            env={"1BAD": "x"},
+            memory="lots",
+            port=0,
+        )
+    }
+    base["candidate"] = {
+        "kubernetes": kube_engine(
+            args=["--model", "{weights}"],
+            secret_env={"HF_TOKEN": {"secret": "HF Token", "key": "token"}},
+            image_pull_policy="Sometimes",
+        )
+    }
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "DNS-1123 label" in paths["reference.kubernetes.namespace"]
+    assert "never a shell string" in paths["reference.kubernetes.command"]
+    assert "'1BAD' is not a valid environment variable name" in paths["reference.kubernetes.env"]
+    assert "not a Kubernetes quantity" in paths["reference.kubernetes.memory"]
+    assert "reference.kubernetes.port" in paths
+    assert "unknown placeholder {weights}" in paths["candidate.kubernetes.args"]
+    assert "Secret name" in paths["candidate.kubernetes.secret_env.HF_TOKEN.secret"]
+    assert "candidate.kubernetes.image_pull_policy" in paths
+    assert len(paths) == 8
+
+
+def test_kubernetes_engine_rules_across_fields() -> None:
+    base = yaml_example()
+    cases = [
+        ({"command": ["sh"], "args": ["-c", "vllm serve x"]}, "never a shell string"),
+        ({"args": ["vllm serve --model x"], "command": []}, "looks like a command line"),
+        ({"args": [], "command": []}, "give `command` and/or `args`"),
+        ({"in_cluster": True, "kubeconfig": "/k"}, "not both"),
+    ]
+    for extra, says in cases:
+        base["reference"] = base["candidate"] = {"kubernetes": kube_engine(**extra)}
+        with pytest.raises(SpecError) as info:
+            parse_spec(base)
+        paths = {p.path: p.message for p in info.value.problems}
+        assert says in paths["candidate.kubernetes"], (extra, paths)
+    # Local-process fields do not go with a kubernetes engine; its env goes inside it.
+    base["reference"] = base["candidate"] = {"kubernetes": kube_engine(), "env": {"A": "b"}}
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    assert (
+        "goes in `kubernetes.env`" in {p.path: p.message for p in info.value.problems}["reference"]
+    )
+
+
+def test_kubernetes_engines_pair_with_each_other_on_one_cluster() -> None:
+    base = yaml_example()
+    base["reference"] = {"kubernetes": kube_engine(kubeconfig="/a")}
+    base["candidate"] = {"command": ["python", "-m", "gate.engines.sim", "--port", "{port}"]}
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "not with a local process" in paths["candidate"]
+
+    base["candidate"] = {"kubernetes": kube_engine(kubeconfig="/b")}
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "must be on one cluster" in paths["candidate.kubernetes"]
+
+    base["candidate"] = {"url": "http://127.0.0.1:8001"}  # attached elsewhere: allowed
+    spec = parse_spec(base)
+    assert (spec.reference.kind, spec.candidate.kind) == ("kubernetes", "endpoint")
