@@ -146,3 +146,26 @@ def test_flip_outside_the_reference_top_k_is_a_hard_failure() -> None:
     }
     assert lone["correctness.greedy.margin"].decision == "fail"
     assert lone["correctness.greedy.margin"].alpha is None
+
+
+def test_unanswered_probes_fail_for_the_candidate_and_void_for_the_reference() -> None:
+    data = sim("same", seed=3, prompts=12)
+    failed = DivergenceSamples(
+        greedy=data.greedy[1:],
+        envelope_greedy=data.envelope_greedy,
+        teacher=data.teacher,
+        envelope_teacher=data.envelope_teacher,
+        failures=[("candidate", "HTTP 500: Internal Server Error")],
+    )
+    checks = {c.id: c for c in divergence_checks(failed, POLICY, [])}
+    answered = checks["correctness.answered"]
+    assert answered.decision == "fail" and answered.alpha is None
+    assert "HTTP 500" in answered.message and "candidate failed 1" in answered.message
+    # Every candidate request failed: no pair at all, and still a failing check (not silence).
+    only = DivergenceSamples(failures=[("candidate", "HTTP 500")] * 3)
+    assert [(c.id, c.decision) for c in divergence_checks(only, POLICY, [])] == [
+        ("correctness.answered", "fail")
+    ]
+    ref_only = DivergenceSamples(failures=[("reference", "no logprobs")])
+    assert decisions(ref_only) == {"correctness.answered": "inconclusive"}
+    assert "correctness.answered" not in decisions(data)
