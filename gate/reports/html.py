@@ -44,14 +44,18 @@ ROLES = ("reference", "candidate")
 GROUPS = {
     "latency": "Latency",
     "errors": "Errors",
-    "load": "Load",
+    "peak": "Peak load: goodput",
+    "overload": "Overload: shedding or collapse",
+    "recovery": "Recovery after overload",
     "correctness": "Correctness",
     "startup": "Startup",
     "crash": "Crashes",
     "compatibility": "Compatibility",
 }
 # Groups shown open even when every check passed: what people look at first.
-ALWAYS_OPEN = ("latency", "errors", "load", "correctness")
+ALWAYS_OPEN = ("latency", "errors", "peak", "overload", "recovery", "correctness")
+# Groups whose values are fractions of requests and whose interval is a difference of them.
+FRACTIONS = ("peak", "overload", "load")
 
 
 def environment(*loaders: BaseLoader) -> Environment:
@@ -280,6 +284,10 @@ def _s(v: Any) -> str:
     return f"{v:,.2f} s" if isinstance(v, int | float) and math.isfinite(v) else "–"
 
 
+def _points(v: Any) -> str:
+    return f"{v * 100:.1f} pts" if isinstance(v, int | float) and math.isfinite(v) else "–"
+
+
 def _x(v: Any) -> str:
     return f"{v:.3f}x" if isinstance(v, int | float) and math.isfinite(v) else ""
 
@@ -295,8 +303,10 @@ def _value_format(check: Mapping[str, Any]) -> tuple[Any, Any]:
     group, metric = check.get("group"), str(check.get("metric", ""))
     if group == "latency":
         return _ms, _x
-    if group == "errors" or (group == "load" and metric in ("goodput", "collapse")):
+    if group == "errors":
         return _pct, _pct
+    if group in FRACTIONS:
+        return _pct, _points
     if group in ("startup", "recovery") or metric.endswith("_s"):
         return _s, _s
     if group == "compatibility":
@@ -316,8 +326,10 @@ def _check_row(c: Mapping[str, Any], scale: tuple[float, float] | None) -> dict[
         )
     if c.get("group") == "latency":
         show_interval = f"{interval[0]:.3f}–{interval[1]:.3f}x" if interval else ""
+    elif interval and c.get("group") in FRACTIONS:
+        show_interval = f"{interval[0] * 100:+.1f} to {interval[1] * 100:+.1f} pts"
     elif interval:
-        show_interval = f"{interval[0]:+.3f} to {interval[1]:+.3f}"
+        show_interval = f"{interval[0]:+.3g} to {interval[1]:+.3g}"
     else:
         show_interval = ""
     samples = c.get("samples")

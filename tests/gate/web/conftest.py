@@ -294,7 +294,7 @@ def seed(web_app: FastAPI) -> Seed:
     return Seed(web_app.state.ctx.factory)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def wt() -> Any:
     """This module (payloads and builders) for the tests: importlib mode cannot import a
     conftest by name."""
