@@ -27,14 +27,17 @@ every object whose creation was attempted, so it also cleans up a start that fai
 renewing its Lease; `reap_expired_leases` deletes expired gate Leases and the garbage collector
 removes everything they own.
 
-How to wire it (gate service): one `GateLease` per gate, shared by both engines, and per role
-`KubernetesEngine(EngineWorkload.from_placement(placement.for_role(role), namespace=...,
-gate_id=..., image=..., model=..., args=(...)), phases, api_client, lease=gate_lease)`. The base
-URL is `http://<engine>-http.<namespace>.svc:<port>` (reachable from inside the cluster);
-`base_url_override` points it elsewhere (a port-forward, a test server). RBAC the gate's service
-account needs in the namespace: leases (create, get, list, patch, delete), pods (create, get,
-list, delete), pods/log (get), services (create, delete), leaderworkersets and computedomains
-(create, delete).
+How the gate run service uses it (`gate/runs/service.py`, for a spec engine of the kubernetes
+kind): at reservation, `connect` (kubeconfig or in-cluster), `reap_namespaces` and
+`cluster_inventory` (the nodes, unless the spec names an inventory file); at launch, one
+`GateLease` per gate and namespace, shared by both engines, and per role
+`KubernetesEngine(EngineWorkload.from_placement(placement.for_role(role), ...), phases,
+api_client, lease=gate_lease)`. The base URL is `http://<engine>-http.<namespace>.svc:<port>`
+(reachable from inside the cluster); `base_url_override` points it elsewhere (a port-forward, a
+test server). RBAC the gate's service account needs in the namespace: leases (create, get,
+list, patch, delete), pods (create, get, list, delete), pods/log (get), services (create,
+delete), leaderworkersets and computedomains (create, delete); cluster-wide, for the
+inventory: nodes and pods (list).
 
 What was run and what was not. Run here: every API call through the official `kubernetes`
 client (its models, serialisation and REST layer) against `tests/support/k8s_fake.py`, a
@@ -42,9 +45,12 @@ stateful fake API server (objects created by POST are visible to GET/list, DELET
 along ownerReferences like the garbage collector, tests advance pod status and play the LWS
 controller); core objects validated with `kubernetes-validate` (Kubernetes 1.37, strict), the
 LeaderWorkerSet with the CRD's own openAPIV3Schema, the ComputeDomain against a minimal schema
-from the NVIDIA DRA driver's CRD; readiness against a real local HTTP server. Not run: no real
-API server, kubelet, scheduler, LWS controller, DRA driver or GPU; so admission webhooks, RBAC,
-real scheduling and pulls, DNS of the Service, and IMEX channels are untested here.
+from the NVIDIA DRA driver's CRD; readiness against a real local HTTP server; and whole gates
+(`tests/gate/runs/test_kubernetes_gate.py`: kubeconfig loading, cluster inventory, reaping, the
+load to real sim engine processes behind `base_url_override`, crash and timeout holds). Not
+run: no real API server, kubelet, scheduler, LWS controller, DRA driver or GPU; so admission
+webhooks, RBAC, real scheduling and pulls, DNS of the Service, and IMEX channels are untested
+here.
 """
 
 from __future__ import annotations

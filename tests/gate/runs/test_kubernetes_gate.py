@@ -69,7 +69,14 @@ K8S_PHASES = [
 # -- the cluster and the engines' HTTP side ---------------------------------------------------
 
 
-def h200_node(name: str) -> dict[str, Any]:
+def gpu_node(
+    name: str,
+    product: str = "NVIDIA-H200",
+    mib: int = 143_771,
+    gpus: int = 8,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A GPU node as GPU Feature Discovery and GKE label it."""
     node = client.V1Node(
         metadata=client.V1ObjectMeta(
             name=name,
@@ -77,10 +84,11 @@ def h200_node(name: str) -> dict[str, Any]:
                 "kubernetes.io/hostname": name,
                 "topology.kubernetes.io/region": "us-central1",
                 "cloud.google.com/gce-topology-block": "b0",
-                "cloud.google.com/gke-nodepool": "h200",
-                "nvidia.com/gpu.product": "NVIDIA-H200",
-                "nvidia.com/gpu.memory": "143771",
-                "nvidia.com/gpu.count": "8",
+                "cloud.google.com/gke-nodepool": "gpu",
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.memory": str(mib),
+                "nvidia.com/gpu.count": str(gpus),
+                **(labels or {}),
             },
         ),
         spec=client.V1NodeSpec(
@@ -88,7 +96,7 @@ def h200_node(name: str) -> dict[str, Any]:
             taints=[client.V1Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")],
         ),
         status=client.V1NodeStatus(
-            allocatable={"nvidia.com/gpu": "8", "cpu": "192", "memory": "2Ti"},
+            allocatable={"nvidia.com/gpu": str(gpus), "cpu": "192", "memory": "2Ti"},
             conditions=[client.V1NodeCondition(type="Ready", status="True")],
         ),
     )
@@ -166,7 +174,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sims: dict[str, str
     fake = FakeKubernetes(store=store)
     fake.intercept(monkeypatch)  # clients built from the kubeconfig talk to the fake
     for name in ("h200-a", "h200-b", "h200-c"):
-        store.create("nodes", h200_node(name))
+        store.create("nodes", gpu_node(name))
     store.create("pods", gpu_pod("trainer", "h200-c", 4, {"app": "train"}))  # h200-c half used
 
     class Reachable(KubernetesEngine):
@@ -340,6 +348,57 @@ def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
     assert c.store.get("pods", NS, "gate-dead-candidate") is None
     assert_torn_down(c, tmp_path)
     assert db_rows(tmp_path, "select state, verdict from gates") == [("complete", "continue")]
+
+
+def test_a_multi_node_gb200_gate_runs_leader_worker_sets_in_one_clique(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """Two engines of 2 GB200 nodes x 4 GPUs each, both inside one NVLink clique: per engine
+    a ComputeDomain, a Service and a LeaderWorkerSet whose pods the fake's LWS controller makes."""
+    c = cluster
+    clique = "7f3a0c1e-9d2b-4c55-8a61-0b6c2d9e4f10.0"
+    for i in range(4):
+        c.store.create(
+            "nodes",
+            gpu_node(f"gb-r0-{i}", "NVIDIA-GB200", 189_471, 4, {"nvidia.com/gpu.clique": clique}),
+        )
+    Kubelet(c.store, ["pending", "creating", "running"])
+    spec = kube_spec(c, requests=120)
+    spec["shape"] = {
+        "sku": "GB200",
+        "gpus_per_engine": 8,
+        "nodes_per_engine": 2,
+        "engine_level": "clique",
+    }
+    out = gate(tmp_path, spec)
+    doc = out.document
+
+    assert (out.verdict, out.exit_code) == ("continue", 0), doc["reasons"]
+    nodes = set()
+    for role in ("reference", "candidate"):
+        e = doc["engines"][role]
+        assert list(e["phases"])[: len(K8S_PHASES)] == K8S_PHASES
+        placed = [n["node"] for n in e["placement"]["nodes"]]
+        assert len(placed) == 2 and e["placement"]["domain"].endswith(f"/clique={clique}")
+        nodes |= set(placed)
+        k = e["kubernetes"]
+        assert k["clique"] == clique and k["workload"].startswith("LeaderWorkerSet ")
+        assert [o.split()[0] for o in k["objects"]] == [
+            "ComputeDomain",
+            "Service",
+            "LeaderWorkerSet",
+        ]
+    assert nodes == {f"gb-r0-{i}" for i in range(4)}
+    lws = [p.body for p in c.fake.sent("POST") if p.path.endswith("/leaderworkersets")]
+    assert len(lws) == 2
+    for body in lws:
+        group = body["spec"]["leaderWorkerTemplate"]
+        assert group["size"] == 2
+        leader = group["leaderTemplate"]["spec"]
+        assert leader["nodeSelector"] == {"nvidia.com/gpu.clique": clique}
+        assert leader["containers"][0]["args"][-1] == "4"  # {tp}: GPUs per node
+        assert leader["resourceClaims"][0]["name"] == "imex-channel"
+    assert_torn_down(c, tmp_path)
 
 
 class OomAfter(NullProgress):
