@@ -69,8 +69,8 @@ DNS_LABEL_MESSAGE = (
 
 def check_image(v: str) -> str:
     """An image reference a kubelet can pull, pinned by a tag or a digest."""
-    m = IMAGE_RE.match(v)
-    if not m or len(v) > 512 or len(v.split("@")[0].rsplit(":", 1)[0]) > 255:
+    m = IMAGE_RE.match(v) if len(v) <= 512 else None
+    if not m or len(v.split("@")[0].rsplit(":", 1)[0]) > 255:
         raise ValueError(
             "not an image reference; use [registry/]repository:tag or @sha256:<digest>, "
             "e.g. vllm/vllm-openai:v0.11.0"
