@@ -1,0 +1,195 @@
+"""Whole gates that feed the whole judge: real sim engine processes over HTTP, the gate run in
+this process, the verdict document read back. Early stop, load phases, numerical divergence."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate.core.settings import Settings
+from gate.runs.service import run_gate
+from gate.spec import parse_spec
+
+pytestmark = pytest.mark.slow
+
+SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+
+
+@pytest.fixture
+def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
+    t = uuid.uuid4().hex
+    yield t
+    assert find_processes(t) == [], "an engine process outlived its gate"
+
+
+def sim(tag: str, *flags: str) -> dict[str, Any]:
+    return {"command": [*SIM, "--tag", tag, *flags]}
+
+
+def run(tmp_path: Path, reference: dict[str, Any], candidate: dict[str, Any], **extra: Any) -> Any:
+    spec = parse_spec(
+        {"name": "t", "model": "demo-model", "reference": reference, "candidate": candidate} | extra
+    )
+    out = asyncio.run(
+        run_gate(
+            spec,
+            Settings(data_dir=tmp_path / ".gate"),
+            report_dir=tmp_path / "reports",
+            db_url=f"sqlite:///{tmp_path / 'g.db'}",
+        )
+    )
+    return out.document
+
+
+def checks(doc: Any) -> dict[str, Any]:
+    return {c["id"]: c for c in doc["checks"]}
+
+
+STEADY = {"name": "steady", "prompt_tokens": 32, "max_tokens": 8}
+
+
+def test_a_regression_stops_the_scenario_early_and_holds(tmp_path: Path, tag: str) -> None:
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny", "--ttft-ms", "20"),
+        sim(tag, "--profile", "tiny", "--ttft-ms", "30"),
+        policy={"look_every": 50},
+        scenarios=[STEADY | {"rate": 60, "requests": 600}],
+    )
+    assert doc["verdict"] == "hold" and doc["exit_code"] == 1
+    steady = doc["scenarios"][0]
+    early = steady["early_stop"]
+    assert steady["planned_requests"] == 592 and steady["looks"] >= 1
+    assert early["reason"] == "hold" and "steady.ttft.p50" in early["checks"]
+    assert 50 <= early["requests"] < 592
+    assert steady["duration_s"] < 600 / 60 * 0.8  # it did not run its ten seconds
+    fail = checks(doc)["steady.ttft.p50"]
+    # The verdict comes from the same sequences at the look's prefix: the samples judged are
+    # the ones the look saw, not the requests that finished after the stop.
+    assert fail["decision"] == "fail" and fail["samples"] == [early["requests"]] * 2
+    assert any("stopped early" in n for n in doc["notes"])
+    assert doc["reasons"][0]["check"] == "steady.ttft.p50"
+
+
+def test_identical_engines_run_to_the_planned_size(tmp_path: Path, tag: str) -> None:
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--seed", "2"),
+        policy={"look_every": 50},
+        scenarios=[STEADY | {"rate": 80, "requests": 250}],
+    )
+    steady = doc["scenarios"][0]
+    assert steady["early_stop"] is None and steady["looks"] >= 3
+    assert checks(doc)["steady.errors"]["samples"] == [242, 242]
+    assert not any(c["decision"] == "fail" for c in doc["checks"])
+
+
+def correctness_spec(**knobs: Any) -> dict[str, Any]:
+    return {"suite": "correctness", "probes_count": 8, "max_tokens": 24} | knobs
+
+
+def test_benign_logit_noise_continues(tmp_path: Path, tag: str) -> None:
+    doc = run(
+        tmp_path,
+        sim(tag),
+        sim(tag, "--logit-noise", "0.02", "--seed", "3"),
+        # Latency is not what this gate is about: wide tolerances keep a loaded machine's
+        # jitter from deciding it.
+        policy={"tolerance": {"p50": 0.3, "p90": 0.5, "p99": 0.5}},
+        scenarios=[STEADY | {"rate": 60, "requests": 200}, correctness_spec()],
+    )
+    got = checks(doc)
+    assert doc["verdict"] == "continue", doc["reasons"]
+    tests = {
+        "correctness.teacher.logprob",
+        "correctness.teacher.top1",
+        "correctness.teacher.kl",
+        "correctness.greedy.margin",
+        "correctness.greedy.position",
+        "correctness.greedy.flips",
+        "correctness.finite",
+    }
+    assert tests <= set(got) and all(got[c]["decision"] == "pass" for c in tests)
+    corr = doc["correctness"][0]
+    assert corr["answered"] == {"reference": 8, "candidate": 8, "reference_under_load": 8}
+    assert corr["teacher_forced"] == 8 and corr["failures"] == []
+
+
+def test_a_systematic_numeric_bug_holds_with_examples(tmp_path: Path, tag: str) -> None:
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--numeric-bug", "0.05", "--seed", "3"),
+        scenarios=[correctness_spec()],
+    )
+    assert doc["verdict"] == "hold"
+    got = checks(doc)
+    assert got["correctness.greedy.flips"]["decision"] == "fail"
+    assert any(r["check"] == "correctness.greedy.flips" for r in doc["reasons"])
+    examples = doc["divergence_examples"]
+    assert 1 <= len(examples) <= 5
+    ex = examples[0]
+    assert set(ex) >= {"prompt", "reference_tokens", "candidate_tokens", "index", "margin"}
+    i = ex["index"]
+    assert ex["reference_tokens"][:i] == ex["candidate_tokens"][:i]
+    assert ex["reference_tokens"][i] != ex["candidate_tokens"][i]
+    assert ex["outside_top_k"] and ex["margin"] is None  # the worst kind of flip comes first
+
+
+def test_nan_logprobs_after_some_requests_hold(tmp_path: Path, tag: str) -> None:
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        # 4 engine warm-up requests, then two greedy probes, then NaN logits (vLLM answers a
+        # non-streaming request whose logprobs are NaN with a 500).
+        sim(tag, "--profile", "tiny", "--nan-after-requests", "6"),
+        scenarios=[correctness_spec()],
+    )
+    assert doc["verdict"] == "hold"
+    answered = checks(doc)["correctness.answered"]
+    assert answered["decision"] == "fail" and "HTTP 500" in answered["message"]
+    assert doc["reasons"][0]["check"] == "correctness.answered"
+    corr = doc["correctness"][0]
+    assert corr["answered"]["candidate"] == 2 and corr["answered"]["reference"] == 8
+
+
+def test_peak_goodput_and_overload_collapse_hold(tmp_path: Path, tag: str) -> None:
+    """A candidate with one sequence slot: under peak it misses the TTFT SLO the reference
+    meets; under overload its queue explodes instead of being shed, and it does not recover
+    before the scenario ends."""
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--max-num-seqs", "1"),
+        policy={"load": {"recovery_window_s": 1.0}},
+        scenarios=[
+            {"suite": "peak", "rate": 30, "requests": 120, "slo_ttft_ms": 50}
+            | {"prompt_tokens": 32, "max_tokens": 16},
+            {
+                "suite": "recovery",
+                "rate": 10,
+                "overload_rate": 80,
+                "before_s": 2,
+                "overload_s": 2,
+                "after_s": 4,
+                "prompt_tokens": 32,
+                "max_tokens": 16,
+            },
+        ],
+    )
+    got = checks(doc)
+    assert got["peak.goodput"]["decision"] == "fail", got["peak.goodput"]["message"]
+    assert got["recovery.overload"]["decision"] == "fail", got["recovery.overload"]["message"]
+    assert got["recovery.recovery"]["decision"] == "fail", got["recovery.recovery"]["message"]
+    assert "collapsed" in got["recovery.overload"]["message"]
+    assert {"peak.goodput", "recovery.overload", "recovery.recovery"} <= {
+        r["check"] for r in doc["reasons"]
+    }
+    recovery = next(s for s in doc["scenarios"] if s["name"] == "recovery")
+    assert [p["name"] for p in recovery["phases"]] == ["baseline", "overload", "recovery"]
