@@ -77,27 +77,36 @@ class InProcessDispatcher:
 
 
 class CeleryDispatcher:
-    """Gate runs as Celery tasks on `gate worker` processes."""
+    """Gate runs as Celery tasks on `gate worker` processes. Call `submit` only after the
+    transaction that created the gate row committed: a worker may claim it at once. The task
+    id is `gate-<id>`, so a gate submitted twice is two deliveries of one task, and the
+    second is skipped by the worker that receives it."""
 
     kind = "celery"
 
     def __init__(self, settings: Settings) -> None:
-        from gate.worker.celery_app import make_celery
+        from gate.worker.celery_app import QUEUE, TASK_NAME, make_celery
 
         self.app = make_celery(settings)
+        self.queue = QUEUE
+        self.task_name = TASK_NAME
 
     def submit(self, gate_id: str) -> None:
-        self.app.send_task("gate.run", args=[gate_id], task_id=f"gate-{gate_id}")
+        self.app.send_task(
+            self.task_name, args=[gate_id], task_id=f"gate-{gate_id}", queue=self.queue
+        )
+        log.info("gate %s queued on %s", gate_id, self.queue, extra={"gate_id": gate_id})
 
     def queue_depth(self) -> int | None:
+        """Gate tasks waiting in the queue (not the ones workers are running)."""
         try:
             with self.app.connection_for_write() as conn:
-                return int(conn.default_channel.client.llen("gates"))
+                return int(conn.default_channel.client.llen(self.queue))
         except Exception:
             return None
 
     def close(self) -> None:
-        return None
+        self.app.close()
 
 
 def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispatcher:
@@ -108,7 +117,9 @@ def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispa
 
 class Reaper:
     """A daemon thread ending lost gates every heartbeat period (idempotent: any number of
-    reapers may run, each lost gate is ended once)."""
+    reapers may run, each lost gate is ended once: the pass locks the rows it ends and skips
+    the ones another reaper holds). The API and every `gate worker` run one, so a gate whose
+    worker died is ended as long as any of them is up."""
 
     def __init__(self, settings: Settings, factory: sessionmaker[Session]) -> None:
         self.settings = settings

@@ -1,26 +1,42 @@
 """Run one stored gate to its end, wherever it is executed (an in-process thread of the API
 or a Celery worker): claim it, run it, notify its callback. Idempotent: a second delivery of
-the same gate finds it claimed or finished and does nothing."""
+the same gate finds it claimed or finished and does nothing.
+
+Whatever happens after the claim, the gate row ends finished: the runner records holds,
+errors and cancels itself; an exception that escapes it (a bug) is recorded here as an error
+with a hold. Only a process that dies outright leaves a running row behind, and the reaper
+ends that one once its heartbeat is `lost_after_s` old.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.errors import GateError
 from gate.core.settings import Settings
-from gate.models import GateRun
+from gate.models import GateRun, Reservation
+from gate.reservations import leases
 from gate.runs import store
-from gate.runs.progress import NullProgress
-from gate.runs.service import run_gate
+from gate.runs.service import GateOutcome, GateRunner
 from gate.spec import parse_spec
 
 log = logging.getLogger("gate.runs")
+
+#: The gate the current thread (or asyncio task) works for: log records carry it.
+CURRENT_GATE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gate_id", default=None)
+
+MIGRATION_LOCK = 0x6A7E_0001  # pg_advisory_lock key: one process migrates at a time
 
 
 def worker_name(kind: str) -> str:
@@ -28,52 +44,216 @@ def worker_name(kind: str) -> str:
 
 
 def open_factory(settings: Settings) -> sessionmaker[Session]:
+    """A sessionmaker on a schema brought to head. On PostgreSQL the migration runs under an
+    advisory lock, so an API and workers starting together against a fresh database do not
+    race to create the same tables (the later ones find the schema at head)."""
     engine = make_engine(settings.resolved_database_url())
-    upgrade(engine)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
+            try:
+                upgrade(engine)
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+                conn.commit()
+    else:
+        upgrade(engine)
     return make_sessionmaker(engine)
 
 
+class LogProgress:
+    """Progress as log lines: one per gate or engine phase, one per scenario start and end,
+    and one per quarter of a scenario's requests (what `gate worker` shows)."""
+
+    def __init__(self, gate_id: str, logger: logging.Logger | None = None) -> None:
+        self.gate_id = gate_id
+        self.log = logger or logging.getLogger("gate.progress")
+        self._quarter: dict[str, int] = {}
+
+    def _extra(self, **kw: Any) -> dict[str, Any]:
+        return {"gate_id": self.gate_id, **kw}
+
+    def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
+        self.log.info(
+            "%7.2fs %-9s %s%s",
+            at_s,
+            role,
+            phase,
+            f"  {detail}" if detail else "",
+            extra=self._extra(role=role, phase=phase),
+        )
+
+    def scenario_started(self, name: str, total: int) -> None:
+        self._quarter[name] = 0
+        self.log.info(
+            "scenario %s started: %s results expected",
+            name,
+            total or "open-ended",
+            extra=self._extra(scenario=name),
+        )
+
+    def request_done(self, name: str, done: int, total: int) -> None:
+        if total <= 0:
+            return
+        quarter = min(4, 4 * done // total)
+        if quarter > self._quarter.get(name, 0):
+            self._quarter[name] = quarter
+            self.log.info(
+                "scenario %s: %d/%d results", name, done, total, extra=self._extra(scenario=name)
+            )
+
+    def scenario_finished(self, name: str) -> None:
+        self.log.info("scenario %s finished", name, extra=self._extra(scenario=name))
+
+
+@dataclass
+class _Running:
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task[GateOutcome]
+    runner: GateRunner
+
+
+_running: dict[str, _Running] = {}
+_running_lock = threading.RLock()  # re-entered by a signal handler on the main thread
+
+
+def running_gates() -> list[str]:
+    """The gates this process is running now."""
+    with _running_lock:
+        return list(_running)
+
+
+def stop_running_gates(reason: str) -> list[str]:
+    """Ask every gate this process runs to stop now: each ends `cancelled` with a hold and
+    `reason`, after its engines are torn down and its reservation released (what a worker's
+    warm shutdown does). A gate already judging is left to finish: its teardown is under
+    way. Safe to call from a signal handler or any thread."""
+    with _running_lock:
+        entries = list(_running.values())
+    for entry in entries:
+        entry.loop.call_soon_threadsafe(_stop, entry, reason)
+    return [e.runner.gate_id for e in entries]
+
+
+def _stop(entry: _Running, reason: str) -> None:
+    runner = entry.runner
+    if entry.task.done() or runner.cancel_reason is not None or runner.outcome is not None:
+        return
+    if runner.factory is None:  # still migrating, before its try/finally: ask again shortly
+        entry.loop.call_later(0.05, _stop, entry, reason)
+        return
+    if any(role == "gate" and phase == "judging" for role, phase, _, _ in runner.phase_rows):
+        return
+    log.warning("gate %s: stopping (%s)", runner.gate_id, reason)
+    runner.cancel_reason = reason
+    entry.task.cancel()
+
+
+async def _run_registered(runner: GateRunner) -> GateOutcome:
+    task = asyncio.current_task()
+    assert task is not None
+    entry = _Running(asyncio.get_running_loop(), task, runner)
+    with _running_lock:
+        _running[runner.gate_id] = entry
+    try:
+        return await runner.run()
+    finally:
+        with _running_lock:
+            _running.pop(runner.gate_id, None)
+
+
 def execute_gate(
-    gate_id: str, settings: Settings, worker: str, factory: sessionmaker[Session] | None = None
+    gate_id: str,
+    settings: Settings,
+    worker: str,
+    factory: sessionmaker[Session] | None = None,
 ) -> str:
     """Run the stored gate `gate_id`; returns what happened: its final state, or `skipped`
     when it was not pending (already run, running elsewhere, or cancelled)."""
-    factory = factory or open_factory(settings)
+    token = CURRENT_GATE.set(gate_id)
+    try:
+        return _execute(gate_id, settings, worker, factory or open_factory(settings))
+    finally:
+        CURRENT_GATE.reset(token)
+
+
+def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmaker[Session]) -> str:
+    extra = {"gate_id": gate_id}
     run = store.claim(factory, gate_id, worker)
     if run is None:
-        log.info("gate %s not pending: skipped", gate_id, extra={"gate_id": gate_id})
+        current = store.get_gate(factory, gate_id)
+        log.info(
+            "gate %s not pending (%s, worker %s): skipped",
+            gate_id,
+            current.state,
+            current.worker or "none",
+            extra=extra,
+        )
         return "skipped"
-    log.info("gate %s claimed by %s", gate_id, worker, extra={"gate_id": gate_id})
+    log.info("gate %s claimed by %s", gate_id, worker, extra=extra)
     try:
         spec = parse_spec(run.spec, source=f"gate {gate_id}")
     except GateError as exc:  # stored specs were validated; a schema change could break one
-        _fail(factory, gate_id, exc.message)
+        _fail(factory, gate_id, "gate.invalid_spec", exc.message)
         return "error"
-    outcome = asyncio.run(
-        run_gate(
-            spec,
-            settings,
-            db_url=settings.resolved_database_url(),
-            progress=NullProgress(),
-            gate_id=gate_id,
-            worker=worker,
-        )
+    runner = GateRunner(
+        spec,
+        settings,
+        db_url=settings.resolved_database_url(),
+        progress=LogProgress(gate_id),
+        gate_id=gate_id,
+        worker=worker,
     )
+    try:
+        outcome = asyncio.run(_run_registered(runner))
+    except BaseException as exc:
+        # The runner records every ending it knows; this is one it does not (a bug, or an
+        # interrupt before its teardown could finish). Never leave the row running.
+        log.exception("gate %s failed outside its runner", gate_id, extra=extra)
+        _fail(
+            factory,
+            gate_id,
+            "gate.internal_error",
+            f"the gate failed on {worker}: {type(exc).__name__}: {exc}",
+        )
+        if isinstance(exc, Exception | asyncio.CancelledError):
+            return "error"
+        raise
     state = str(outcome.document["state"])
-    log.info("gate %s finished: %s %s", gate_id, state, outcome.verdict, extra={"gate_id": gate_id})
+    log.info(
+        "gate %s finished: %s, verdict %s",
+        gate_id,
+        state,
+        outcome.verdict,
+        extra={**extra, "state": state, "verdict": outcome.verdict},
+    )
     if run.callback:
         from gate.integrations.callbacks import deliver_callback
 
-        deliver_callback(
-            run.callback,
-            store.verdict_summary(store.get_gate(factory, gate_id), settings.public_url),
-            settings,
-        )
+        try:
+            deliver_callback(
+                run.callback,
+                store.verdict_summary(store.get_gate(factory, gate_id), settings.public_url),
+                settings,
+            )
+        except Exception:  # the verdict is stored; a callback failure must not redo the gate
+            log.exception("gate %s: callback delivery failed", gate_id, extra=extra)
     return state
 
 
-def _fail(factory: sessionmaker[Session], gate_id: str, message: str) -> None:
+def _fail(factory: sessionmaker[Session], gate_id: str, check: str, message: str) -> None:
+    """End a gate that is still running (or pending) as an error with a hold, and release
+    whatever reservation it still holds."""
     with transaction(factory) as s:
-        run = s.get(GateRun, gate_id)
-        if run is not None:
-            store._end(run, "error", "gate.invalid_spec", message)
+        run = s.get(GateRun, gate_id, with_for_update=True)
+        if run is not None and run.state not in store.FINISHED:
+            store._end(run, "error", check, message)
+        held = list(
+            s.scalars(
+                select(Reservation.id).where(
+                    Reservation.gate_id == gate_id, Reservation.state == "active"
+                )
+            )
+        )
+    for reservation_id in held:
+        leases.release(factory, reservation_id, "gate failed")

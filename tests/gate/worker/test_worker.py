@@ -1,0 +1,309 @@
+"""`gate worker` for real: Celery on a real Redis, gates in a real PostgreSQL, sim engines as
+real processes. A gate runs to a verdict; a duplicate delivery runs it once; a worker killed
+with SIGKILL mid-gate loses nothing (the gate ends in hold naming the lost worker, its GPUs
+are released, its engines die with the worker, the redelivered message is skipped); cancel
+and SIGTERM end a running gate cancelled with everything torn down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.core.settings import Settings
+from gate.models import GatePhase, GateRun, GpuLease, Reservation
+from gate.runs import store
+from gate.runs.dispatch import CeleryDispatcher
+from gate.spec import parse_spec
+
+pytestmark = pytest.mark.slow
+
+StartWorker = Callable[..., Any]  # conftest.start_worker: starts a `gate worker` process
+Finder = Callable[[str], list[int]]
+
+
+def sim(tag: str, *flags: str) -> list[str]:
+    argv = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+    return [*argv, "--tag", tag, *flags]
+
+
+def gate_spec(tag: str, *, requests: int, rate: float = 40.0) -> dict[str, Any]:
+    """A gate on two sim engines. Long gates are 3000 requests at 20/s (150 s), not more:
+    the load generator builds and checks every request on the event loop before the first
+    one is sent, and that loop also beats the gate's heartbeat (100k requests stall it for
+    10-20 s on two busy cores, longer than the tests' 3 s `lost_after_s`)."""
+    return {
+        "name": "worker-test",
+        "model": "demo-model",
+        "reference": {"command": sim(tag, "--seed", "1")},
+        "candidate": {"command": sim(tag, "--seed", "2")},
+        "shape": {"sku": "H200", "gpus_per_engine": 1},
+        "scenarios": [
+            {
+                "name": "steady",
+                "arrival": "poisson",
+                "rate": rate,
+                "requests": requests,
+                "prompt_tokens": 64,
+                "max_tokens": 16,
+            }
+        ],
+    }
+
+
+def create(factory: sessionmaker[Session], spec: dict[str, Any]) -> str:
+    run, created = store.create_gate(factory, parse_spec(spec, "test spec"), source="test")
+    assert created
+    return run.id
+
+
+def submit(settings: Settings, gate_id: str, times: int = 1) -> None:
+    dispatcher = CeleryDispatcher(settings)
+    for _ in range(times):
+        dispatcher.submit(gate_id)
+    dispatcher.close()
+
+
+def wait_gate(
+    factory: sessionmaker[Session],
+    gate_id: str,
+    until: Callable[[GateRun], bool],
+    timeout: float,
+) -> GateRun:
+    t0 = time.monotonic()
+    while True:
+        run = store.get_gate(factory, gate_id)
+        if until(run):
+            return run
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(
+                f"gate {gate_id} still {run.state}/{run.phase} after {timeout}s ({run.reason})"
+            )
+        time.sleep(0.1)
+
+
+def finished(run: GateRun) -> bool:
+    return run.state in store.FINISHED
+
+
+def measuring(run: GateRun) -> bool:
+    """Both engines up and the scenario's load flowing."""
+    return (
+        run.state == "running"
+        and (run.phase or "").startswith("scenario:")
+        and bool(run.progress)
+        and int((run.progress or {}).get("done", 0)) > 0
+    )
+
+
+def active_leases(factory: sessionmaker[Session]) -> int:
+    with transaction(factory) as s:
+        return int(s.scalar(select(func.count()).select_from(GpuLease)) or 0)
+
+
+def phases(factory: sessionmaker[Session], gate_id: str, phase: str) -> int:
+    with transaction(factory) as s:
+        return int(
+            s.scalar(
+                select(func.count())
+                .select_from(GatePhase)
+                .where(GatePhase.gate_id == gate_id, GatePhase.phase == phase)
+            )
+            or 0
+        )
+
+
+def broker_empty(redis_url: str) -> tuple[int, int]:
+    """(messages waiting in the gates queue, messages delivered but not acknowledged)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.llen("gates")), int(client.hlen("unacked"))
+    finally:
+        client.close()
+
+
+def wait_engines_gone(find: Finder, tag: str, timeout: float = 10.0) -> float:
+    t0 = time.monotonic()
+    while find(tag):
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"engines {find(tag)} still alive after {timeout}s")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_worker_runs_a_gate_to_a_verdict(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    tag: str,
+) -> None:
+    worker = start_worker()
+    gate_id = create(factory, gate_spec(tag, requests=60))
+    submit(settings, gate_id)
+    run = wait_gate(factory, gate_id, finished, timeout=90)
+    assert run.state == "complete", run.reason
+    assert run.verdict in ("continue", "hold")
+    assert run.worker == worker.name and run.attempts == 1
+    assert run.document is not None and run.document["checks"]
+    assert any(c["id"] == "steady.ttft.p50" for c in run.document["checks"])
+    assert active_leases(factory) == 0
+    worker.wait_for(f"gate {gate_id} finished: complete", 10)
+    log = worker.log()
+    # Structured progress lines carry the gate id, one per phase.
+    for phase in ("reserved", "model_listed", "scenario:steady", "judging", "released"):
+        assert f"gate_id={gate_id} " in log and f"phase={phase} " in log, phase
+    assert f"gate_id={gate_id} scenario=steady" in log
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert worker.stop() == 0
+
+
+def test_a_task_delivered_twice_runs_the_gate_once(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    tag: str,
+) -> None:
+    # Two gates at a time (threads pool): both deliveries run at once and race for the claim.
+    worker = start_worker("--concurrency", "2")
+    gate_id = create(factory, gate_spec(tag, requests=40))
+    submit(settings, gate_id, times=2)
+    run = wait_gate(factory, gate_id, finished, timeout=90)
+    assert run.state == "complete", run.reason
+    assert run.attempts == 1
+    worker.wait_for(f"gate {gate_id} finished", 10)
+    worker.wait_for(f"gate {gate_id} not pending", 10)
+    log = worker.log()
+    # Every delivery but one was skipped. (A gate that outlives the tests' 4 s visibility
+    # timeout gets one more delivery per timeout, and that one is skipped too.)
+    deliveries = log.count(f"Task gate.run[gate-{gate_id}] received")
+    assert log.count(f"gate {gate_id} claimed by") == 1
+    assert log.count(f"gate {gate_id} not pending") == deliveries - 1 >= 1
+    assert phases(factory, gate_id, "launched") == 2  # one reference, one candidate
+    assert phases(factory, gate_id, "requested") == 1
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert worker.stop() == 0
+
+
+def test_sigkill_of_a_worker_mid_gate_loses_nothing(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    find_processes: Finder,
+    tag: str,
+) -> None:
+    first = start_worker()
+    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20))
+    submit(settings, gate_id)
+    t_submit = time.monotonic()
+    wait_gate(factory, gate_id, measuring, timeout=90)
+    engines = find_processes(tag)
+    assert len(engines) == 2
+    assert {parent_of(p) for p in engines} == {first.pid}  # the worker's own children
+
+    os.kill(first.pid, signal.SIGKILL)  # what a node loss or the OOM killer does
+    first.proc.wait()
+    t_kill = time.monotonic()
+    engines_gone_s = wait_engines_gone(find_processes, tag)  # parent-death signal
+
+    # A second real worker: its reaper ends the lost gate, and Redis redelivers the
+    # unacknowledged message to it after the visibility timeout.
+    second = start_worker(wait_ready=False)
+    run = wait_gate(factory, gate_id, finished, timeout=settings.lost_after_s + 30)
+    ended_s = time.monotonic() - t_kill
+    second.wait_for(f"{second.name} ready", 60)
+    ready_s = time.monotonic() - t_kill
+    assert run.state == "error" and run.verdict == "hold"
+    assert run.reason is not None
+    assert f"the worker running this gate ({first.name}) stopped sending heartbeats" in run.reason
+    assert run.document is not None and run.document["reasons"][0]["check"] == "gate.worker_lost"
+    # The heartbeat must be lost_after_s old, and the second worker's reaper must be up
+    # (a Python process importing Celery and the gate on two shared cores: seconds).
+    assert ended_s <= settings.lost_after_s + 15, ended_s
+    assert active_leases(factory) == 0
+    with transaction(factory) as s:
+        reservations = list(s.scalars(select(Reservation).where(Reservation.gate_id == gate_id)))
+    assert [(r.state, r.release_reason) for r in reservations] == [("released", "worker lost")]
+
+    # The redelivered message does not start the gate again.
+    vt = settings.broker_visibility_timeout_s
+    second.wait_for(f"gate {gate_id} not pending (error", vt + 20)
+    skipped_s = time.monotonic() - t_kill
+    assert find_processes(tag) == []
+    run = store.get_gate(factory, gate_id)
+    assert (run.state, run.attempts) == ("error", 1)
+    assert phases(factory, gate_id, "requested") == 1
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert second.stop() == 0
+    print(
+        f"\nSIGKILL, seconds after the kill: engines gone {engines_gone_s:.2f}; gate ended "
+        f"in hold {ended_s:.2f} (lost_after_s={settings.lost_after_s}, heartbeat_s="
+        f"{settings.heartbeat_s}); second worker ready {ready_s:.2f}; redelivered message "
+        f"skipped by {skipped_s:.2f} (visibility timeout {vt}s from delivery, "
+        f"{t_kill - t_submit:.2f}s before the kill)"
+    )
+
+
+def test_cancel_of_a_running_gate_tears_it_down(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    find_processes: Finder,
+    tag: str,
+) -> None:
+    worker = start_worker()
+    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20))
+    submit(settings, gate_id)
+    wait_gate(factory, gate_id, measuring, timeout=90)
+    assert len(find_processes(tag)) == 2
+    t0 = time.monotonic()
+    store.request_cancel(factory, gate_id)
+    run = wait_gate(factory, gate_id, finished, timeout=30)
+    assert (run.state, run.verdict) == ("cancelled", "hold")
+    assert run.reason == "cancelled on request before the gate could decide"
+    assert time.monotonic() - t0 < 15
+    wait_engines_gone(find_processes, tag, timeout=5)
+    assert active_leases(factory) == 0
+    worker.wait_for(f"gate {gate_id} finished: cancelled", 10)
+    assert worker.proc.poll() is None  # the worker lives on, ready for the next gate
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert worker.stop() == 0
+
+
+def test_sigterm_stops_the_running_gate_and_releases_everything(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    find_processes: Finder,
+    tag: str,
+) -> None:
+    worker = start_worker()
+    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20))
+    submit(settings, gate_id)
+    wait_gate(factory, gate_id, measuring, timeout=90)
+    t0 = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)  # warm shutdown: docker stop, a pod deletion
+    assert worker.proc.wait(timeout=30) == 0
+    exited_s = time.monotonic() - t0
+    run = store.get_gate(factory, gate_id)
+    assert (run.state, run.verdict) == ("cancelled", "hold")
+    assert run.reason == (
+        f"the worker running this gate ({worker.name}) was shut down (SIGTERM) before the "
+        "gate could decide; its engines were torn down and its GPUs released"
+    )
+    assert find_processes(tag) == []
+    assert active_leases(factory) == 0
+    assert broker_empty(str(settings.broker_url)) == (0, 0)  # acknowledged, not redelivered
+    assert exited_s < 15, exited_s
