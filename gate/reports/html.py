@@ -455,10 +455,16 @@ def _scenarios(
         charts = (
             scenario_charts(name, cols, warmup, phases, slos, sc.get("duration_s")) if cols else {}
         )
+        early = sc.get("early_stop") if isinstance(sc.get("early_stop"), Mapping) else None
         out.append(
             {
                 "name": name,
                 "anchor": f"scenario-{i + 1}",
+                "early_stop": str(early.get("message") or early.get("reason") or "")
+                if early
+                else None,
+                "planned": sc.get("planned_requests"),
+                "looks": sc.get("looks"),
                 "duration": _seconds(sc.get("duration_s")),
                 "aborted": bool(sc.get("aborted")),
                 "phases": phases,
@@ -557,6 +563,33 @@ def _divergences(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "reference": window(ref),
                 "candidate": window(cand),
                 "more": max(len(ref), len(cand)) > index + 12,
+                "outside_top_k": bool(ex.get("outside_top_k")),
+            }
+        )
+    return out
+
+
+def _correctness(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for run in doc.get("correctness") or []:
+        if not isinstance(run, Mapping):
+            continue
+        answered: Mapping[str, Any] = run.get("answered") or {}
+        if not isinstance(answered, Mapping):
+            answered = {}
+        out.append(
+            {
+                "name": str(run.get("name", "")),
+                "probes": run.get("probes"),
+                "answered": ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in answered.items()),
+                "exact": run.get("exact_matches"),
+                "envelope": run.get("envelope_exact_matches"),
+                "teacher": run.get("teacher_forced"),
+                "failures": [
+                    (str(f.get("engine", "")), str(f.get("message", "")))
+                    for f in run.get("failures") or []
+                    if isinstance(f, Mapping)
+                ],
             }
         )
     return out
@@ -630,6 +663,7 @@ def report_context(
         else None,
         "engines": _engines(doc),
         "divergences": _divergences(doc),
+        "correctness": _correctness(doc),
         "probes": _probes(doc),
         "links": list(links),
         "doc_json": json.dumps(doc, indent=2, allow_nan=False, default=str),

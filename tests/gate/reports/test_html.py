@@ -1,16 +1,26 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
 
-from gate.reports.charts import cdf_chart, scatter_chart, timeline_chart
-from gate.reports.html import render_report, write_report
+from gate.reports.charts import (
+    Line,
+    cdf_chart,
+    error_timeline,
+    interval_glyph,
+    line_chart,
+    scatter_chart,
+    timeline_chart,
+)
+from gate.reports.html import render_report, scenario_charts, write_report
 from gate.runs.samples import columns_from_records
 from loadgen.records import RequestRecord
 
 EVIL = "<script>alert('x')</script>"
+NS = "{http://www.w3.org/2000/svg}"
 
 
 def _records(n: int, ttft_ms: float) -> list[RequestRecord]:
@@ -126,3 +136,166 @@ def test_charts_are_well_formed_svg() -> None:
     for svg in svgs:
         ElementTree.fromstring(svg)  # raises on malformed XML
     assert "t &lt;&amp;&gt;" in svgs[0]
+
+
+def _svgs(html: str) -> list[ElementTree.Element]:
+    return [ElementTree.fromstring(m) for m in re.findall(r"<svg .*?</svg>", html, flags=re.S)]
+
+
+def test_every_chart_is_well_formed_and_labelled() -> None:
+    rng = np.random.default_rng(1)
+    x = np.linspace(0.5, 9.5, 10)
+    charts = [
+        # A long tail: the x axis goes logarithmic.
+        cdf_chart(
+            {"reference": rng.lognormal(3, 0.8, 500), "candidate": rng.lognormal(3.3, 0.8, 500)},
+            "tail",
+            "ms",
+        ),
+        line_chart(
+            [
+                Line("sent", "#888", x, np.full(10, 20.0), dash=True),
+                Line("reference", "#36a", x, x),
+            ],
+            "rates",
+            "s",
+            "requests/s",
+            [("warm", 0.0), ("hot <b>", 5.0)],
+            kind="throughput",
+        ),
+        error_timeline(
+            {
+                "reference": (np.array([]), []),
+                "candidate": (np.array([1.0, 1.0, 2.5]), ["http_5xx", "http_5xx", "timeout"]),
+            },
+            10.0,
+            "errors",
+            [("hot", 5.0)],
+        ),
+        error_timeline({"reference": (np.array([]), []), "candidate": (np.array([]), [])}, 3, "e"),
+        timeline_chart(
+            {
+                "reference": {"launched": 0.0, "port_open": 0.5, "ready": 1.0},
+                "candidate": {"launched": 0.0, "port_open": 0.7, "crashed": 1.5},
+            },
+            "lifecycle",
+        ),
+    ]
+    for svg in charts:
+        root = ElementTree.fromstring(svg)
+        assert root.get("role") == "img" and root.get("aria-label") and root.get("data-chart")
+        assert root.find(f"{NS}title") is not None
+    assert "(log scale)" in charts[0] and "p99" in charts[0]
+    assert "hot &lt;b&gt;" in charts[1] and 'stroke-dasharray="6 4"' in charts[1]
+    assert "candidate: 3 failed (http_5xx 2, timeout 1)" in charts[2]
+    assert "no request failed on either engine" in charts[3]
+    assert "candidate crashed at 1.500 s" in charts[4]
+    glyph = interval_glyph(1.4, (1.3, 1.5), 1.05, (0.9, 1.6), "fail")
+    assert ElementTree.fromstring(glyph).get("aria-label") == (
+        "ratio 1.400x, interval 1.300x to 1.500x, threshold 1.050x"
+    )
+
+
+def test_scenario_charts_with_phases_and_slos() -> None:
+    cols = {
+        "reference": columns_from_records(_records(60, 40), 0),
+        "candidate": columns_from_records(_records(60, 60), 0),
+    }
+    charts = scenario_charts("peak", cols, 5, [("a", 0.0), ("b", 0.3)], {"ttft_ms": 50.0}, 1.0)
+    assert list(charts) == ["ttft_cdf", "itl_cdf", "ttft_time", "itl_time", "throughput", "errors"]
+    rates = str(charts["throughput"])
+    # With an SLO, goodput (dashed) differs from throughput: the candidate misses TTFT <= 50.
+    assert "reference throughput" in rates and "candidate goodput" in rates
+    assert "TTFT &lt;= 50 ms" in rates and "candidate: 0 good of 60 sent" in rates
+    for svg in charts.values():
+        ElementTree.fromstring(str(svg))
+
+
+def test_report_of_a_gate_that_could_not_finish() -> None:
+    doc = {
+        "gate_id": "g1",
+        "name": "lost",
+        "state": "error",
+        "verdict": "hold",
+        "reasons": [{"check": "gate.worker_lost", "message": "the worker stopped <b>"}],
+        "checks": [],
+        "notes": ["The gate could not finish, so it cannot vouch for the candidate: hold."],
+        "error": {"code": "worker_lost", "message": "the worker stopped <b>"},
+        "finished_at": "2026-11-30T00:00:00+00:00",
+        "exit_code": 2,
+    }
+    html = render_report(doc, {})
+    assert "could not finish" in html and "the worker stopped &lt;b&gt;" in html
+    assert "<svg" not in html and "Checks" not in html
+
+
+def test_units_divergence_examples_and_no_script() -> None:
+    doc = _doc()
+    doc["checks"] += [
+        {
+            "id": "steady.errors",
+            "group": "errors",
+            "decision": "pass",
+            "reference": 0.002,
+            "candidate": 0.004,
+            "threshold": 0.01,
+            "samples": [50, 50],
+            "message": "e",
+        },
+        {
+            "id": "startup.ready",
+            "group": "startup",
+            "metric": "ready_s",
+            "decision": "pass",
+            "reference": 1.5,
+            "candidate": 1.6,
+            "ratio": 1.07,
+            "threshold": 4.0,
+            "samples": [1, 1],
+            "message": "s",
+        },
+        {
+            "id": "o.overload",
+            "group": "overload",
+            "metric": "collapse",
+            "decision": "inconclusive",
+            "reference": 0.0,
+            "candidate": 0.01,
+            "interval": [-0.066, 0.066],
+            "threshold": 0.02,
+            "samples": [90, 90],
+            "message": "o",
+        },
+    ]
+    doc["divergence_examples"] = [
+        {
+            "prompt": "2+2=",
+            "reference_tokens": ["17", "18", "19"],
+            "candidate_tokens": ["17", "20"],
+            "index": 1,
+            "margin": 0.0123,
+            "outside_top_k": True,
+            "scenario": "correctness",
+        }
+    ]
+    doc["correctness"] = [
+        {
+            "name": "correctness",
+            "probes": 8,
+            "answered": {"reference": 8, "candidate": 8},
+            "exact_matches": 7,
+            "envelope_exact_matches": 8,
+            "teacher_forced": 8,
+            "failures": [{"engine": "candidate", "message": EVIL}],
+        }
+    ]
+    html = render_report(doc, {})
+    assert "0.20%" in html and "0.40%" in html and "1.00%" in html  # error fractions
+    assert "1.50 s" in html and "4.00 s" in html  # startup seconds
+    assert "-6.6 to +6.6 pts" in html and "2.0 pts" in html  # collapse difference
+    assert '<mark class="tok div" title="first divergence (token 1)">20</mark>' in html
+    assert "margin <strong>0.0123</strong>" in html and "outside the reference" in html
+    assert "<script" not in html and EVIL not in html
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    plain = render_report(_doc(), {})
+    assert 'id="divergence-heading"' not in plain  # absent examples: no section

@@ -70,7 +70,7 @@ def test_gate_page_is_the_file_report_with_links(
         ["cdf", "cdf", "over-time", "over-time", "throughput", "errors", "lifecycle"]
     )
     assert 'aria-label="steady: time to first token (CDF).' in html
-    assert "Divergence examples" in html and 'class="tok div"' in html
+    assert "Correctness and divergence examples" in html and 'class="tok div"' in html
     # A finished gate's page runs no script at all; the CSP would refuse any injected one.
     assert "<script" not in html
     csp = r.headers["content-security-policy"]
