@@ -629,4 +629,6 @@ def parse_spec_text(text: str, source: str = "spec", *, json_only: bool = False)
 
 
 def spec_to_dict(spec: GateSpec) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
+    """The spec as its author wrote it (fields left to their defaults stay out), so that
+    `parse_spec(spec_to_dict(spec)) == spec`: stored specs are re-read by workers."""
+    return spec.model_dump(mode="json", exclude_unset=True)

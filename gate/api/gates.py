@@ -83,6 +83,12 @@ class CreateGate(BaseModel):
     candidate: dict[str, Any] | None = Field(
         default=None, description="replaces the spec's candidate engine"
     )
+    reference_image: str | None = Field(
+        default=None, max_length=500, description="replaces the image of a kubernetes reference"
+    )
+    candidate_image: str | None = Field(
+        default=None, max_length=500, description="replaces the image of a kubernetes candidate"
+    )
 
 
 class EnsureGate(CreateGate):
@@ -157,6 +163,8 @@ def submit(ctx: CtxDep, body: CreateGate, source: str, key: str | None) -> tuple
         spec_name=body.spec_name,
         reference=body.reference,
         candidate=body.candidate,
+        reference_image=body.reference_image,
+        candidate_image=body.candidate_image,
     )
     run, created = store.create_gate(ctx.factory, spec, source=source, idempotency_key=key)
     if created:
@@ -202,6 +210,8 @@ def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep) -> VerdictSummary:
         spec_name=body.spec_name,
         reference=body.reference,
         candidate=body.candidate,
+        reference_image=body.reference_image,
+        candidate_image=body.candidate_image,
     )
     key = body.key or store.spec_key(spec)
     run, created = store.create_gate(ctx.factory, spec, source="argo", idempotency_key=key)

@@ -67,6 +67,7 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
         spec_name=md["spec"],
         reference=reference,
         candidate=candidate,
+        candidate_image=md.get("candidate_image") or None,
         source="flagger",
     )
     revision = hook.checksum or store.spec_key(spec)
@@ -124,6 +125,7 @@ class CiDelivery(BaseModel):
     spec_name: str | None = None
     reference: dict[str, Any] | None = None
     candidate: dict[str, Any] | None = None
+    candidate_image: str | None = Field(default=None, max_length=500)
     callback: Callback | None = None
 
 
@@ -191,6 +193,7 @@ async def ci_webhook(
         spec_name=delivery.spec_name,
         reference=delivery.reference,
         candidate=delivery.candidate,
+        candidate_image=delivery.candidate_image,
         source="webhook body",
     )
     run, created = store.create_gate(

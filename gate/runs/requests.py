@@ -18,15 +18,17 @@ def resolve_spec(
     spec_name: str | None = None,
     reference: Mapping[str, Any] | None = None,
     candidate: Mapping[str, Any] | None = None,
+    reference_image: str | None = None,
+    candidate_image: str | None = None,
     source: str = "request",
 ) -> GateSpec:
     """`spec` inline, or `spec_name` from settings.spec_dir; `reference`/`candidate`, when
-    given, replace the spec's engines (a rollout controller names only the new image)."""
+    given, replace the spec's engines; `reference_image`/`candidate_image` replace only the
+    image of a Kubernetes engine (what a rollout controller knows: the new image)."""
     if (spec is None) == (spec_name is None):
         raise SpecError([FieldProblem("spec", "give exactly one of `spec` or `spec_name`")], source)
     if spec_name is not None:
-        base = _named(settings, spec_name, source)
-        data: dict[str, Any] = spec_to_dict(base)
+        data: dict[str, Any] = spec_to_dict(_named(settings, spec_name, source))
         where = f"spec {spec_name!r}"
     else:
         assert spec is not None
@@ -36,6 +38,22 @@ def resolve_spec(
         data["reference"] = dict(reference)
     if candidate is not None:
         data["candidate"] = dict(candidate)
+    problems: list[FieldProblem] = []
+    for role, image in (("reference", reference_image), ("candidate", candidate_image)):
+        if image is None:
+            continue
+        engine = data.get(role)
+        if not isinstance(engine, Mapping) or not isinstance(engine.get("kubernetes"), Mapping):
+            problems.append(
+                FieldProblem(
+                    f"{role}_image",
+                    f"the spec's {role} is not a kubernetes engine, so it has no image to replace",
+                )
+            )
+            continue
+        data[role] = {**engine, "kubernetes": {**engine["kubernetes"], "image": image}}
+    if problems:
+        raise SpecError(problems, where)
     return parse_spec(data, where)
 
 

@@ -54,7 +54,8 @@ def _aware(t: datetime | None) -> datetime | None:
 def spec_key(spec: GateSpec) -> str:
     """The idempotency key of a spec: the SHA-256 of its canonical JSON (reference,
     candidate, scenarios, shape, policy, seed: everything that decides what is run)."""
-    canonical = json.dumps(spec_to_dict(spec), sort_keys=True, separators=(",", ":"))
+    full = spec.model_dump(mode="json")  # defaults included: the same spec, however written
+    canonical = json.dumps(full, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

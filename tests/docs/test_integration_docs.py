@@ -1,0 +1,237 @@
+"""The integration docs work as written: the Argo Rollouts AnalysisTemplate is sent to the
+real API the way Argo's web provider sends it and its conditions and limits are applied as Argo
+applies them; the GitHub Actions step's script runs in bash against a real `gate serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from gate.api.app import create_app
+from gate.core.database import transaction
+from gate.core.settings import Settings
+from gate.models import GateRun
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "integrations"
+
+
+def yaml_blocks(path: Path) -> list[Any]:
+    text = path.read_text()
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+class Recording:
+    kind = "recording"
+
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+
+    def submit(self, gate_id: str) -> None:
+        self.submitted.append(gate_id)
+
+    def queue_depth(self) -> int | None:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+
+def named_specs(tmp_path: Path) -> Path:
+    d = tmp_path / "specs"
+    d.mkdir()
+    shutil.copy(ROOT / "examples" / "specs" / "kubernetes.yaml", d / "vllm-h200-k8s.yaml")
+    return d
+
+
+# -- Argo Rollouts ---------------------------------------------------------------------------
+
+
+def substitute(value: Any, args: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return re.sub(r"\{\{args\.([\w-]+)\}\}", lambda m: args[m.group(1)], value)
+    if isinstance(value, dict):
+        return {k: substitute(v, args) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, args) for v in value]
+    return value
+
+
+def condition(expr: str, result: dict[str, Any]) -> bool:
+    """The conditions the template uses: `result.<field> == "<value>"` (Argo's expr language;
+    a null field compares unequal)."""
+    m = re.fullmatch(r'result\.(\w+) == "([^"]*)"', expr.strip())
+    assert m, f"the doc uses a condition this test does not model: {expr}"
+    return bool(result.get(m.group(1)) == m.group(2))
+
+
+def test_argo_analysis_template_as_written(tmp_path: Path) -> None:
+    template = next(
+        b for b in yaml_blocks(DOCS / "argo-rollouts.md") if b["kind"] == "AnalysisTemplate"
+    )
+    metric = template["spec"]["metrics"][0]
+    web = metric["provider"]["web"]
+    assert "count" not in metric  # see the doc: a count would let an undecided gate pass
+    settings = Settings(data_dir=tmp_path / ".gate", spec_dir=named_specs(tmp_path))
+    app = create_app(settings, start_workers=False)
+    recording = Recording()
+    app.state.ctx.dispatcher = recording
+    from gate.access.tokens import create_token
+
+    token = create_token(app.state.ctx.factory, "argo-rollouts", ["run"])
+    args = {"candidate-image": "vllm/vllm-openai:v0.11.1", "gate-token": token}
+    url = httpx.URL(substitute(web["url"], args))
+    headers = {h["key"]: substitute(h["value"], args) for h in web["headers"]}
+    body = substitute(web["jsonBody"], args)
+    assert web["jsonPath"] == "{$}"
+
+    def measure(client: TestClient) -> tuple[str, dict[str, Any]]:
+        r = client.request(web["method"], url.path, headers=headers, json=body)
+        assert r.status_code == 200, r.text  # non-2xx would be an Argo Error measurement
+        result = r.json()
+        if condition(metric["failureCondition"], result):
+            return "Failed", result
+        if condition(metric["successCondition"], result):
+            return "Successful", result
+        return "Inconclusive", result
+
+    with TestClient(app) as client:
+        phases = [measure(client) for _ in range(3)]
+        assert [p for p, _ in phases] == ["Inconclusive"] * 3
+        ids = {r["id"] for _, r in phases}
+        assert len(ids) == 1 and len(recording.submitted) == 1  # polling starts one gate
+        gid = ids.pop()
+        assert metric["inconclusiveLimit"] >= 3
+        run = client.get(f"/v1/gates/{gid}", headers=headers).json()
+        assert run["candidate"] == "vllm/vllm-openai:v0.11.1"
+        assert run["reference"] == "vllm/vllm-openai:v0.10.2"
+
+        def finish(verdict: str, state: str = "complete") -> None:
+            with transaction(app.state.ctx.factory) as s:
+                row = s.get(GateRun, gid)
+                assert row is not None
+                row.state, row.verdict, row.reason = state, verdict, f"gate said {verdict}"
+
+        finish("continue")
+        phase, result = measure(client)
+        assert phase == "Successful"
+        assert metric["consecutiveSuccessLimit"] == 1  # one success ends the metric
+        assert result["report_url"].endswith(f"/gates/{gid}")
+        finish("hold")
+        assert measure(client)[0] == "Failed"
+        assert metric["failureLimit"] == 0  # one failure aborts the rollout
+        finish("hold", state="cancelled")
+        phase, result = measure(client)
+        assert (phase, result["state"]) == ("Failed", "error")
+
+
+# -- GitHub Actions ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    sys.path.insert(0, str(ROOT / "tests" / "gate" / "api"))
+    from test_integrations import Receiver  # the real HTTP receiver of the API tests
+
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
+    for tool in ("bash", "jq", "openssl", "curl"):
+        assert shutil.which(tool), f"{tool} is needed to run the documented step"
+    workflow = yaml_blocks(DOCS / "github-actions.md")[0]
+    step = workflow["jobs"]["gate"]["steps"][0]
+    secret = "doc-test-secret"
+    port = free_port()
+    env = {
+        **os.environ,
+        "GATE_DATA_DIR": str(tmp_path / ".gate"),
+        "GATE_SPEC_DIR": str(named_specs(tmp_path)),
+        "GATE_WEBHOOK_SECRET": secret,
+        "GATE_CALLBACK_ALLOW": json.dumps([f"{receiver.url}/repos/acme/"]),
+        "GATE_CALLBACK_TOKEN": "status-writer",
+        "GATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        "HOME": str(tmp_path),  # no ~/.kube/config: the kubernetes gate ends in hold at once
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gate", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(f"{base}/metrics", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        step_env = {
+            k: str(v)
+            .replace("${{ secrets.GATE_WEBHOOK_SECRET }}", secret)
+            .replace("${{ github.sha }}", "abc123")
+            for k, v in step["env"].items()
+        }
+        step_env["GATE_URL"] = base
+        github = {
+            "GITHUB_REPOSITORY": "acme/llm",
+            "GITHUB_RUN_ID": "42",
+            "GITHUB_RUN_ATTEMPT": "1",
+            "GITHUB_SHA": "abc123",
+            "GITHUB_API_URL": receiver.url,
+        }
+        done = subprocess.run(
+            ["bash", "-c", step["run"]],
+            env={**os.environ, **step_env, **github},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        accepted = json.loads(done.stdout)
+        assert accepted["duplicate"] is False
+        gid = accepted["gate"]["id"]
+        # a re-run of the same job attempt is the same delivery: no second gate
+        again = subprocess.run(
+            ["bash", "-c", step["run"]],
+            env={**os.environ, **step_env, **github},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode != 0 or json.loads(again.stdout)["gate"]["id"] == gid
+        deadline = time.monotonic() + 60
+        while not receiver.calls and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert receiver.calls, "no commit status arrived"
+        headers, status = receiver.calls[0]
+        assert headers["Authorization"] == "Bearer status-writer"
+        assert status["context"] == "llm-deploy-gate"
+        assert status["state"] == "failure"  # no cluster here: the gate holds
+        assert status["target_url"] == f"{base}/gates/{gid}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

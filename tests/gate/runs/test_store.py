@@ -1,0 +1,136 @@
+"""The service's gate records: idempotent create, claim once, cancel, the reaper, listing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate.core.database import transaction
+from gate.models import GateRun, GpuLease, Reservation
+from gate.reservations import leases
+from gate.reservations.allocator import ShapeRequest
+from gate.reservations.inventory import load_inventory
+from gate.runs import store
+from gate.spec import GateSpec, load_spec, parse_spec, spec_to_dict
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "specs").glob("*.yaml"))
+
+
+def small_spec(name: str = "s", ttft: str = "20") -> GateSpec:
+    return parse_spec(
+        {
+            "name": name,
+            "model": "m",
+            "reference": {"preset": "sim"},
+            "candidate": {"preset": "sim", "args": ["--ttft-ms", ttft]},
+            "scenarios": [{"name": "a", "rate": 5, "requests": 10}, {"suite": "compatibility"}],
+        }
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_stored_specs_read_back_equal(path: Path, factory: sessionmaker[Session]) -> None:
+    spec = load_spec(path)
+    assert parse_spec(spec_to_dict(spec)) == spec
+    run, _ = store.create_gate(factory, spec)
+    assert parse_spec(store.get_gate(factory, run.id).spec) == spec
+
+
+def test_key_is_the_same_for_the_same_spec_however_written() -> None:
+    a = small_spec()
+    b = parse_spec({**spec_to_dict(a), "seed": 0, "policy": {}})  # defaults spelt out
+    assert store.spec_key(a) == store.spec_key(b)
+    assert store.spec_key(a) != store.spec_key(small_spec(ttft="21"))
+
+
+def test_create_with_a_key_is_idempotent(factory: sessionmaker[Session]) -> None:
+    a, created_a = store.create_gate(factory, small_spec(), idempotency_key="k")
+    b, created_b = store.create_gate(factory, small_spec("other"), idempotency_key="k")
+    assert (created_a, created_b) == (True, False)
+    assert a.id == b.id
+    assert a.state == "pending"
+    assert a.candidate_label == "sim --ttft-ms 20"
+
+
+def test_claim_runs_a_gate_once(factory: sessionmaker[Session]) -> None:
+    run, _ = store.create_gate(factory, small_spec())
+    first = store.claim(factory, run.id, "w1")
+    assert first is not None and first.state == "running" and first.worker == "w1"
+    assert store.claim(factory, run.id, "w2") is None  # a redelivery finds it taken
+    assert store.get_gate(factory, run.id).worker == "w1"
+
+
+def test_cancel_pending_running_and_finished(factory: sessionmaker[Session]) -> None:
+    pending, _ = store.create_gate(factory, small_spec("p"))
+    out = store.request_cancel(factory, pending.id)
+    assert (out.state, out.verdict) == ("cancelled", "hold")
+    assert out.document is not None and out.document["reasons"][0]["check"] == "gate.cancelled"
+    running, _ = store.create_gate(factory, small_spec("r"))
+    store.claim(factory, running.id, "w")
+    out = store.request_cancel(factory, running.id)
+    assert (out.state, out.cancel_requested) == ("running", True)  # the runner ends it
+    with pytest.raises(store.GateConflict):
+        store.request_cancel(factory, pending.id)
+    with pytest.raises(store.GateNotFound):
+        store.request_cancel(factory, "missing")
+
+
+def test_reaper_ends_lost_gates_and_releases_their_gpus(factory: sessionmaker[Session]) -> None:
+    lost, _ = store.create_gate(factory, small_spec("lost"))
+    alive, _ = store.create_gate(factory, small_spec("alive"))
+    for run in (lost, alive):
+        store.claim(factory, run.id, f"worker-{run.name}")
+    grant = leases.reserve(
+        factory,
+        load_inventory(None),
+        ShapeRequest(sku="H200", gpus_per_engine=1),
+        holder=f"gate:{lost.id}",
+        gate_id=lost.id,
+        ttl_s=600,
+    )
+    now = store.now()
+    with transaction(factory) as s:
+        row = s.get(GateRun, lost.id)
+        assert row is not None
+        row.heartbeat_at = now - timedelta(seconds=120)
+    ended = store.reap_lost(factory, lost_after_s=30, at=now)
+    assert ended == [lost.id]
+    row = store.get_gate(factory, lost.id)
+    assert (row.state, row.verdict) == ("error", "hold")
+    assert "worker-lost" in (row.reason or "") and "stopped sending heartbeats 120s ago" in (
+        row.reason or ""
+    )
+    assert store.get_gate(factory, alive.id).state == "running"
+    with transaction(factory) as s:
+        assert s.scalars(select(GpuLease)).all() == []
+        res = s.get(Reservation, grant.reservation_id)
+        assert res is not None and res.state == "released" and res.release_reason == "worker lost"
+    assert store.reap_lost(factory, lost_after_s=30, at=now) == []  # once
+
+
+def test_list_filters_escape_like_wildcards(factory: sessionmaker[Session]) -> None:
+    for name in ("a", "b", "c"):
+        store.create_gate(factory, small_spec(name))
+    rows, total = store.list_gates(factory, store.GateFilter(candidate="sim", limit=2))
+    assert total == 3 and len(rows) == 2
+    assert store.list_gates(factory, store.GateFilter(candidate="%"))[1] == 0
+    assert store.list_gates(factory, store.GateFilter(candidate="_im"))[1] == 0
+    assert store.list_gates(factory, store.GateFilter(name="b"))[1] == 1
+
+
+def test_verdict_summary_maps_states() -> None:
+    run = GateRun(id="x", state="cancelled", verdict="hold", reason="r", phase="finished")
+    s = store.verdict_summary(run, "http://g/")
+    assert s == {
+        "id": "x",
+        "state": "error",
+        "verdict": "hold",
+        "reason": "r",
+        "report_url": "http://g/gates/x",
+    }
+    run = GateRun(id="y", state="running", verdict=None, reason=None, phase="scenario:a")
+    assert store.verdict_summary(run, "http://g")["verdict"] is None
