@@ -188,8 +188,10 @@ def _phase_marks(ax: Axes, markers: Sequence[tuple[str, float]]) -> list[str]:
                 f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{MT + ax.ph}" '
                 f'stroke="{MUTED}" stroke-dasharray="4 3"/>'
             )
+        room = max(1, int((ax.sx(end) - px - 8) / 6.6))  # characters that fit in the band
+        shown = label if len(label) <= room else label[: max(1, room - 1)] + "…"
         parts.append(
-            f'<text x="{px + 4:.1f}" y="{MT + 12}" class="phase">{escape(label)}'
+            f'<text x="{px + 4:.1f}" y="{MT + 12}" class="phase">{escape(shown)}'
             f"<title>phase {escape(label)} from {_val(at)} s</title></text>"
         )
     return parts

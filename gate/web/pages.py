@@ -10,6 +10,8 @@ whose only script is the live page's inline poller, allowed by a per-response no
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import threading
 from collections import OrderedDict
@@ -231,7 +233,8 @@ def _warmup(run: GateRun) -> int:
 
 
 class _BodyCache:
-    """Rendered reports of finished gates (they never change), a few at a time."""
+    """Rendered reports of finished gates, a few at a time (charts from every request are
+    the expensive part of a page, and a finished gate's document and samples stay put)."""
 
     def __init__(self, size: int = 16) -> None:
         self.size = size
@@ -257,7 +260,10 @@ _bodies = _BodyCache()
 
 def _report_body(ctx: Ctx, run: GateRun) -> Markup:
     assert run.document is not None
-    key = (run.id, str(run.finished_at))
+    digest = hashlib.sha256(
+        json.dumps(run.document, sort_keys=True, default=str).encode()
+    ).hexdigest()
+    key = (run.id, digest)  # a document written again (a re-run, a re-judge) renders anew
     body = _bodies.get(key)
     if body is None:
         body = render_body(

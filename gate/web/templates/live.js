@@ -43,6 +43,10 @@
   function tick() {
     fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
       .then(function (r) {
+        if (r.status === 401) {  // the sign-in expired: sign in again, then come back here
+          window.location.assign("/login?next=" + encodeURIComponent(window.location.pathname));
+          throw new Error("signed out");
+        }
         if (!r.ok) { throw new Error("HTTP " + r.status); }
         return r.json();
       })
