@@ -329,3 +329,12 @@ def test_kubernetes_engines_pair_with_each_other_on_one_cluster() -> None:
     base["candidate"] = {"url": "http://127.0.0.1:8001"}  # attached elsewhere: allowed
     spec = parse_spec(base)
     assert (spec.reference.kind, spec.candidate.kind) == ("kubernetes", "endpoint")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(Path(__file__).resolve().parents[2].glob("examples/specs/*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_every_example_spec_loads(path: Path) -> None:
+    assert load_spec(path).scenarios
