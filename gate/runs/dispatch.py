@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import select
@@ -119,11 +120,19 @@ class Reaper:
     """A daemon thread ending lost gates every heartbeat period (idempotent: any number of
     reapers may run, each lost gate is ended once: the pass locks the rows it ends and skips
     the ones another reaper holds). The API and every `gate worker` run one, so a gate whose
-    worker died is ended as long as any of them is up."""
+    worker died is ended as long as any of them is up. With `alive_file`, every pass that
+    reached the database touches that file: a container health check reads its age."""
 
-    def __init__(self, settings: Settings, factory: sessionmaker[Session]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        factory: sessionmaker[Session],
+        *,
+        alive_file: Path | None = None,
+    ) -> None:
         self.settings = settings
         self.factory = factory
+        self.alive_file = alive_file
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
 
@@ -141,6 +150,12 @@ class Reaper:
         except Exception:
             log.exception("reaper pass failed")
             return []
+        if self.alive_file is not None:
+            try:
+                self.alive_file.parent.mkdir(parents=True, exist_ok=True)
+                self.alive_file.touch()
+            except OSError:
+                log.warning("cannot touch %s", self.alive_file)
         for gid in ended:
             log.warning("gate %s lost its worker: ended in hold", gid, extra={"gate_id": gid})
         return ended

@@ -6,6 +6,7 @@
 - A reaper thread ends the gates whose worker was lost (any worker's, this one's included
   after a restart): every `GATE_HEARTBEAT_S` it ends running gates whose heartbeat is older
   than `GATE_LOST_AFTER_S` in hold, with the lost worker named, and releases their GPUs.
+  Each pass that reached the database touches `alive_file()`, for a container health check.
 - Warm shutdown (SIGTERM, or the first Ctrl-C): the worker takes no new gate, and every gate
   it is running is stopped at once: engines torn down, reservation released, the gate ended
   `cancelled` with verdict hold and the reason "worker ... shut down". Its message is then
@@ -25,6 +26,7 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from gate.core.settings import Settings
@@ -93,7 +95,7 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
 
-    reaper = Reaper(settings, factory).start()
+    reaper = Reaper(settings, factory, alive_file=alive_file(settings)).start()
     reaper.once()
     worker = app.Worker(
         hostname=f"gate-{os.getpid()}@{socket.gethostname()}",
@@ -113,6 +115,13 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     code = int(getattr(worker, "exitcode", 0) or 0)
     log.info("%s stopped (exit %d)", name, code, extra={"worker": name})
     return code
+
+
+def alive_file(settings: Settings) -> Path:
+    """Touched by the worker's reaper after every pass that reached the database (every
+    `GATE_HEARTBEAT_S`, also while a gate runs): the container health check reads its age.
+    Named after the host, so workers sharing a data volume keep one file each."""
+    return settings.data_dir / "workers" / f"{socket.gethostname()}.alive"
 
 
 def _redacted(url: str) -> str:

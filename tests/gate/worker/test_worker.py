@@ -23,6 +23,7 @@ from gate.models import GatePhase, GateRun, GpuLease, Reservation
 from gate.runs import store
 from gate.runs.dispatch import CeleryDispatcher
 from gate.spec import parse_spec
+from gate.worker.main import alive_file
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +168,9 @@ def test_worker_runs_a_gate_to_a_verdict(
         assert f"gate_id={gate_id} " in log and f"phase={phase} " in log, phase
     assert f"gate_id={gate_id} scenario=steady" in log
     assert broker_empty(str(settings.broker_url)) == (0, 0)
+    # The health file the container check reads: touched by the reaper every heartbeat.
+    alive = alive_file(settings)
+    assert time.time() - alive.stat().st_mtime < 5 * settings.heartbeat_s
     assert worker.stop() == 0
 
 
