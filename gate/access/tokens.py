@@ -72,15 +72,22 @@ class TokenChecker:
         self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
         self._lock = threading.Lock()
 
-    def scopes(self, token: str) -> frozenset[str] | None:
+    def cached(self, token: str) -> tuple[bool, frozenset[str] | None]:
+        """(known, scopes) from the cache alone: known False means ask `scopes`."""
         if not token.startswith(PREFIX) or len(token) > 200:
-            return None
+            return True, None
+        with self._lock:
+            hit = self._cache.get(digest(token))
+        if hit is not None and time.monotonic() - hit[0] < CACHE_S:
+            return True, hit[1]
+        return False, None
+
+    def scopes(self, token: str) -> frozenset[str] | None:
+        known, scopes = self.cached(token)
+        if known:
+            return scopes
         h = digest(token)
         t = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(h)
-        if hit is not None and t - hit[0] < CACHE_S:
-            return hit[1]
         with transaction(self.factory) as s:
             row = s.scalars(
                 select(ApiToken).where(ApiToken.token_hash == h, ApiToken.revoked_at.is_(None))

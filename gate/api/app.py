@@ -4,13 +4,14 @@ and /metrics. Built by `create_app(settings)`; `gate serve` runs it on uvicorn."
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.access.tokens import TokenChecker
 from gate.api.deps import Ctx
@@ -60,24 +61,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     )
     app.state.ctx = ctx
 
-    @app.middleware("http")
-    async def bounded_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        limit = settings.max_body_bytes
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return _problem(413, "body_too_large", f"body: larger than the {limit}-byte limit")
-        if length is None and request.method in ("POST", "PUT", "PATCH"):
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    return _problem(
-                        413, "body_too_large", f"body: larger than the {limit}-byte limit"
-                    )
-            request._body = body  # the stream is spent; later readers use the buffer
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     @app.exception_handler(SpecError)
     async def spec_error(_request: Request, exc: SpecError) -> JSONResponse:
@@ -121,6 +105,44 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(ops.metrics_router)
     app.include_router(pages.router)
     return app
+
+
+class BodyLimit:
+    """Refuse bodies over the limit (413) before any route reads them: by Content-Length when
+    it is given, by counting the bytes as they arrive when it is not (chunked uploads)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        too_big = _problem(413, "body_too_large", f"body: larger than the {self.limit}-byte limit")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await too_big(scope, receive, send)
+
+
+class _TooLarge(BaseException):  # noqa: N818 - not an error: a signal past `except Exception`
+    pass
 
 
 def _problem(

@@ -3,11 +3,12 @@ caller's scopes. Thin: the work is in gate.runs.store, gate.access and the dispa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.access.tokens import TokenChecker
@@ -24,6 +25,7 @@ class Ctx:
     dispatcher: Dispatcher
     tokens: TokenChecker
     reaper: Reaper | None = None
+    finished_verdicts: dict[str, Any] = field(default_factory=dict)  # immutable once finished
 
 
 def get_ctx(request: Request) -> Ctx:
@@ -31,7 +33,11 @@ def get_ctx(request: Request) -> Ctx:
     return ctx
 
 
-CtxDep = Annotated[Ctx, Depends(get_ctx)]
+async def _ctx(request: Request) -> Ctx:
+    return get_ctx(request)  # async: FastAPI runs sync dependencies in a thread
+
+
+CtxDep = Annotated[Ctx, Depends(_ctx)]
 
 
 def request_token(request: Request) -> str | None:
@@ -41,12 +47,19 @@ def request_token(request: Request) -> str | None:
     return request.cookies.get(TOKEN_COOKIE)
 
 
-def require(scope: str) -> Callable[[Request], frozenset[str]]:
+def require(scope: str) -> Callable[[Request], Awaitable[frozenset[str]]]:
     """A dependency that lets the request through only with `scope` (a bearer token in the
-    Authorization header, or the pages' cookie); reads may be opened by settings."""
+    Authorization header, or the pages' cookie); reads may be opened by settings. Async, so a
+    cached token costs no thread hop; a token not in the cache is looked up in a thread."""
 
-    def check(request: Request) -> frozenset[str]:
-        return authorize(get_ctx(request), request_token(request), scope)
+    async def check(request: Request) -> frozenset[str]:
+        ctx: Ctx = request.app.state.ctx
+        token = request_token(request)
+        if token and not (scope == "read" and ctx.settings.open_reads):
+            known, _ = ctx.tokens.cached(token)
+            if not known:
+                await run_in_threadpool(ctx.tokens.scopes, token)  # fills the cache
+        return authorize(ctx, token, scope)
 
     return check
 

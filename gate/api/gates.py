@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
@@ -255,10 +256,20 @@ def get(gate_id: str, ctx: CtxDep, _: ReadDep) -> GateView:
     responses={**ERRORS, **NOT_FOUND},
     summary="The small verdict object (200 while the gate runs; verdict null until decided)",
 )
-def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> VerdictSummary:
-    return VerdictSummary(
-        **store.verdict_summary(store.get_gate(ctx.factory, gate_id), ctx.settings.public_url)
-    )
+async def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> VerdictSummary:
+    """What rollout controllers poll. A finished gate's answer never changes, so it is kept
+    in memory after the first read; a running gate's is read from the database each time."""
+    cache = ctx.finished_verdicts
+    hit = cache.get(gate_id)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    run = await run_in_threadpool(store.get_gate, ctx.factory, gate_id)
+    out = VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
+    if run.state in store.FINISHED:
+        if len(cache) > 50_000:
+            cache.clear()
+        cache[gate_id] = out
+    return out
 
 
 @router.get(

@@ -35,7 +35,9 @@ def make_engine(url: str) -> Engine:
         def _sqlite_begin(conn: Any) -> None:
             # Writers are serialised up front (they wait on busy_timeout) instead of failing
             # when a read transaction tries to become a write one after another writer won.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Read-only units of work (`reading`) take a plain snapshot and wait for nobody.
+            readonly = conn.get_execution_options().get("gate_readonly", False)
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True)
@@ -70,6 +72,18 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def reading(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A read-only unit of work: on SQLite a deferred transaction (a WAL snapshot that never
+    waits for writers); elsewhere an ordinary one, ended without a commit."""
+    bind = factory.kw["bind"]
+    session = Session(bind=bind.execution_options(gate_readonly=True), expire_on_commit=False)
+    try:
+        yield session
+    finally:
+        session.close()  # ends the transaction; loaded objects stay usable (not expired)
 
 
 @contextmanager

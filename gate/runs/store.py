@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import transaction
+from gate.core.database import reading, transaction
 from gate.core.errors import GateError
 from gate.models import GateRun, GpuLease, Reservation
 from gate.spec import GateSpec, spec_to_dict
@@ -104,12 +104,12 @@ def create_gate(
 
 
 def find_by_key(factory: sessionmaker[Session], key: str) -> GateRun | None:
-    with transaction(factory) as s:
+    with reading(factory) as s:
         return s.scalars(select(GateRun).where(GateRun.idempotency_key == key)).first()
 
 
 def get_gate(factory: sessionmaker[Session], gate_id: str) -> GateRun:
-    with transaction(factory) as s:
+    with reading(factory) as s:
         run = s.get(GateRun, gate_id)
         if run is None:
             raise GateNotFound(gate_id)
@@ -138,7 +138,7 @@ def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[Gate
     if f.candidate:
         pattern = "%" + f.candidate.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
         q = q.where(GateRun.candidate_label.like(pattern + "%", escape="\\"))
-    with transaction(factory) as s:
+    with reading(factory) as s:
         total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
         rows = s.scalars(
             q.order_by(GateRun.created_at.desc(), GateRun.id).limit(f.limit).offset(f.offset)

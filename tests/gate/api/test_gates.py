@@ -3,6 +3,7 @@ idempotency, the Argo verdict object, cancel, re-judge, listing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -107,6 +108,20 @@ def test_oversized_body_is_413(app_client: TestClient, tokens: dict[str, str]) -
     r = app_client.post("/v1/gates", json=big, headers=auth(tokens["run"]))
     assert r.status_code == 413
     assert "limit" in r.json()["error"]["message"]
+
+
+def test_oversized_chunked_body_is_413(app_client: TestClient, tokens: dict[str, str]) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(30):
+            yield b" " * 50_000
+
+    r = app_client.post(
+        "/v1/gates",
+        content=chunks(),
+        headers={**auth(tokens["run"]), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "body_too_large"
 
 
 def test_unknown_gate_is_404(app_client: TestClient, tokens: dict[str, str]) -> None:

@@ -1,0 +1,234 @@
+"""Benchmark: the verdict endpoint under 200 concurrent pollers.
+
+Starts the real service (`gate serve`: uvicorn, SQLite, token auth) with one finished gate,
+and, in the same run, a peer: a bare uvicorn + Starlette app answering the same JSON object
+from memory, with no auth and no database (the floor of this stack on this machine). The same
+client drives both:
+
+- paced: 200 pollers, each polling every --interval seconds (Argo polls every 30 s; 1 s is a
+  30x margin), for --duration seconds: latency p50/p90/p99 and errors;
+- saturated: 200 pollers polling back to back: requests/s, latency p50/p99.
+
+    .venv/bin/python bench/api_bench.py [--pollers 200] [--duration 15] [--interval 1] [--json]
+
+Client and servers share this machine's cores: the ratio to the peer is the comparable figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+PEER = textwrap.dedent(
+    """
+    import json, sys, uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+    BODY = json.dumps(json.loads(sys.argv[2])).encode()
+    async def verdict(request):
+        return Response(BODY, media_type="application/json")
+    app = Starlette(routes=[Route("/v1/gates/{gid}/verdict", verdict)])
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1.0)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"server at {url} did not start")
+
+
+def seed(data_dir: Path) -> tuple[str, str, dict[str, Any]]:
+    """A finished gate and a read token in the service's database."""
+    from gate.access.tokens import create_token
+    from gate.core.database import transaction
+    from gate.core.settings import Settings
+    from gate.models import GateRun
+    from gate.runs import store
+    from gate.runs.execute import open_factory
+    from gate.spec import parse_spec
+
+    settings = Settings(data_dir=data_dir)
+    factory = open_factory(settings)
+    spec = parse_spec(
+        {
+            "name": "bench",
+            "model": "m",
+            "reference": {"url": "http://127.0.0.1:9"},
+            "candidate": {"url": "http://127.0.0.1:10"},
+            "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
+        }
+    )
+    run, _ = store.create_gate(factory, spec)
+    with transaction(factory) as s:
+        row = s.get(GateRun, run.id)
+        assert row is not None
+        row.state, row.verdict, row.phase = "complete", "hold", "finished"
+        row.reason = "TTFT p50 in steady is 1.42x the reference (interval 1.40x-1.44x)."
+        summary = store.verdict_summary(row, settings.public_url)
+    token = create_token(factory, "bench", ["read"])
+    return run.id, token, summary
+
+
+async def pollers(
+    url: str, headers: dict[str, str], n: int, duration: float, interval: float
+) -> tuple[np.ndarray, int, float]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    lat: list[float] = []
+    errors = 0
+    async with httpx.AsyncClient(limits=limits, timeout=30.0, headers=headers) as client:
+        stop = time.monotonic() + duration
+
+        async def one(k: int) -> None:
+            nonlocal errors
+            if interval > 0:
+                await asyncio.sleep(interval * k / n)  # spread the first polls
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                try:
+                    r = await client.get(url)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                dt = time.perf_counter() - t0
+                if ok:
+                    lat.append(dt * 1000)
+                else:
+                    errors += 1
+                if interval > 0:
+                    await asyncio.sleep(max(0.0, interval - dt))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(k) for k in range(n)))
+        elapsed = time.monotonic() - t0
+    return np.asarray(lat), errors, elapsed
+
+
+def figures(lat: np.ndarray, errors: int, elapsed: float) -> dict[str, float]:
+    if lat.size == 0:
+        return {"requests": 0, "errors": errors}
+    p50, p90, p99 = np.percentile(lat, [50, 90, 99])
+    return {
+        "requests": int(lat.size),
+        "errors": errors,
+        "rps": round(lat.size / elapsed, 1),
+        "p50_ms": round(float(p50), 2),
+        "p90_ms": round(float(p90), 2),
+        "p99_ms": round(float(p99), 2),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pollers", type=int, default=200)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="gate-api-bench-"))
+    gid, token, summary = seed(tmp)
+    ours_port, peer_port = free_port(), free_port()
+    env = {**os.environ, "GATE_DATA_DIR": str(tmp)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "--port", str(ours_port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-c", PEER, str(peer_port), json.dumps(summary)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        targets = {
+            "gate": (
+                f"http://127.0.0.1:{ours_port}/v1/gates/{gid}/verdict",
+                {"Authorization": f"Bearer {token}"},
+            ),
+            "peer": (f"http://127.0.0.1:{peer_port}/v1/gates/{gid}/verdict", {}),
+        }
+        for url, headers in targets.values():
+            wait_up(url.rsplit("/v1", 1)[0] + "/v1/gates/x/verdict")
+            r = httpx.get(url, headers=headers)
+            assert r.status_code == 200 and r.json()["verdict"] == "hold", r.text
+        for mode, interval in (("paced", args.interval), ("saturated", 0.0)):
+            for name, (url, headers) in targets.items():
+                print(
+                    f"-- {mode}: {args.pollers} pollers on {name} for {args.duration:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                lat, errors, elapsed = asyncio.run(
+                    pollers(url, headers, args.pollers, args.duration, interval)
+                )
+                results.setdefault(mode, {})[name] = figures(lat, errors, elapsed)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+    ratio = {
+        mode: {
+            "p50": round(r["gate"]["p50_ms"] / r["peer"]["p50_ms"], 2),
+            "p99": round(r["gate"]["p99_ms"] / r["peer"]["p99_ms"], 2),
+            "rps": round(r["gate"]["rps"] / r["peer"]["rps"], 2),
+        }
+        for mode, r in results.items()
+    }
+    out = {
+        "pollers": args.pollers,
+        "duration_s": args.duration,
+        "results": results,
+        "gate_over_peer": ratio,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"verdict endpoint, {args.pollers} concurrent pollers, {args.duration:.0f}s per run")
+    print(
+        f"{'mode':<10} {'server':<6} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}"
+        f" {'errors':>7}"
+    )
+    for mode, r in results.items():
+        for name, f in r.items():
+            print(
+                f"{mode:<10} {name:<6} {f.get('rps', 0):>8} {f.get('p50_ms', 0):>8}"
+                f" {f.get('p90_ms', 0):>8} {f.get('p99_ms', 0):>8} {f['errors']:>7}"
+            )
+        q = ratio[mode]
+        print(f"{mode:<10} gate/peer: p50 {q['p50']}x, p99 {q['p99']}x, req/s {q['rps']}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
