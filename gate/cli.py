@@ -226,11 +226,13 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     import uvicorn
 
     from gate.api.app import create_app
+    from gate.worker.logs import configure_logging
 
+    configure_logging()  # logfmt lines carrying the gate id, as the workers write them
     app = create_app(settings)
     mode = f"Celery via {settings.broker_url}" if settings.broker_url else "in-process worker"
     print(f"gate: serving on http://{host}:{port} (API /v1, docs /v1/docs; gates run by {mode})")
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=None)
     return 0
 
 
