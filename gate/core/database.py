@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,12 +61,18 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
+# Alembic's command API swaps module-global proxies (`alembic.context`, `op`) in and out, so
+# two migrations at once in one process (two gates starting on a worker's threads) break it.
+_UPGRADE_LOCK = threading.Lock()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to `revision` by running the real migrations on this engine."""
+    """Bring the schema to `revision` by running the real migrations on this engine (one
+    migration at a time per process)."""
     from alembic import command
 
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with _UPGRADE_LOCK, engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 

@@ -286,27 +286,33 @@ def test_cancel_of_a_running_gate_tears_it_down(
     assert worker.stop() == 0
 
 
-def test_sigterm_stops_the_running_gate_and_releases_everything(
+@pytest.mark.parametrize("gates", [1, 2], ids=["solo-pool", "threads-pool"])
+def test_sigterm_stops_the_running_gates_and_releases_everything(
     settings: Settings,
     factory: sessionmaker[Session],
     start_worker: StartWorker,
     find_processes: Finder,
     tag: str,
+    gates: int,
 ) -> None:
-    worker = start_worker()
-    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20))
-    submit(settings, gate_id)
-    wait_gate(factory, gate_id, measuring, timeout=90)
+    worker = start_worker("--concurrency", str(gates))
+    gate_ids = [create(factory, gate_spec(tag, requests=3000, rate=20)) for _ in range(gates)]
+    for gate_id in gate_ids:
+        submit(settings, gate_id)
+    for gate_id in gate_ids:
+        wait_gate(factory, gate_id, measuring, timeout=90)
+    assert len(find_processes(tag)) == 2 * gates
     t0 = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)  # warm shutdown: docker stop, a pod deletion
     assert worker.proc.wait(timeout=30) == 0
     exited_s = time.monotonic() - t0
-    run = store.get_gate(factory, gate_id)
-    assert (run.state, run.verdict) == ("cancelled", "hold")
-    assert run.reason == (
-        f"the worker running this gate ({worker.name}) was shut down (SIGTERM) before the "
-        "gate could decide; its engines were torn down and its GPUs released"
-    )
+    for gate_id in gate_ids:
+        run = store.get_gate(factory, gate_id)
+        assert (run.state, run.verdict) == ("cancelled", "hold")
+        assert run.reason == (
+            f"the worker running this gate ({worker.name}) was shut down (SIGTERM) before the "
+            "gate could decide; its engines were torn down and its GPUs released"
+        )
     assert find_processes(tag) == []
     assert active_leases(factory) == 0
     assert broker_empty(str(settings.broker_url)) == (0, 0)  # acknowledged, not redelivered
