@@ -115,6 +115,14 @@ class _Running:
 
 _running: dict[str, _Running] = {}
 _running_lock = threading.RLock()  # re-entered by a signal handler on the main thread
+_stopping: str | None = None  # set once this process stops: it claims no more gates
+
+
+class WorkerStopping(GateError):
+    """This process is shutting down and takes no new gate; the gate stays pending."""
+
+    status_code = 503
+    code = "worker_stopping"
 
 
 def running_gates() -> list[str]:
@@ -127,8 +135,12 @@ def stop_running_gates(reason: str) -> list[str]:
     """Ask every gate this process runs to stop now: each ends `cancelled` with a hold and
     `reason`, after its engines are torn down and its reservation released (what a worker's
     warm shutdown does). A gate already judging is left to finish: its teardown is under
-    way. Safe to call from a signal handler or any thread."""
+    way. From then on the process claims no gate (`WorkerStopping`: the gate stays pending
+    for another worker), and one that was claimed meanwhile is stopped as it starts. Safe to
+    call from a signal handler or any thread."""
+    global _stopping
     with _running_lock:
+        _stopping = reason
         entries = list(_running.values())
     for entry in entries:
         entry.loop.call_soon_threadsafe(_stop, entry, reason)
@@ -155,6 +167,8 @@ async def _run_registered(runner: GateRunner) -> GateOutcome:
     entry = _Running(asyncio.get_running_loop(), task, runner)
     with _running_lock:
         _running[runner.gate_id] = entry
+        if _stopping is not None:  # claimed just as the process began to stop
+            entry.loop.call_soon(_stop, entry, _stopping)
     try:
         return await runner.run()
     finally:
@@ -179,6 +193,8 @@ def execute_gate(
 
 def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmaker[Session]) -> str:
     extra = {"gate_id": gate_id}
+    if _stopping is not None:
+        raise WorkerStopping(f"{worker} is shutting down; gate {gate_id} stays pending")
     run = store.claim(factory, gate_id, worker)
     if run is None:
         current = store.get_gate(factory, gate_id)

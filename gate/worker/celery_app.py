@@ -22,7 +22,8 @@ Delivery guarantees, and why each setting is what it is:
   any pool), the message is requeued rather than acknowledged.
 - `acks_on_failure_or_timeout`: a task that failed is acknowledged (a failure after the claim
   is recorded on the gate; redelivering it would only be skipped). A database that cannot be
-  reached before the claim is retried with backoff instead.
+  reached before the claim is retried with backoff instead, and a gate received by a worker
+  that is shutting down is rejected back onto the queue, unclaimed.
 - JSON only: the message is `["<gate id>"]`; nothing is unpickled.
 """
 
@@ -36,7 +37,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
-from gate.runs.execute import execute_gate, open_factory, worker_name
+from gate.runs.execute import WorkerStopping, execute_gate, open_factory, worker_name
 
 log = logging.getLogger("gate.worker")
 
@@ -106,6 +107,11 @@ def make_celery(settings: Settings, factory: sessionmaker[Session] | None = None
         """Claim and run one stored gate; `skipped` when another delivery already did."""
         try:
             return execute_gate(gate_id, settings, worker_name("worker"), db.get())
+        except WorkerStopping as exc:
+            from celery.exceptions import Reject
+
+            log.info("%s: requeued", exc.message, extra={"gate_id": gate_id})
+            raise Reject(exc.message, requeue=True) from exc
         except (OperationalError, DBAPIError) as exc:
             if not exc.connection_invalidated and not isinstance(exc, OperationalError):
                 raise
