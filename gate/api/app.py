@@ -141,7 +141,7 @@ class BodyLimit:
             await too_big(scope, receive, send)
 
 
-class _TooLarge(BaseException):  # noqa: N818 - not an error: a signal past `except Exception`
+class _TooLarge(BaseException):
     pass
 
 

@@ -11,12 +11,14 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
-from gate.api.deps import CtxDep, ReadDep, RunDep
+from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep
 from gate.core.errors import FieldProblem, SpecError
+from gate.core.settings import Settings
 from gate.models import GateRun
 from gate.runs import store
 from gate.runs.rejudge import rejudge
 from gate.runs.requests import resolve_spec
+from gate.spec import GateSpec
 
 router = APIRouter(tags=["gates"])
 
@@ -91,6 +93,18 @@ class CreateGate(BaseModel):
         default=None, max_length=500, description="replaces the image of a kubernetes candidate"
     )
 
+    def resolve(self, settings: Settings, source: str = "request") -> GateSpec:
+        return resolve_spec(
+            settings,
+            spec=self.spec,
+            spec_name=self.spec_name,
+            reference=self.reference,
+            candidate=self.candidate,
+            reference_image=self.reference_image,
+            candidate_image=self.candidate_image,
+            source=source,
+        )
+
 
 class EnsureGate(CreateGate):
     key: str | None = Field(
@@ -157,17 +171,17 @@ def view(run: GateRun) -> GateView:
     )
 
 
-def submit(ctx: CtxDep, body: CreateGate, source: str, key: str | None) -> tuple[GateRun, bool]:
-    spec = resolve_spec(
-        ctx.settings,
-        spec=body.spec,
-        spec_name=body.spec_name,
-        reference=body.reference,
-        candidate=body.candidate,
-        reference_image=body.reference_image,
-        candidate_image=body.candidate_image,
+def submit(
+    ctx: Ctx,
+    spec: GateSpec,
+    source: str,
+    key: str | None,
+    callback: dict[str, Any] | None = None,
+) -> tuple[GateRun, bool]:
+    """Store the gate (or find the key's) and, when it is new, hand it to the workers."""
+    run, created = store.create_gate(
+        ctx.factory, spec, source=source, idempotency_key=key, callback=callback
     )
-    run, created = store.create_gate(ctx.factory, spec, source=source, idempotency_key=key)
     if created:
         ctx.dispatcher.submit(run.id)
     return run, created
@@ -189,7 +203,7 @@ def create(
 ) -> GateView:
     """Queue a gate; 202 with its id and links. With an `Idempotency-Key` header, a repeat
     returns the first gate (200) instead of starting another."""
-    run, created = submit(ctx, body, "api", idempotency_key)
+    run, created = submit(ctx, body.resolve(ctx.settings), "api", idempotency_key)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/gates/{run.id}"
@@ -205,19 +219,8 @@ def create(
 def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep) -> VerdictSummary:
     """Idempotent: polling this with the same body never starts a second gate. Always 200
     with the small verdict object; `verdict` is null until the gate is decided."""
-    spec = resolve_spec(
-        ctx.settings,
-        spec=body.spec,
-        spec_name=body.spec_name,
-        reference=body.reference,
-        candidate=body.candidate,
-        reference_image=body.reference_image,
-        candidate_image=body.candidate_image,
-    )
-    key = body.key or store.spec_key(spec)
-    run, created = store.create_gate(ctx.factory, spec, source="argo", idempotency_key=key)
-    if created:
-        ctx.dispatcher.submit(run.id)
+    spec = body.resolve(ctx.settings)
+    run = submit(ctx, spec, "argo", body.key or store.spec_key(spec))[0]
     return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from gate.api.deps import CtxDep, authorize, request_token
-from gate.api.gates import ERRORS, VerdictSummary
+from gate.api.gates import ERRORS, CreateGate, VerdictSummary, submit
 from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
 from gate.integrations.callbacks import allowed
@@ -73,9 +73,7 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
     revision = hook.checksum or store.spec_key(spec)
     raw = f"flagger:{hook.namespace}/{hook.name}:{revision}:{store.spec_key(spec)}"
     key = hashlib.sha256(raw.encode()).hexdigest()
-    run, created = store.create_gate(ctx.factory, spec, source="flagger", idempotency_key=key)
-    if created:
-        ctx.dispatcher.submit(run.id)
+    run = submit(ctx, spec, "flagger", key)[0]
     return run
 
 
@@ -115,17 +113,12 @@ class Callback(BaseModel):
     context: str = Field(default="llm-deploy-gate", max_length=200)
 
 
-class CiDelivery(BaseModel):
-    """The signed body: the delivery id and timestamp are inside it, so both are signed."""
+class CiDelivery(CreateGate):
+    """The signed body: the delivery id and timestamp are inside it, so both are signed; the
+    gate is given as to `POST /v1/gates`."""
 
-    model_config = ConfigDict(extra="forbid")
     delivery_id: str = Field(min_length=1, max_length=128)
     timestamp: float = Field(description="unix seconds when the delivery was made")
-    spec: dict[str, Any] | None = None
-    spec_name: str | None = None
-    reference: dict[str, Any] | None = None
-    candidate: dict[str, Any] | None = None
-    candidate_image: str | None = Field(default=None, max_length=500)
     callback: Callback | None = None
 
 
@@ -187,29 +180,18 @@ async def ci_webhook(
             [FieldProblem("callback.url", "not on the callback allow-list (GATE_CALLBACK_ALLOW)")],
             "webhook body",
         )
-    spec = resolve_spec(
-        ctx.settings,
-        spec=delivery.spec,
-        spec_name=delivery.spec_name,
-        reference=delivery.reference,
-        candidate=delivery.candidate,
-        candidate_image=delivery.candidate_image,
-        source="webhook body",
-    )
-    run, created = store.create_gate(
-        ctx.factory,
-        spec,
-        source="ci",
-        idempotency_key=hashlib.sha256(delivery_key.encode()).hexdigest(),
-        callback=delivery.callback.model_dump() if delivery.callback else None,
+    run, created = submit(
+        ctx,
+        delivery.resolve(ctx.settings, "webhook body"),
+        "ci",
+        hashlib.sha256(delivery_key.encode()).hexdigest(),
+        delivery.callback.model_dump() if delivery.callback else None,
     )
     try:
         with transaction(ctx.factory) as s:
             s.add(WebhookDelivery(id=delivery_key, source="ci", body_sha256=digest, gate_id=run.id))
     except IntegrityError:
         pass  # a concurrent redelivery recorded it first; the gate is the same (same key)
-    if created:
-        ctx.dispatcher.submit(run.id)
     out = CiAccepted(
         delivery_id=delivery.delivery_id,
         duplicate=not created,

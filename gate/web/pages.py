@@ -26,7 +26,7 @@ from markupsafe import Markup
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gate.api.deps import TOKEN_COOKIE, Ctx, get_ctx, require
+from gate.api.deps import TOKEN_COOKIE, Ctx, authorize, get_ctx, request_token
 from gate.core.database import transaction
 from gate.models import GatePhase, GateRun, SampleSet
 from gate.reports.html import environment, format_time, render_body
@@ -88,7 +88,7 @@ def _denied(request: Request) -> Response | None:
     """None when the caller may read; else the redirect to the login form (no or a bad
     token) or an error page (a token without the read scope)."""
     try:
-        require("read")(request)
+        authorize(get_ctx(request), request_token(request), "read")
     except HTTPException as exc:
         if exc.status_code == 401:
             return RedirectResponse(

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from apitools import Recording
 from fastapi.testclient import TestClient
 
 from gate.api.app import create_app
@@ -33,22 +34,6 @@ DOCS = ROOT / "docs" / "integrations"
 def yaml_blocks(path: Path) -> list[Any]:
     text = path.read_text()
     return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
-
-
-class Recording:
-    kind = "recording"
-
-    def __init__(self) -> None:
-        self.submitted: list[str] = []
-
-    def submit(self, gate_id: str) -> None:
-        self.submitted.append(gate_id)
-
-    def queue_depth(self) -> int | None:
-        return 0
-
-    def close(self) -> None:
-        return None
 
 
 def named_specs(tmp_path: Path) -> Path:

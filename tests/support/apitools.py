@@ -81,3 +81,22 @@ def poll_finished(client: TestClient, gate_id: str, token: str, timeout: float =
 def write_named_spec(settings: Settings, name: str, doc: dict[str, Any]) -> None:
     assert settings.spec_dir is not None
     (settings.spec_dir / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+
+
+class Recording:
+    """A dispatcher that keeps the gates it is handed and runs none (fuzzed or documented
+    requests must never launch engines)."""
+
+    kind = "recording"
+
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+
+    def submit(self, gate_id: str) -> None:
+        self.submitted.append(gate_id)
+
+    def queue_depth(self) -> int | None:
+        return len(self.submitted)
+
+    def close(self) -> None:
+        return None

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from apitools import Recording
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -20,24 +21,6 @@ from schemathesis.specs.openapi.checks import (
 from gate.access.tokens import create_token
 from gate.api.app import create_app
 from gate.core.settings import Settings
-
-
-class Recording:
-    """A dispatcher that keeps the gates it is handed: fuzzed specs must never launch."""
-
-    kind = "recording"
-
-    def __init__(self) -> None:
-        self.submitted: list[str] = []
-
-    def submit(self, gate_id: str) -> None:
-        self.submitted.append(gate_id)
-
-    def queue_depth(self) -> int | None:
-        return len(self.submitted)
-
-    def close(self) -> None:
-        return None
 
 
 def _app(tmp: Path) -> Any:
