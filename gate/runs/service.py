@@ -31,16 +31,8 @@ from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.errors import EngineError, GateCancelled, GateError
 from gate.core.settings import Settings
-from gate.engines.kubernetes import (
-    GateLease,
-    KubernetesEngine,
-    cluster_inventory,
-    connect,
-    reap_namespaces,
-)
 from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
-from gate.engines.manifests import EngineWorkload
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.reports.html import write_report
 from gate.reservations import leases
@@ -345,7 +337,10 @@ class GateRunner:
             raise GateError(MIXED_KUBERNETES_MESSAGE)  # parse_spec refuses it; a guard
         if pods:
             # The cluster's nodes (or the spec's inventory file), after reaping the Leases of
-            # gates that died without teardown, which frees the GPUs their pods held.
+            # gates that died without teardown, which frees the GPUs their pods held. Imported
+            # here: the kubernetes client takes a second to import, which other gates skip.
+            from gate.engines.kubernetes import cluster_inventory, connect, reap_namespaces
+
             k = pods[0]
             api_client, cluster = connect(
                 kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster
@@ -417,6 +412,9 @@ class GateRunner:
             )
         k = es.kubernetes
         if k is not None:
+            from gate.engines.kubernetes import GateLease, KubernetesEngine, connect
+            from gate.engines.manifests import EngineWorkload
+
             if placement is None:  # _reserve reserves for every kubernetes engine
                 raise EngineError(role, "launched", "a kubernetes engine needs reserved GPUs")
             # One cluster per gate (the spec checks it): one client, one Lease per namespace.
@@ -933,21 +931,23 @@ class GateRunner:
                     placement["nodes"] = [{"node": n, "gpus": list(g)} for n, g in p.nodes]
                     placement["domain"] = p.domain
             kube: dict[str, Any] | None = None
-            if isinstance(eng, KubernetesEngine):
-                w, made = eng.workload, eng.manifests
-                kube = {
-                    "namespace": w.namespace,
-                    "image": w.image,
-                    "workload": f"{'LeaderWorkerSet' if w.multi_node else 'Pod'} {w.name}",
-                    "clique": w.clique,
-                    "service_url": eng.service_url,
-                    "lease": eng.lease.name if eng.lease else None,
-                    "objects": []
-                    if made is None
-                    else [
-                        f"{m['kind']} {w.namespace}/{m['metadata']['name']}" for m in made.objects
-                    ],
-                }
+            if es.kind == "kubernetes":
+                from gate.engines.kubernetes import KubernetesEngine
+
+                if isinstance(eng, KubernetesEngine):
+                    w, made = eng.workload, eng.manifests
+                    objects = [] if made is None else made.objects
+                    kube = {
+                        "namespace": w.namespace,
+                        "image": w.image,
+                        "workload": f"{'LeaderWorkerSet' if w.multi_node else 'Pod'} {w.name}",
+                        "clique": w.clique,
+                        "service_url": eng.service_url,
+                        "lease": eng.lease.name if eng.lease else None,
+                        "objects": [
+                            f"{m['kind']} {w.namespace}/{m['metadata']['name']}" for m in objects
+                        ],
+                    }
             out[role] = {
                 "kind": es.kind,
                 "url": eng.base_url if eng else es.url,

@@ -37,7 +37,7 @@ from k8s_fake import (
 from kubernetes import client
 from sqlalchemy import create_engine, text
 
-import gate.runs.service as service
+import gate.engines.kubernetes as kubernetes_engines
 from gate.core.settings import Settings
 from gate.engines.kubernetes import KubernetesEngine
 from gate.engines.launchers import free_port
@@ -185,7 +185,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sims: dict[str, str
             self.poll_s, self.stop_wait_s = 0.2, 5.0
             super().__post_init__()
 
-    monkeypatch.setattr(service, "KubernetesEngine", Reachable)
+    monkeypatch.setattr(kubernetes_engines, "KubernetesEngine", Reachable)
     return Cluster(fake, store, write_kubeconfig(tmp_path / "kubeconfig", namespace=NS), sims)
 
 
