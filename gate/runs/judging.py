@@ -84,6 +84,7 @@ class EarlyStop:
         return {
             "requests": self.requests,
             "planned": self.planned,
+            "upto": self.upto,
             "reason": self.reason,
             "checks": list(self.checks),
             "message": self.message,

@@ -2,13 +2,18 @@
 re-judging stored metric data): nothing is launched, nothing is re-measured.
 
 The stored per-request columns, the engines' recorded facts (startup phases, crashes) and the
-compatibility probes feed the same judge as the live run. Early stopping is not replayed: the
-whole stored sample is judged at once with the new policy's thresholds and alpha.
+compatibility probes feed the same judge as the live run, the same way: a scenario the run
+stopped early is judged on the prefix its last look saw (later requests were in flight, not
+evidence), peak and overload phases are rebuilt from the schedule's phases, and the warm-up is
+the new policy's. The sample sizes are the run's, so the new policy judges them at once (a
+fixed-sample decision, no new looks). The correctness suite's raw probes are not stored, so
+its divergence checks are not re-judged (the answer says so in a note).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
@@ -16,13 +21,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.judge import judge
+from gate.analysis.load import OverloadPhase, PeakPhase
 from gate.analysis.policy import Policy
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import transaction
 from gate.models import SampleSet
 from gate.runs import store
-from gate.runs.samples import Columns, drop_warmup
+from gate.runs.judging import load_phases
+from gate.runs.samples import Columns, select_requests
 from gate.runs.service import _phase_durations
+from gate.spec import parse_spec
 
 ROLES = ("reference", "candidate")
 
@@ -79,14 +87,38 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
         for row in rows:
             by_scenario.setdefault(row.scenario, {})[row.role] = Columns.from_bytes(row.columns)
     warm = policy.warmup_requests
-    scenarios = [
-        ScenarioSamples(
-            name=name,
-            reference=drop_warmup(cols["reference"], warm).to_arm(),
-            candidate=drop_warmup(cols["candidate"], warm).to_arm(),
-        )
-        for name, cols in by_scenario.items()
-        if set(cols) == set(ROLES)
-    ]
     doc = run.document
-    return judge(scenarios, _engine_facts(doc), policy, probes=_probes(doc))
+    spec = parse_spec(run.spec, source=f"gate {gate_id}")
+    specs = {sc.name: sc for sc in spec.scenarios}
+    ran = {sc["name"]: sc for sc in doc.get("scenarios") or []}
+    scenarios: list[ScenarioSamples] = []
+    peaks: list[PeakPhase] = []
+    overloads: list[OverloadPhase] = []
+    for name, cols in by_scenario.items():
+        if set(cols) != set(ROLES) or name not in specs:
+            continue
+        early = (ran.get(name) or {}).get("early_stop") or {}
+        upto = early.get("upto")
+        ref = select_requests(cols["reference"], warm, upto)
+        cand = select_requests(cols["candidate"], warm, upto)
+        scenarios.append(ScenarioSamples(name, ref.to_arm(), cand.to_arm()))
+        marks = [(p["name"], float(p["start_s"])) for p in (ran.get(name) or {}).get("phases", [])]
+        sc = specs[name]
+        p, o = load_phases(name, sc.suite, sc.settings, ref, cand, marks)
+        peaks.extend(p)
+        overloads.extend(o)
+    verdict = judge(
+        scenarios,
+        _engine_facts(doc),
+        policy,
+        peaks=peaks,
+        overloads=overloads,
+        probes=_probes(doc),
+    )
+    if doc.get("correctness"):
+        note = (
+            "The correctness suite's divergence checks are not re-judged: its raw probes are "
+            "not stored."
+        )
+        verdict = replace(verdict, notes=(*verdict.notes, note))
+    return verdict

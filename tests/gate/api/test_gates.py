@@ -179,6 +179,12 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     # and under its own default policy, the stored samples still hold on TTFT
     same = app_client.post(f"/v1/gates/{gid}:rejudge", json={}, headers=auth(tokens["read"])).json()
     assert same["verdict"] == "hold"
+    # judged the way the run judged (the early-stopped prefix, its warm-up): same reasons
+    assert {c["id"] for c in same["reasons"]} == {c["check"] for c in doc["reasons"]}
+    stopped = [sc["early_stop"] for sc in doc["scenarios"] if sc.get("early_stop")]
+    if stopped:
+        steady = next(c for c in same["checks"] if c["id"] == "steady.ttft.p50")
+        assert steady["samples"][0] == stopped[0]["requests"]
     bad = app_client.post(
         f"/v1/gates/{gid}:rejudge",
         json={"policy": {"alpha": 7}},
