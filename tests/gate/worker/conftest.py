@@ -21,7 +21,6 @@ from gate.runs.execute import open_factory
 
 REDIS_URL = os.environ.get("GATE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 HEARTBEAT_S = 0.5
-LOST_AFTER_S = 3.0
 VISIBILITY_TIMEOUT_S = 4.0
 READY_TIMEOUT_S = 60.0
 
@@ -38,15 +37,21 @@ def service_missing(what: str, why: str) -> None:
 def redis_url() -> Iterator[str]:
     """A Redis URL on a logical database nobody else uses now (empty when picked), emptied
     afterwards: the queue, the unacked index and Celery's keys are this test's alone."""
+    from urllib.parse import urlsplit
+
     import redis
 
-    base = REDIS_URL.rstrip("/")
+    base = urlsplit(REDIS_URL)._replace(path="").geturl()  # the server; the test picks a db
+    admin = redis.Redis.from_url(base, socket_connect_timeout=2)
     try:
-        admin = redis.Redis.from_url(base, socket_connect_timeout=2)
         admin.ping()
-        databases = int(admin.config_get("databases").get("databases", 16))
     except Exception as exc:
         service_missing("Redis", f"{type(exc).__name__}: {exc}".splitlines()[0])
+    try:
+        databases = int(admin.config_get("databases").get("databases", 16))
+    except redis.RedisError:  # CONFIG may be disabled; 16 is Redis's default
+        databases = 16
+    admin.close()
     order = list(range(1, databases))
     uuid_offset = uuid.uuid4().int % len(order)
     for db in order[uuid_offset:] + order[:uuid_offset]:
@@ -64,13 +69,20 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, postgres_url: str, redis_url: str) -> Settings:
+def lost_after_s() -> float:
+    """Heartbeat age at which a gate counts as lost. 10 s, so that a live worker on two busy
+    cores is never taken for a lost one; the SIGKILL test parametrizes it down to 3 s."""
+    return 10.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path, postgres_url: str, redis_url: str, lost_after_s: float) -> Settings:
     return Settings(
         database_url=postgres_url,
         broker_url=redis_url,
         data_dir=tmp_path / "data",
         heartbeat_s=HEARTBEAT_S,
-        lost_after_s=LOST_AFTER_S,
+        lost_after_s=lost_after_s,
         broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S,
     )
 
