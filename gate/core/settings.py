@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         description="Celery broker (Redis) URL; set, gate runs are Celery tasks executed by "
         "`gate worker` processes; unset, the API runs them in-process.",
     )
+    local_gates: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Gates `gate serve` runs at once on its own threads (no broker set).",
+    )
     heartbeat_s: float = Field(
         default=5.0, gt=0, description="How often a running gate writes its heartbeat."
     )

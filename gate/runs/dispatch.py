@@ -33,7 +33,9 @@ class Dispatcher(Protocol):
 
 
 class InProcessDispatcher:
-    """Gate runs on a small thread pool inside the API process; nothing else to start."""
+    """Gate runs on a small thread pool inside the API process; nothing else to start. On
+    shutdown the running gates are cancelled and waited for, so their engines are torn down
+    and their GPUs released before the process exits."""
 
     kind = "in-process"
 
@@ -45,21 +47,30 @@ class InProcessDispatcher:
         self.pool = ThreadPoolExecutor(max_workers=max_gates, thread_name_prefix="gate")
         self.worker = worker_name("api")
         self._pending = 0
+        self._running: set[str] = set()
         self._lock = threading.Lock()
+        self._closing = False
 
     def submit(self, gate_id: str) -> None:
         with self._lock:
+            if self._closing:
+                return  # it stays pending; the next start of the service picks it up
             self._pending += 1
         self.pool.submit(self._run, gate_id)
 
     def _run(self, gate_id: str) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._closing:
+                return
+            self._running.add(gate_id)
         try:
             execute_gate(gate_id, self.settings, self.worker, self.factory)
         except Exception:
             log.exception("gate %s failed outside the runner", gate_id, extra={"gate_id": gate_id})
         finally:
             with self._lock:
-                self._pending -= 1
+                self._running.discard(gate_id)
 
     def queue_depth(self) -> int | None:
         return self._pending
@@ -74,7 +85,17 @@ class InProcessDispatcher:
         return len(ids)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closing = True
+            running = list(self._running)
+        for gid in running:
+            try:
+                store.request_cancel(self.factory, gid)
+            except Exception:  # it finished meanwhile
+                log.debug("gate %s finished before the shutdown cancel", gid)
+            else:
+                log.warning("service stopping: gate %s cancelled", gid, extra={"gate_id": gid})
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class CeleryDispatcher:
@@ -113,7 +134,7 @@ class CeleryDispatcher:
 def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispatcher:
     if settings.broker_url:
         return CeleryDispatcher(settings)
-    return InProcessDispatcher(settings, factory)
+    return InProcessDispatcher(settings, factory, max_gates=settings.local_gates)
 
 
 class Reaper:
