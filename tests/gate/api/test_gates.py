@@ -267,3 +267,34 @@ def test_cancel_a_running_gate_tears_it_down(
     mine = [x for x in res if x["gate_id"] == gid]
     assert mine and mine[0]["state"] == "released"
     assert app_client.get("/v1/reservations", headers=read).json() == []
+
+
+def test_stopping_the_service_cancels_its_running_gates(
+    settings: Settings, tag: str, find_processes: Any
+) -> None:
+    from gate.access.tokens import create_token
+    from gate.api.app import create_app
+    from gate.runs import store
+
+    app = create_app(settings)
+    factory = app.state.ctx.factory
+    token = create_token(factory, "t", ["run"])
+    with TestClient(app) as client:
+        body = {"spec": spec_dict(tag, requests=4000, rate=20)}
+        gid = client.post("/v1/gates", json=body, headers=auth(token)).json()["id"]
+        wait_for(
+            lambda: (store.get_gate(factory, gid).progress or {}).get("done"),
+            timeout=60,
+            what="load to flow",
+        )
+    # the lifespan's end waited for the runner: torn down, released, recorded
+    run = store.get_gate(factory, gid)
+    assert (run.state, run.verdict) == ("cancelled", "hold")
+    assert not find_processes(tag)
+    from sqlalchemy import select
+
+    from gate.core.database import transaction
+    from gate.models import GpuLease
+
+    with transaction(factory) as s:
+        assert s.scalars(select(GpuLease)).all() == []
