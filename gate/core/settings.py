@@ -61,6 +61,12 @@ class Settings(BaseSettings):
         "no-op, so this only bounds how long a gate whose worker died before claiming it "
         "stays pending.",
     )
+    api_process_engines: bool = Field(
+        default=False,
+        description="Accept specs sent over the API or webhooks that launch local programs "
+        "(`command`, or a preset with `binary`/`python`) on the worker's host. Off: such "
+        "engines come only from named specs in spec_dir, which the operator controls.",
+    )
     open_reads: bool = Field(
         default=False, description="Let requests without a token read gates and verdicts."
     )

@@ -25,6 +25,8 @@ def resolve_spec(
     """`spec` inline, or `spec_name` from settings.spec_dir; `reference`/`candidate`, when
     given, replace the spec's engines; `reference_image`/`candidate_image` replace only the
     image of a Kubernetes engine (what a rollout controller knows: the new image)."""
+    if not settings.api_process_engines:
+        _refuse_local_programs(spec, reference, candidate, source)
     if (spec is None) == (spec_name is None):
         raise SpecError([FieldProblem("spec", "give exactly one of `spec` or `spec_name`")], source)
     if spec_name is not None:
@@ -71,3 +73,31 @@ def _named(settings: Settings, name: str, source: str) -> GateSpec:
         if path.is_file():
             return load_spec(path)
     raise SpecError([FieldProblem("spec_name", f"no spec named {name!r} in GATE_SPEC_DIR")], source)
+
+
+LOCAL_PROGRAMS = (
+    "launching local programs from a request is off (set GATE_API_PROCESS_ENGINES=true, or "
+    "put the spec in GATE_SPEC_DIR and send its name)"
+)
+
+
+def _refuse_local_programs(
+    spec: Mapping[str, Any] | None,
+    reference: Mapping[str, Any] | None,
+    candidate: Mapping[str, Any] | None,
+    source: str,
+) -> None:
+    """A request may name images and URLs, but not programs to run on the worker's host."""
+    engines: list[tuple[str, Any]] = []
+    if isinstance(spec, Mapping):
+        engines += [(role, spec.get(role)) for role in ("reference", "candidate")]
+    engines += [("reference", reference), ("candidate", candidate)]
+    problems = []
+    for role, eng in engines:
+        if not isinstance(eng, Mapping):
+            continue
+        for key in ("command", "binary", "python", "cwd"):
+            if eng.get(key) is not None:
+                problems.append(FieldProblem(f"{role}.{key}", LOCAL_PROGRAMS))
+    if problems:
+        raise SpecError(problems, source)

@@ -33,6 +33,7 @@ def settings(tmp_path: Path) -> Settings:
         spec_dir=spec_dir,
         webhook_secret=SECRET,
         callback_allow=["http://127.0.0.1:9/allowed/"],
+        api_process_engines=True,  # the tests' engines are sim processes given as argv
     )
 
 

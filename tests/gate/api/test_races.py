@@ -24,7 +24,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_concurrent_ensures_start_one_gate(database: str, tmp_path: Path) -> None:
     app = create_app(
-        Settings(data_dir=tmp_path / ".gate", database_url=database), start_workers=False
+        Settings(data_dir=tmp_path / ".gate", database_url=database, api_process_engines=True),
+        start_workers=False,
     )
     recording = Recording()
     app.state.ctx.dispatcher = recording
@@ -52,7 +53,12 @@ def test_concurrent_webhook_redeliveries_start_one_gate(database: str, tmp_path:
     from gate.integrations.signatures import sign
 
     app = create_app(
-        Settings(data_dir=tmp_path / ".gate", database_url=database, webhook_secret="s"),
+        Settings(
+            data_dir=tmp_path / ".gate",
+            database_url=database,
+            webhook_secret="s",
+            api_process_engines=True,
+        ),
         start_workers=False,
     )
     recording = Recording()
