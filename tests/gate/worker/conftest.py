@@ -137,11 +137,25 @@ class WorkerProcess:
         return self.proc.returncode
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the log of every worker it started."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed:
+        for w in getattr(item, "gate_workers", []):
+            report.sections.append((f"worker {w.name} (exit {w.proc.poll()})", w.log()[-8000:]))
+
+
 @pytest.fixture
 def start_worker(
-    settings: Settings, tmp_path: Path, factory: sessionmaker[Session]
+    settings: Settings,
+    tmp_path: Path,
+    factory: sessionmaker[Session],
+    request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
+    request.node.gate_workers = started
 
     def start(*args: str, wait_ready: bool = True) -> WorkerProcess:
         env = {

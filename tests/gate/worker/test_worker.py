@@ -242,9 +242,10 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
         reservations = list(s.scalars(select(Reservation).where(Reservation.gate_id == gate_id)))
     assert [(r.state, r.release_reason) for r in reservations] == [("released", "worker lost")]
 
-    # The redelivered message does not start the gate again.
+    # The redelivered message does not start the gate again. (It may come before the reaper
+    # ended the gate, "not pending (running", or after, "not pending (error": skipped both ways.)
     vt = settings.broker_visibility_timeout_s
-    second.wait_for(f"gate {gate_id} not pending (error", vt + 20)
+    second.wait_for(f"gate {gate_id} not pending (", vt + 20)
     skipped_s = time.monotonic() - t_kill
     assert find_processes(tag) == []
     run = store.get_gate(factory, gate_id)
