@@ -90,7 +90,11 @@ class InProcessDispatcher:
             running = list(self._running)
         for gid in running:
             try:
-                store.request_cancel(self.factory, gid)
+                store.request_cancel(
+                    self.factory,
+                    gid,
+                    f"the service ({self.worker}) was stopped before the gate could decide",
+                )
             except Exception:  # it finished meanwhile
                 log.debug("gate %s finished before the shutdown cancel", gid)
             else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -267,7 +268,14 @@ class GateRunner:
         state = "complete"
         heartbeat: asyncio.Task[None] | None = None
         me = asyncio.current_task()
-        liveness = asyncio.create_task(self._liveness(me))
+        stop_beating = threading.Event()
+        liveness = threading.Thread(
+            target=self._liveness,
+            args=(asyncio.get_running_loop(), me, stop_beating),
+            name=f"gate-heartbeat-{self.gate_id[:8]}",
+            daemon=True,
+        )
+        liveness.start()
         try:
             self.grant = await self._reserve_or_wait()
             if self.grant is not None:
@@ -298,12 +306,13 @@ class GateRunner:
                 "cancelled",
             )
         finally:
-            for task in (heartbeat, liveness):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+            stop_beating.set()
+            if heartbeat is not None:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await heartbeat
             await self._teardown(state)
+            await asyncio.to_thread(liveness.join, 10.0)
         self.outcome = self._finish(verdict, error, state)
         engine.dispose()
         return self.outcome
@@ -363,18 +372,24 @@ class GateRunner:
             ttl_s=self.settings.lease_ttl_s,
         )
 
-    async def _liveness(self, main: asyncio.Task[Any] | None) -> None:
-        """The gate's own heartbeat: proves a worker still runs it (a gate whose heartbeat
-        stops is ended by the reaper), publishes progress, and obeys a cancel request."""
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
+    def _liveness(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        main: asyncio.Task[Any] | None,
+        stop: threading.Event,
+    ) -> None:
+        """The gate's own heartbeat, on its own thread: it proves the worker process is alive
+        (a gate whose heartbeat stops is ended by the reaper) even while the event loop is busy
+        (building a 100k-request schedule, judging), publishes progress, and obeys a cancel
+        request by cancelling the run on its loop."""
+        while not stop.wait(self.settings.heartbeat_s):
             try:
-                cancel = await asyncio.to_thread(self._beat)
+                cancel = self._beat()
             except Exception:  # a database hiccup must not kill the run; the next beat retries
                 continue
             if cancel is not None and self.cancel_reason is None and main is not None:
                 self.cancel_reason = cancel
-                main.cancel()
+                loop.call_soon_threadsafe(main.cancel)
                 return
 
     def _beat(self) -> str | None:
@@ -388,7 +403,7 @@ class GateRunner:
             run.heartbeat_at = datetime.now(UTC)
             run.progress = dict(self.live.state) or None
             if run.cancel_requested:
-                return "cancelled on request before the gate could decide"
+                return run.reason or "cancelled on request before the gate could decide"
             return None
 
     async def _heartbeat(self) -> None:
@@ -998,12 +1013,17 @@ class GateRunner:
         report: str,
     ) -> None:
         with transaction(self._db()) as s:
-            run = s.get(GateRun, self.gate_id)
+            run = s.get(GateRun, self.gate_id, with_for_update=True)
             assert run is not None
+            if run.state in ("complete", "error", "cancelled"):
+                # A reaper ended it while it ran (its heartbeat looked lost): that verdict and
+                # reason stand; the document says what the run saw before it stopped.
+                document["ended_elsewhere"] = {"state": run.state, "reason": run.reason}
+                state, document["state"] = run.state, run.state
             run.state = state
             run.phase = "finished"
             run.verdict = document["verdict"]
-            run.reason = "; ".join(r["message"] for r in document["reasons"]) or None
+            run.reason = " ".join(r["message"] for r in document["reasons"]) or None
             run.document = document
             run.report_path = report
             run.finished_at = finished

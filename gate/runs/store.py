@@ -146,9 +146,12 @@ def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[Gate
         return list(rows), int(total)
 
 
-def request_cancel(factory: sessionmaker[Session], gate_id: str) -> GateRun:
+def request_cancel(
+    factory: sessionmaker[Session], gate_id: str, reason: str | None = None
+) -> GateRun:
     """A pending gate is cancelled at once (it holds nothing); a running one is asked to stop
-    and its runner tears down and releases at its next heartbeat; a finished one cannot be."""
+    and its runner tears down and releases at its next heartbeat, ending with `reason`; a
+    finished one cannot be."""
     with transaction(factory) as s:
         run = s.get(GateRun, gate_id, with_for_update=True)
         if run is None:
@@ -157,7 +160,9 @@ def request_cancel(factory: sessionmaker[Session], gate_id: str) -> GateRun:
             raise GateConflict(f"gate {gate_id} already finished ({run.state}); nothing to cancel")
         run.cancel_requested = True
         if run.state == "pending":
-            _end(run, "cancelled", "gate.cancelled", "cancelled before it started")
+            _end(run, "cancelled", "gate.cancelled", reason or "cancelled before it started")
+        elif reason:
+            run.reason = reason  # what the runner ends with
         return run
 
 

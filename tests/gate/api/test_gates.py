@@ -309,6 +309,7 @@ def test_stopping_the_service_cancels_its_running_gates(
     # the lifespan's end waited for the runner: torn down, released, recorded
     run = store.get_gate(factory, gid)
     assert (run.state, run.verdict) == ("cancelled", "hold")
+    assert "was stopped before the gate could decide" in (run.reason or "")
     assert not find_processes(tag)
     from sqlalchemy import select
 
