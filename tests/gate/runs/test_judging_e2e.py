@@ -186,7 +186,9 @@ def test_peak_goodput_and_overload_collapse_hold(tmp_path: Path, tag: str) -> No
     got = checks(doc)
     assert got["peak.goodput"]["decision"] == "fail", got["peak.goodput"]["message"]
     assert got["recovery.overload"]["decision"] == "fail", got["recovery.overload"]["message"]
-    assert got["recovery.recovery"]["decision"] == "fail", got["recovery.recovery"]["message"]
+    # the candidate never recovers; on a busy machine the reference may not settle within its
+    # short cool-down either, and then the check is inconclusive: a hold all the same
+    assert got["recovery.recovery"]["decision"] in ("fail", "inconclusive")
     assert "collapsed" in got["recovery.overload"]["message"]
     assert {"peak.goodput", "recovery.overload", "recovery.recovery"} <= {
         r["check"] for r in doc["reasons"]
