@@ -306,7 +306,7 @@ def test_blocked_by_another_gate_waits_then_holds(tmp_path: Path, tag: str) -> N
 
 
 def test_waits_for_an_expiring_lease_then_runs(tmp_path: Path, tag: str) -> None:
-    _hold_all_gpus(tmp_path, ttl_s=2)
+    _hold_all_gpus(tmp_path, ttl_s=8)  # outlives the CLI start-up even on a busy machine
     p = spec(
         tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, shape={"wait_s": 60}, requests=200
     )
