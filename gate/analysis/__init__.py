@@ -5,9 +5,9 @@ the evidence behind it. Modules: sequences (anytime-valid quantile confidence se
 counts (sequential count tests on errors, pooled and per kind), bounded (betting confidence
 sequences for paired fractions), estimates (Harrell-Davis estimates, block-bootstrap intervals),
 policy (the user-facing settings), types (inputs and outputs), plan (checks fixed before the
-data), latency, errors, engines, load, compat and divergence (the checks), sequential (looks at
-growing prefixes), judge (the verdict), baseline (a Kayenta-style judge for comparison) and
-calibration (simulated gates: false-hold rate and power of both).
+data), latency, tail, errors, engines, load, compat and divergence (the checks), sequential
+(looks at growing prefixes), judge (the verdict), baseline (a Kayenta-style judge for
+comparison) and calibration (simulated gates: false-hold rate and power of both).
 """
 
 from gate.analysis.compat import ProbePair, ProbeResult

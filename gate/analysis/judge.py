@@ -8,6 +8,7 @@ tolerance is at most alpha whatever the dependence between checks and however of
 looked:
 
     latency      quantile checks, scenario x metric x quantile (latency.py)
+    tail         the tail above the reference's p95 as a whole, scenario x metric (tail.py)
     errors       one count test per scenario, pooled and per kind (errors.py)
     correctness  five envelope tests of numerical divergence (divergence.py)
     load         goodput per peak phase, collapse per overload phase (load.py)
@@ -40,6 +41,7 @@ from gate.analysis.latency import latency_checks, planned_latency_checks
 from gate.analysis.load import OverloadPhase, PeakPhase, load_checks
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
+from gate.analysis.tail import tail_checks
 from gate.analysis.types import Check, EngineFacts, ScenarioSamples, Verdict
 
 __all__ = ["judge"]
@@ -103,10 +105,12 @@ def judge(
     checks: list[Check] = []
     if plan is None:
         checks.extend(latency_checks(scenarios, policy, notes, bootstrap=bootstrap))
+        checks.extend(tail_checks(scenarios, policy, notes))
         checks.extend(error_checks(scenarios, policy, notes))
     else:
         notes.extend(plan.notes)
         checks.extend(planned_latency_checks(scenarios, plan, notes, bootstrap=bootstrap))
+        checks.extend(tail_checks(scenarios, policy, notes, plan=plan))
         checks.extend(error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None))
     if not any(c.group == "latency" for c in checks):
         checks.insert(0, _coverage_check())

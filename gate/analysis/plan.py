@@ -107,7 +107,9 @@ class Plan:
     """Checks, alphas and tunings for a gate, from the policy and the planned requests.
 
     requests: per scenario, the planned requests per arm after the warm-up (the sample limit);
-    error_alpha: each scenario's share of the errors budget.
+    error_alpha: each scenario's share of the errors budget; tail_alpha: each tail check's
+    share of the tail budget (one check per scenario x metric, tail.py), whose bets are tuned
+    to the scenario's planned requests.
     """
 
     policy: Policy
@@ -115,6 +117,7 @@ class Plan:
     latency: tuple[PlannedCheck, ...]
     error_alpha: float
     notes: tuple[str, ...]
+    tail_alpha: float = 0.0
 
     @classmethod
     def build(cls, policy: Policy, requests: Mapping[str, int]) -> Plan:
@@ -164,12 +167,20 @@ class Plan:
                 f"{alpha:.4g} each, half per arm, looks every {policy.look_every} requests."
             )
         error_alpha = policy.group_alpha("errors") / len(requests) if requests else 0.0
+        tails = len(requests) * len(policy.metrics)
+        tail_alpha = policy.group_alpha("tail") / tails if tails else 0.0
+        if tail_alpha > 0.0:
+            notes.append(
+                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {tails} tail "
+                f"checks: {tail_alpha:.4g} each."
+            )
         return cls(
             policy=policy,
             requests=MappingProxyType(dict(requests)),
             latency=checks,
             error_alpha=error_alpha,
             notes=tuple(notes),
+            tail_alpha=tail_alpha,
         )
 
     def checks_for(self, scenario: str) -> tuple[PlannedCheck, ...]:

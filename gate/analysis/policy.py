@@ -8,6 +8,7 @@ once, valid at that one time).
 
 Budget groups and the checks that spend them:
     latency: quantile checks (scenario x metric x quantile);
+    tail: tail checks (scenario x metric: the tail above the reference's p95 as a whole, tail.py);
     errors: the error count test of each scenario (all kinds and per kind, one mixture);
     correctness: the statistical divergence tests (teacher-forced scoring, free-run greedy);
     load: goodput under peak and collapse under overload;
@@ -33,13 +34,14 @@ __all__ = [
     "LoadPolicy",
     "Metric",
     "Policy",
+    "TailPolicy",
     "quantile_key",
 ]
 
 AUTO_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 CHECK_GROUPS: tuple[str, ...] = ("latency", "errors", "correctness")
 """Budget groups a spec must weigh (the original three; older specs give exactly these)."""
-OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup")
+OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup", "tail")
 """Budget groups that may be left out of alpha_split: left out, they weigh 0 and their
 statistical checks are skipped with a note (weight 0 is how a spec turns a group off)."""
 BUDGET_GROUPS: tuple[str, ...] = CHECK_GROUPS + OPTIONAL_GROUPS
@@ -146,6 +148,55 @@ class LoadPolicy(BaseModel):
     )
 
 
+class TailPolicy(BaseModel):
+    """The tail check (tail.py): the candidate's latencies above the reference's p95, as a
+    whole, against the reference's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tolerance: float = Field(
+        default=0.07,
+        ge=0.0,
+        description=(
+            "Allowed tail ratio: the check fails when the candidate's tail is more than "
+            "1 + tolerance times the reference's (every quantile of the window scaled by the "
+            "ratio would match). 7% is the geometric midpoint of 1 (as fast) and 1.15 (the "
+            "smallest tail regression the gate must catch), sqrt(1.15) = 1.072 rounded down: "
+            "the point where a sequential test between those two is indifferent, so an "
+            "identical candidate passes and a 15% regression fails after about the same "
+            "number of requests. It is tighter than the p99 tolerance (10%) because the tail "
+            "as a whole is resolved about twice as finely as one quantile in it."
+        ),
+    )
+    start: float = Field(
+        default=0.95,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Where the tail starts, as a quantile of the reference (estimated from its earlier "
+            "requests): 0.95 judges the slowest 5% of requests."
+        ),
+    )
+    top: float = Field(
+        default=0.995,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Where the window ends, as a quantile of the reference: slower requests count as "
+            "if they were at it. A bounded window keeps one outlier from deciding the check; "
+            "the far tail beyond it is the p99 check's."
+        ),
+    )
+
+    @field_validator("top")
+    @classmethod
+    def _check_top(cls, v: float, info: ValidationInfo) -> float:
+        start = info.data.get("start")
+        if start is not None and v <= start:
+            raise ValueError(f"top must be above start ({start}), got {v}")
+        return v
+
+
 class DivergencePolicy(BaseModel):
     """Numerical divergence: what separates benign nondeterminism from a bug."""
 
@@ -215,7 +266,8 @@ class Policy(BaseModel):
     )
     alpha_split: dict[str, float] = Field(
         default_factory=lambda: {
-            "latency": 0.4,
+            "latency": 0.3,
+            "tail": 0.1,
             "errors": 0.2,
             "correctness": 0.25,
             "load": 0.1,
@@ -223,11 +275,13 @@ class Policy(BaseModel):
         },
         description=(
             "Share of alpha per budget group (weighted Bonferroni), split evenly over the "
-            "group's checks. Keys: latency, errors, correctness (required), load, startup "
-            "(optional, 0 when left out: their statistical checks are then skipped with a "
-            "note); weights >= 0 summing to 1, latency > 0. Latency keeps the largest share "
-            "because it has the most checks (scenarios x metrics x quantiles) and the "
-            "smallest effects; correctness next, since a numerical bug is the costliest miss; "
+            "group's checks. Keys: latency, errors, correctness (required), load, startup, "
+            "tail (optional, 0 when left out: their statistical checks are then skipped with "
+            "a note); weights >= 0 summing to 1, latency > 0. Latency and tail together keep "
+            "the largest share (0.4) because they have the most checks and the smallest "
+            "effects: 0.3 for the quantile checks (scenarios x metrics x quantiles), 0.1 for "
+            "the tail checks (scenarios x metrics), the same alpha per check with the default "
+            "quantiles; correctness next, since a numerical bug is the costliest miss; "
             "errors 0.2 already holds a doubled error rate within a few thousand requests; "
             "load and startup have one or two checks each."
         ),
@@ -339,6 +393,10 @@ class Policy(BaseModel):
     )
     load: LoadPolicy = Field(
         default_factory=LoadPolicy, description="Peak, overload and recovery tolerances."
+    )
+    tail: TailPolicy = Field(
+        default_factory=TailPolicy,
+        description="The tail check: the slowest requests as a whole (tail.py).",
     )
     divergence: DivergencePolicy = Field(
         default_factory=DivergencePolicy,

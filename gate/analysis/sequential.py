@@ -18,12 +18,14 @@ arrays it has so far, at any moments it likes, and act on the answer:
     - at the planned limit every check is decided: what is still undecided is inconclusive.
 
 The error count test can only ever fail early (it never accepts), so a clean scenario runs to
-its limit; latency checks decide both ways. The final `judge(..., plan=plan)` on the same
-samples gives the same decisions as the last look (the same sequences), plus the bootstrap
-estimate intervals, which a look skips unless asked (they are for the report). A decision is the
-one at the current look: under drift a check decided at one look may be undecided at the next
-(the target of a sequence is the quantile averaged over the samples so far), so the gate stops
-on a look where everything is decided, never on decisions collected from different looks.
+its limit; latency checks decide both ways, and so does the tail check (tail.py), which at the
+end becomes a note rather than a hold when still undecided. The final `judge(..., plan=plan)`
+on the same samples gives the same decisions as the last look (the same sequences), plus the
+bootstrap estimate intervals, which a look skips unless asked (they are for the report). A
+decision is the one at the current look: under drift a check decided at one look may be
+undecided at the next (the target of a sequence is the quantile averaged over the samples so
+far), so the gate stops on a look where everything is decided, never on decisions collected
+from different looks.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from gate.analysis.errors import error_check, outputs_checks
 from gate.analysis.latency import planned_latency_checks
 from gate.analysis.plan import Plan
+from gate.analysis.tail import tail_checks
 from gate.analysis.types import ArmSamples, Check, ScenarioSamples
 
 __all__ = ["Look", "SequentialJudge"]
@@ -103,6 +106,7 @@ class SequentialJudge:
         checks.extend(
             planned_latency_checks([s], self.plan, notes, bootstrap=self.bootstrap, final=final)
         )
+        checks.extend(tail_checks([s], self.plan.policy, notes, plan=self.plan, final=final))
         checks.extend(
             error_check(
                 s, self.plan.error_alpha, self.plan.policy, notes, None if final else planned

@@ -188,9 +188,11 @@ class Check:
     """One judged comparison with the statistics behind it.
 
     interval: the anytime-valid interval that decided: for latency, of the candidate/reference
-        quantile ratio; for goodput (peak) and collapse (overload), of the candidate-minus-
-        reference difference of fractions. reference/candidate/ratio: Harrell-Davis point
-        estimates (latency), error fractions (errors), goodput or collapse fractions (peak,
+        quantile ratio (for a tail check, of the tail ratio: tail.py); for goodput (peak) and
+        collapse (overload), of the candidate-minus-reference difference of fractions.
+        reference/candidate/ratio: Harrell-Davis point estimates (latency; a tail check gives
+        the mean of each arm's slowest 5% and the tail ratio's estimate), error fractions
+        (errors), goodput or collapse fractions (peak,
         overload), seconds (startup, recovery), per-prompt medians or counts (correctness),
         HTTP statuses (compatibility). threshold: what the interval or value is compared
         with. alpha: the share of the family-wise budget this check spent (None for

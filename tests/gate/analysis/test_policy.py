@@ -18,7 +18,10 @@ def _error_fields(kwargs: dict[str, Any]) -> set[str]:
 
 def test_defaults() -> None:
     p = Policy()
-    assert p.group_alpha("latency") == pytest.approx(0.02)
+    assert p.group_alpha("latency") == pytest.approx(0.015)
+    # The tail checks (0.1 of alpha) were carved out of the latency budget (0.4 before).
+    assert p.group_alpha("tail") == pytest.approx(0.005)
+    assert p.tail.tolerance == pytest.approx(0.07)
     assert p.checked_quantiles == (0.5, 0.9, 0.99)
     # 0.10, not 0.15: a 15% tail regression must be holdable, so its true ratio may not sit
     # on the threshold (issue 5).
@@ -57,6 +60,9 @@ def test_defaults() -> None:
         ({"load": {"goodput_tolerance": 1.5}}, "load"),
         ({"divergence": {"top_k": 0}}, "divergence"),
         ({"divergence": {"bogus": 1}}, "divergence"),
+        ({"tail": {"start": 0.99, "top": 0.95}}, "tail"),
+        ({"tail": {"tolerance": -0.1}}, "tail"),
+        ({"tail": {"start": 1.0}}, "tail"),
         ({"metrics": []}, "metrics"),
         ({"metrics": ["ttft", "ttft"]}, "metrics"),
         ({"max_error_rate": 1.5}, "max_error_rate"),
@@ -80,6 +86,7 @@ def test_older_three_group_split_still_validates() -> None:
     p = Policy(alpha_split={"latency": 0.4, "errors": 0.2, "correctness": 0.4})
     assert p.group_alpha("load") == 0.0
     assert p.group_alpha("startup") == 0.0
+    assert p.group_alpha("tail") == 0.0
     assert p.group_alpha("correctness") == pytest.approx(0.02)
 
 
