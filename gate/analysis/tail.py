@@ -101,8 +101,8 @@ MAX_BET = 0.5
 PRIOR_PAIRS = 100.0
 """Weight, in pairs, of the prior guess of E[W^2] behind the first bets."""
 
-_SEARCH = (math.log(1.5), math.log(16.0))
-"""Ratios searched around the threshold: within 1.5x of it first (only pairs near the tail
+_SEARCH = (math.log(1.25), math.log(16.0))
+"""Ratios searched around the threshold: within 1.25x of it first (only pairs near the tail
 need indexing), then, when an end or the estimate falls outside, within 16x."""
 
 _XTOL = 1e-3
