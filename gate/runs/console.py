@@ -3,6 +3,7 @@ and a summary table at the end. Everything goes to stderr so `--json` keeps stdo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -77,6 +78,20 @@ class ConsoleProgress:
         self.stop()
 
 
+def _fmt_threshold(check: Mapping[str, Any]) -> str:
+    """In the check's own unit: a ratio for latency, seconds for startup, a rate for errors."""
+    thr = check.get("threshold")
+    if thr is None:
+        return ""
+    if check.get("group") == "latency":
+        return f"{thr:.3f}x"
+    if check.get("group") == "startup":
+        return f"{thr:.1f} s"
+    if check.get("group") == "errors":
+        return f"{thr:.2%}"
+    return f"{thr:.3f}"
+
+
 def _fmt_ratio(v: Any) -> str:
     return "" if v is None else f"{v:.3f}x"
 
@@ -100,14 +115,15 @@ def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
         colors = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
         for c in checks:
             iv = c.get("interval")
-            interval = f"{iv[0]:.3f}-{iv[1]:.3f}" if iv and None not in iv else ""
-            thr = c.get("threshold")
+            interval = ""
+            if iv and iv[0] is not None:
+                interval = f"{iv[0]:.3f}-" + ("inf" if iv[1] is None else f"{iv[1]:.3f}")
             table.add_row(
                 c["id"],
                 f"[{colors.get(c['decision'], 'white')}]{c['decision']}[/]",
                 _fmt_ratio(c.get("ratio")),
                 interval,
-                "" if thr is None else f"{thr:.3f}",
+                _fmt_threshold(c),
                 f"{c['samples'][0]}/{c['samples'][1]}",
             )
         console.print(table)
