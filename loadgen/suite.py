@@ -673,6 +673,25 @@ class CorrectnessResult:
     prompt_token_ids: list[int] | None = None
 
 
+async def _post_completion(
+    http: httpx.AsyncClient,
+    target: Target,
+    body: dict[str, Any],
+    result: CorrectnessResult | ScoreResult,
+) -> tuple[httpx.Response | None, Any]:
+    """POST a non-streaming completion; a transport failure goes to `result.error` (and the
+    response is None), else the status to `result.status` and the parsed body is returned."""
+    try:
+        response = await http.post(
+            _api_url(target, "completions"), json=body, timeout=target.timeout_s
+        )
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return None, None
+    result.status = response.status_code
+    return response, _json_or_text(response)
+
+
 def _json_or_text(response: httpx.Response) -> Any:
     """The body as JSON, or its text when it is not JSON (an engine's plain 500 page)."""
     try:
@@ -721,15 +740,9 @@ async def _greedy_probe(
     body.update(req.extra)
     body["stream"] = False
     result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
-    try:
-        response = await http.post(
-            _api_url(target, "completions"), json=body, timeout=target.timeout_s
-        )
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+    response, obj = await _post_completion(http, target, body, result)
+    if response is None:
         return result
-    result.status = response.status_code
-    obj = _json_or_text(response)
     choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
     if response.status_code != 200 or not isinstance(choice, dict):
         result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
@@ -856,15 +869,9 @@ async def _score(
         "stream": False,
     }
     result = ScoreResult(request_id, None)
-    try:
-        response = await http.post(
-            _api_url(target, "completions"), json=body, timeout=target.timeout_s
-        )
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+    response, obj = await _post_completion(http, target, body, result)
+    if response is None:
         return result
-    result.status = response.status_code
-    obj = _json_or_text(response)
     if response.status_code != 200 or not isinstance(obj, dict):
         result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
         # A clean 400 naming the option is an engine without it, not a broken engine.
