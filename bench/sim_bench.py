@@ -96,23 +96,43 @@ class _Stream(asyncio.Protocol):
             self.closed.set_result(None)
 
 
-async def _client(port: int, streams: int, max_tokens: int, duration_s: float) -> dict[str, Any]:
+def stream_lengths(streams: int, max_tokens: int, spread: float) -> list[int]:
+    """Output lengths spaced evenly over max_tokens x [1 - spread, 1 + spread] (mean
+    max_tokens). spread 0: every stream the same length, so all finish together and their
+    replacements arrive in one burst, the worst case for the sim's single event loop."""
+    if streams == 1 or spread == 0:
+        return [max_tokens] * streams
+    return [
+        max(1, round(max_tokens * (1 - spread + 2 * spread * k / (streams - 1))))
+        for k in range(streams)
+    ]
+
+
+def _request(max_tokens: int) -> bytes:
     body = json.dumps(
         {"prompt": "x", "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
          "temperature": 0}
     ).encode()  # fmt: skip
-    request = (
+    return (
         b"POST /v1/completions HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%b" % (len(body), body)
     )
+
+
+async def _client(
+    port: int, streams: int, max_tokens: int, duration_s: float, spread: float
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     t0 = time.monotonic_ns()
     until = t0 + int(duration_s * 1e9)
     buckets = [0] * (int(duration_s * 1e9) // BUCKET_NS + 40)
     conns = []
-    for _ in range(streams):
+    for length in stream_lengths(streams, max_tokens, spread):
+        request = _request(length)
         _, proto = await loop.create_connection(
-            lambda: _Stream(request, buckets, t0, until), "127.0.0.1", port
+            lambda request=request: _Stream(request, buckets, t0, until),
+            "127.0.0.1",
+            port,
         )
         conns.append(proto)
     cpu0 = time.process_time()
@@ -128,7 +148,8 @@ async def _client(port: int, streams: int, max_tokens: int, duration_s: float) -
 
 def client_main(args: list[str]) -> None:
     port, streams, max_tokens, duration = int(args[0]), int(args[1]), int(args[2]), float(args[3])
-    result = asyncio.run(_client(port, streams, max_tokens, duration))
+    spread = float(args[4]) if len(args) > 4 else 0.0
+    result = asyncio.run(_client(port, streams, max_tokens, duration, spread))
     print(json.dumps(result))
 
 
@@ -143,6 +164,7 @@ class Load:
     max_tokens: int
     duration_s: float
     warmup_s: float
+    spread: float = 0.5
 
 
 @dataclass
@@ -216,6 +238,7 @@ def run_case(
                     str(streams),
                     str(load.max_tokens),
                     str(duration_s),
+                    str(load.spread),
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
@@ -266,12 +289,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="sim processes for the scale run")
     parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
     parser.add_argument("--streams", type=int, default=64, help="concurrent streams per sim")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request")
+    parser.add_argument("--max-tokens", type=int, default=256, help="mean tokens per request")
+    parser.add_argument(
+        "--length-spread",
+        type=float,
+        default=0.5,
+        help="output lengths spread over max-tokens x [1-s, 1+s] (default 0.5, a realistic mix); "
+        "0: all equal, so streams finish in lockstep (the worst case for request intake)",
+    )
     parser.add_argument("--tokens-per-event", type=int, default=4, help="for the multi-token run")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds not counted")
     args = parser.parse_args()
-    load = Load(args.streams, args.max_tokens, args.duration, args.warmup)
+    load = Load(args.streams, args.max_tokens, args.duration, args.warmup, args.length_spread)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="sim-bench-") as tmp:
         workdir = Path(tmp)
@@ -340,7 +370,8 @@ def main() -> None:
         return
     print(
         f"sim benchmark: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-        f"{args.streams} streams x {args.max_tokens} tokens per sim; raw asyncio client, "
+        f"{args.streams} streams x {args.max_tokens} tokens (spread {args.length_spread:g}) "
+        "per sim; raw asyncio client, "
         "one client process per sim"
     )
     head = (
