@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import make_engine, make_sessionmaker, upgrade
@@ -49,15 +50,6 @@ def find_processes() -> object:
 POSTGRES_ADMIN_URL = os.environ.get(
     "GATE_TEST_POSTGRES_URL", "postgresql+psycopg://gate:gate@127.0.0.1:5432/gate"
 )
-
-
-def service_missing(what: str, why: str) -> None:
-    """Locally a missing service skips its tests; in CI (CI=true) it fails them: CI must have
-    installed and started every service the suite needs."""
-    msg = f"{what} is not available ({why}); .ci/run installs and starts it"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 @pytest.fixture

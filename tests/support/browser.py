@@ -31,16 +31,6 @@ CHROMIUM_ARGS = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-def service_missing(what: str, why: str) -> None:
-    """As tests/conftest.py's: skip locally, fail in CI (which must have installed it)."""
-    import pytest
-
-    msg = f"{what} is not available ({why}); .ci/run installs and starts it"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 def chromium_path() -> tuple[str | None, str]:
     """The Chromium to drive (GATE_TEST_CHROMIUM, else Debian's), or None and why not."""
     wanted = os.environ.get("GATE_TEST_CHROMIUM") or "/usr/bin/chromium"

@@ -25,9 +25,9 @@ from browser import (
     chromium,
     chromium_path,
     serve,
-    service_missing,
     tab_through,
 )
+from services import service_missing
 
 from gate.access.tokens import create_token
 from gate.api.app import create_app

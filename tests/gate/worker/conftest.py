@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
@@ -23,14 +24,6 @@ REDIS_URL = os.environ.get("GATE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 HEARTBEAT_S = 0.5
 VISIBILITY_TIMEOUT_S = 4.0
 READY_TIMEOUT_S = 60.0
-
-
-def service_missing(what: str, why: str) -> None:
-    """As in tests/conftest.py: skip locally, fail in CI (which must have started it)."""
-    msg = f"{what} is not available ({why}); .ci/run installs and starts it"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 @pytest.fixture
