@@ -35,6 +35,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from loadgen import quietgc
 from loadgen.client import Message, RequestSpec, Target, conversation, make_client, send_request
 from loadgen.records import RequestRecord
 
@@ -107,6 +108,7 @@ async def run_paired(
     need = max(1, len(requests) if concurrency is None else concurrency)
     parents = {r.parent for r in requests if r.parent is not None}
     turns: dict[tuple[str, int], asyncio.Future[tuple[list[Message], int]]] = {}
+    finished = 0
 
     def turn(name: str, request_id: int) -> asyncio.Future[tuple[list[Message], int]]:
         key = (name, request_id)
@@ -115,6 +117,7 @@ async def run_paired(
         return turns[key]
 
     async def one(client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int) -> None:
+        nonlocal finished
         history: list[Message] = []
         if req.parent is not None:
             history, parent_end = await turn(target.name, req.parent)
@@ -127,10 +130,14 @@ async def run_paired(
                 ([*conversation(req, history), answer], ended)
             )
         records[target.name].append(record)
+        finished += 1
+        if finished % _REFREEZE_EVERY == 0:
+            quietgc.refreeze()
         if on_record is not None:
             on_record(record)
 
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(quietgc.frozen_heap())
         pool: dict[str, httpx.AsyncClient] = {}
         for target in targets:
             if clients is not None:
@@ -170,6 +177,7 @@ async def run_paired(
 
 
 _EARLY_NS = 500_000
+_REFREEZE_EVERY = 1000  # finished records between freezes (see loadgen.quietgc)
 
 _One = Callable[[httpx.AsyncClient, Target, RequestSpec, int], Coroutine[Any, Any, None]]
 

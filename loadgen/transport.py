@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
+import struct
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from typing import Any, cast
 
 import httpx
 
@@ -216,6 +219,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.pool = pool
         self.origin = origin
         self.transport: asyncio.Transport | None = None
+        self.sock: _StampedSocket | None = None
         self.closed = False
         self.reusable = True
         self.holds_slot = True
@@ -239,6 +243,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         now = time.monotonic_ns()  # first, so parsing never delays the stamp
+        sock = self.sock
+        if sock is not None and 0 < sock.rx_ns < now:
+            now = sock.rx_ns  # when the bytes reached the host, not when the loop read them
         self._received(self._view[:nbytes].tobytes(), now)
 
     def _received(self, data: bytes, now: int) -> None:
@@ -699,7 +706,11 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
-                await loop.create_connection(lambda: conn, origin[0], origin[1])
+                if _SO_TIMESTAMPNS is None:
+                    await loop.create_connection(lambda: conn, origin[0], origin[1])
+                else:
+                    conn.sock = await _connect_stamped(loop, origin)
+                    await loop.create_connection(lambda: conn, sock=conn.sock)
         except TimeoutError:
             pool.return_slot(conn)
             raise httpx.ConnectTimeout(f"connecting to {origin[0]}:{origin[1]} timed out") from None
@@ -747,3 +758,63 @@ async def _wait_head(
             return await exchange._head
     except TimeoutError:
         raise httpx.ReadTimeout(f"no response within {read_timeout:g} s") from None
+
+
+# -- kernel receive stamps ----------------------------------------------------------------------
+
+_SO_TIMESTAMPNS: int | None = getattr(
+    socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None
+)
+_TIMESPEC = struct.Struct("qq")
+_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+class _StampedSocket(socket.socket):
+    """A client socket that keeps the kernel's receive time of the data it last returned.
+
+    With ``SO_TIMESTAMPNS`` the kernel stamps each segment as it arrives; ``recvmsg_into``
+    returns the stamp of the latest one read (TCP keeps the later stamp when it coalesces
+    segments). Reads therefore carry the moment their bytes reached the host, whatever the
+    event loop was busy with at the time: a busy client no longer adds its own lateness to
+    TTFT and inter-token gaps. The stamp is on the realtime clock and is moved to the
+    monotonic clock by the offset between the two, read together at each receive. asyncio's
+    selector transport reads a buffered protocol's data with ``recv_into``, so that is the
+    method replaced.
+    """
+
+    __slots__ = ("rx_ns",)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        view = memoryview(buffer)
+        if nbytes:
+            view = view[:nbytes]
+        received, ancdata, _, _ = self.recvmsg_into([view], _ANC_SIZE, flags)
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                self.rx_ns = sec * 1_000_000_000 + nsec + time.monotonic_ns() - time.time_ns()
+        return received
+
+
+async def _connect_stamped(loop: asyncio.AbstractEventLoop, origin: _Origin) -> _StampedSocket:
+    """Resolve and connect like ``create_connection`` does, on a stamping socket."""
+    assert _SO_TIMESTAMPNS is not None
+    infos = await loop.getaddrinfo(origin[0], origin[1], type=socket.SOCK_STREAM)
+    error: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        sock = _StampedSocket(family, kind, proto)
+        sock.rx_ns = 0
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error or OSError(f"cannot resolve {origin[0]}")

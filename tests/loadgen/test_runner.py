@@ -56,10 +56,17 @@ def test_open_loop_mirrors_every_request_at_the_same_instant(stream_server: Any)
         assert {rec.body["prompt"] for rec in server.received} == {s.prompt for s in requests}
     pairs = list(result.aligned())
     assert [i for i, _ in pairs] == list(range(n))
+    gaps = []
     for _, pair in pairs:
         ref, cand = pair["ref"], pair["cand"]
         assert ref.intended_ns == cand.intended_ns
-        assert abs(ref.sent_ns - cand.sent_ns) < 5 * MS
+        gaps.append(abs(ref.sent_ns - cand.sent_ns))
+    # Both sends of a request leave in the same event-loop turn: well under a millisecond
+    # apart. A sequential sender would put a whole response (>= 8 ms here) between them on
+    # every pair. One pair may be late on a shared CI machine that deschedules the process
+    # between the two sends (once seen: 456 ms); two may not.
+    assert float(np.median(gaps)) < 1 * MS, gaps
+    assert sum(g >= 5 * MS for g in gaps) <= 1, gaps
     # The schedule is honoured relative to the start: intended = start + offset.
     intended = np.array([r.intended_ns for r in result.records["ref"]]) - result.start_ns
     np.testing.assert_allclose(intended / 1e9, offsets, atol=1e-6)

@@ -418,7 +418,7 @@ class SimApp:
 
     async def _generate(self, request: Request, responder: Responder, parse: Parser) -> None:
         request_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
-        record = TruthRecord(request_id, request.path, request.arrival_ns)
+        record = TruthRecord(request_id, request.path, request.arrival_ns, request.read_ns)
         try:
             await self._serve_generation(request, responder, parse, record)
         except ApiError as exc:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 
+from gate.engines.sim import rxstamp
+
 MAX_BODY_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 * 1024
 SERVER_NAME = "gate-sim"
@@ -37,9 +39,13 @@ class Request:
     version: str
     headers: dict[str, str]
     body: bytes
-    # time.monotonic_ns() once the body was complete in the buffer (for pipelined requests:
-    # when the connection got to it); the sim's ground truth counts from here.
+    # Monotonic-clock time the request's last bytes reached the host: the kernel's receive
+    # stamp where the platform gives one (see rxstamp), else the same as read_ns. The sim's
+    # ground truth counts from here.
     arrival_ns: int = 0
+    # time.monotonic_ns() once the body was complete in the buffer (for pipelined requests:
+    # when the connection got to it): read_ns - arrival_ns is the sim's own intake latency.
+    read_ns: int = 0
 
 
 class HttpError(Exception):
@@ -178,6 +184,7 @@ class HttpProtocol(asyncio.Protocol):
         self._reading_paused = False
         self._sent_continue = False
         self._eof = False
+        self._fd = -1
         self.closed = False
 
     # -- asyncio callbacks -------------------------------------------------------------------
@@ -186,6 +193,8 @@ class HttpProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._connections.add(self)
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -321,7 +330,9 @@ class HttpProtocol(asyncio.Protocol):
         else:
             keep_alive = "close" not in connection
         path, _, query = target.partition("?")
-        request = Request(method, target, path, query, version, headers, body, time.monotonic_ns())
+        read_ns = time.monotonic_ns()
+        arrival_ns = min(rxstamp.last_rx_ns(self._fd) or read_ns, read_ns)
+        request = Request(method, target, path, query, version, headers, body, arrival_ns, read_ns)
         return request, keep_alive
 
     def _maybe_continue(self, headers: dict[str, str], version: str) -> None:

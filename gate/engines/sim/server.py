@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 
+from gate.engines.sim import rxstamp
 from gate.engines.sim.announce import base_url, format_listening_line
 from gate.engines.sim.config import SimConfig
 from gate.engines.sim.http11 import HttpProtocol, start_server
@@ -32,7 +33,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, kind, proto)
+    sock = rxstamp.listener(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)

@@ -6,7 +6,12 @@ CLOCK_MONOTONIC and so shared by every process on the host. One JSON line per fi
 generation request:
 
     {"request_id": ..., "path": "/v1/completions", "status": 200, "arrival_ns": ...,
-     "events": [[emitted_ns, tokens], ...], "scheduled_ns": [...]}
+     "read_ns": ..., "events": [[emitted_ns, tokens], ...], "scheduled_ns": [...]}
+
+``arrival_ns`` is when the request's last bytes reached the host: the kernel's receive stamp
+(``SO_TIMESTAMPNS``, see ``rxstamp``) where the platform has one, so it does not depend on how
+busy the sim's event loop was; ``read_ns`` is when the sim parsed it (``read_ns - arrival_ns``
+is the sim's intake latency, which is part of the TTFT any client sees).
 
 ``events`` holds only SSE events that carry content tokens (not chat's role-only chunk, not
 the usage-only chunk, not an error event, not ``[DONE]``); ``emitted_ns`` is taken right after
@@ -34,6 +39,7 @@ class TruthRecord:
     request_id: str
     path: str
     arrival_ns: int
+    read_ns: int = 0
     # 499 (nginx's "client closed request") until a response starts: a request abandoned
     # before any answer must not look like a success.
     status: int = 499
@@ -51,7 +57,7 @@ class TruthRecord:
         scheduled = ",".join(map(str, self.scheduled_ns))
         return (
             f'{{"request_id":{dumps(self.request_id)},"path":{dumps(self.path)},'
-            f'"status":{self.status},"arrival_ns":{self.arrival_ns},'
+            f'"status":{self.status},"arrival_ns":{self.arrival_ns},"read_ns":{self.read_ns},'
             f'"events":[{events}],"scheduled_ns":[{scheduled}]}}'
         )
 

@@ -12,7 +12,7 @@ import httpx
 from gate.engines.sim.launch import SimPool
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
-KEYS = {"request_id", "path", "status", "arrival_ns", "events", "scheduled_ns"}
+KEYS = {"request_id", "path", "status", "arrival_ns", "read_ns", "events", "scheduled_ns"}
 
 
 def _stream(
@@ -84,7 +84,7 @@ def test_truth_log_matches_what_the_client_received(launcher: SimPool, tmp_path:
         choices = [c["choices"][0] for c in chunks]
         texts = [ch.get("text", ch.get("delta", {}).get("content")) for ch in choices]
         assert sum(n for _, n in events) == sum(len(t.split()) for t in texts)
-        assert before <= rec["arrival_ns"] <= events[0][0]
+        assert before <= rec["arrival_ns"] <= rec["read_ns"] <= events[0][0]
         emitted = [e for e, _ in events]
         assert emitted == sorted(emitted)
         assert rec["scheduled_ns"] == sorted(rec["scheduled_ns"])
