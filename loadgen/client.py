@@ -52,7 +52,7 @@ import httpx
 from loadgen.prompts import chat_messages
 from loadgen.records import ErrorKind, RequestRecord
 from loadgen.sse import DONE, ServerSentEvent, SSEParser
-from loadgen.transport import LoadgenTransport, StreamTap
+from loadgen.transport import SEND_AT, LoadgenTransport, StreamTap
 
 Api = Literal["completions", "chat"]
 
@@ -200,11 +200,16 @@ async def send_request(
     intended_ns: int,
     *,
     history: Sequence[Mapping[str, Any]] = (),
+    armed: bool = False,
 ) -> RequestRecord:
     """Stream one request and return its record; never raises except on cancellation.
 
     Every request carries ``X-Request-Id: <request_id>``, so a server's own log (the sim's
     truth log, an engine's access log) can be joined to our records.
+
+    ``armed``: called ahead of ``intended_ns``; the request is built and a connection made
+    ready now, and its bytes leave at ``intended_ns`` on the lean transport's precise timer
+    (other transports: after an asyncio sleep until then).
     """
     body = request_body(target, req, history)
     state = _StreamState()
@@ -217,10 +222,22 @@ async def send_request(
         "x-request-id": str(req.request_id),
     }
     got_headers = False
+    extensions: dict[str, Any] = {}
+    if armed:
+        # httpx keeps no public handle on a client's transport; _transport is where it is.
+        if isinstance(getattr(client, "_transport", None), LoadgenTransport):
+            extensions[SEND_AT] = intended_ns
+        elif (wait_ns := intended_ns - time.monotonic_ns()) > 0:
+            await asyncio.sleep(wait_ns / 1e9)
     record.sent_ns = time.monotonic_ns()
     try:
         async with client.stream(
-            "POST", target.url, json=body, headers=headers, timeout=target.timeout_s
+            "POST",
+            target.url,
+            json=body,
+            headers=headers,
+            timeout=target.timeout_s,
+            extensions=extensions,
         ) as response:
             got_headers = True
             tap = response.extensions.get("loadgen.tap")

@@ -116,13 +116,15 @@ async def run_paired(
             turns[key] = asyncio.get_running_loop().create_future()
         return turns[key]
 
+    armed = offsets_s is not None  # open loop: requests are built ahead and fired on time
+
     async def one(client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int) -> None:
         nonlocal finished
         history: list[Message] = []
         if req.parent is not None:
             history, parent_end = await turn(target.name, req.parent)
             at = max(at, parent_end)
-        record = await send_request(client, target, req, at, history=history)
+        record = await send_request(client, target, req, at, history=history, armed=armed)
         if req.request_id in parents:
             answer = {"role": "assistant", "content": record.text}
             ended = record.end_ns if record.end_ns is not None else time.monotonic_ns()
@@ -176,7 +178,7 @@ async def run_paired(
     return PairedResult(start_ns=start_ns, end_ns=end_ns, records=records)
 
 
-_EARLY_NS = 500_000
+_LEAD_NS = 5_000_000
 _REFREEZE_EVERY = 1000  # finished records between freezes (see loadgen.quietgc)
 
 _One = Callable[[httpx.AsyncClient, Target, RequestSpec, int], Coroutine[Any, Any, None]]
@@ -193,11 +195,12 @@ async def _open_loop(
 ) -> None:
     due = start_ns + np.rint(np.asarray(offsets_s, dtype=np.float64) * 1e9).astype(np.int64)
     for i, (req, at) in enumerate(zip(requests, due.tolist(), strict=True)):
-        # Sleep until the absolute instant, or until abort. The event loop's epoll waits are
-        # whole milliseconds rounded up, so a timer fires up to 1 ms late; aiming half a
-        # millisecond early centres the wake-up on the instant (the request then spends a
-        # few hundred microseconds in httpx before its bytes leave, which ``sent_ns`` sees).
-        while (wait_ns := at - _EARLY_NS - time.monotonic_ns()) > 0:
+        # Wake a little ahead of the instant, or on abort, and start the request's tasks: they
+        # build the request and take a connection now, and the transport writes the bytes at
+        # the instant itself on a precise timer (``loadgen.clock``). asyncio's own timers are
+        # whole milliseconds late, and building a request in httpx takes a few hundred
+        # microseconds more; ``_LEAD_NS`` covers both with room for a busy loop.
+        while (wait_ns := at - _LEAD_NS - time.monotonic_ns()) > 0:
             if await flight.aborted_within(wait_ns / 1e9):
                 return
         if flight.abort.is_set():

@@ -10,10 +10,15 @@ hierarchy, ``client.stream``) and replaces only the wire layer:
 - an ``asyncio.Protocol`` per connection decodes the response framing (content-length,
   chunked, or read-to-close) inside ``data_received``, so one socket read becomes one queued
   body piece with no intermediate byte copies, parser objects or anyio wrappers;
-- each piece carries the ``time.monotonic_ns()`` stamp of the read that delivered it, taken
-  before any parsing, and the instant the request bytes were handed to the kernel is kept as
-  well; both are exposed through the response's ``extensions["loadgen.timing"]`` (a
-  :class:`StreamTiming`) so the client can time the network, not its own event loop's backlog;
+- each piece carries the receive stamp of the read that delivered it: the kernel's
+  (``SO_TIMESTAMPNS``, moved to the monotonic clock) where the platform gives one, else
+  ``time.monotonic_ns()`` taken before any parsing; the instant the request bytes were handed
+  to the kernel is kept as well; both are exposed through the response's
+  ``extensions["loadgen.tap"]`` (a :class:`StreamTap`) so the client times the network, not
+  its own event loop's backlog;
+- a request may carry the ``loadgen.send_at_ns`` extension (:data:`SEND_AT`): it is built and
+  given a connection at once, and its bytes are written at that instant from a precise timer
+  (:mod:`loadgen.clock`), so the send is on time even though asyncio's timers are not;
 - the pool is a list of idle connections per origin plus a FIFO of waiters: O(1) per request,
   with explicit limits and a pool timeout that raises ``httpx.PoolTimeout`` as httpx does.
 
@@ -36,11 +41,21 @@ from typing import Any, cast
 
 import httpx
 
+from loadgen.clock import PreciseTimer
+
 _MAX_HEAD = 64 * 1024
 """Refuse response heads larger than this: a server streaming garbage must not eat memory."""
 
 _Origin = tuple[str, int]
 _DRAIN_S = 1.0
+
+
+SEND_AT = "loadgen.send_at_ns"
+"""Request extension: the ``time.monotonic_ns()`` instant the request's bytes should leave.
+
+The request is built, a connection taken (or opened) and the bytes queued now; only the socket
+write waits, on a precise timer (:mod:`loadgen.clock`). A request whose instant has passed goes
+at once. ``sent_ns`` is still the instant of the write."""
 
 
 Sink = Callable[[bytes, int], bool]
@@ -282,18 +297,29 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- sending -------------------------------------------------------------------------
 
-    def send(self, data: bytes, head_only: bool) -> StreamTap:
+    def send(self, data: bytes, head_only: bool, at_ns: int | None = None) -> StreamTap:
+        """Start an exchange; with ``at_ns`` the bytes leave at that instant (armed on the
+        pool's precise timer), everything else about the request being ready now."""
         assert self.transport is not None
         exchange = StreamTap(self.pool.dispatcher)
         self.exchange = exchange
         self._state = _HEAD
         self._head_only = head_only
         self._buf = b""
+        if at_ns is not None and at_ns > time.monotonic_ns():
+            exchange._last_rx_ns = at_ns  # the read timeout counts from the send
+            self.pool.timer().call_at_ns(at_ns, lambda: self._write(exchange, data))
+        else:
+            self._write(exchange, data)
+        return exchange
+
+    def _write(self, exchange: StreamTap, data: bytes) -> None:
+        if self.closed or self.exchange is not exchange or self.transport is None:
+            return  # aborted while armed: the exchange has failed already
         self.transport.write(data)
         # asyncio writes to the socket at once when its buffer is empty, so this is the
         # instant the request reached the kernel.
         exchange.sent_ns = exchange._last_rx_ns = time.monotonic_ns()
-        return exchange
 
     def abort(self) -> None:
         self.reusable = False
@@ -563,6 +589,18 @@ class _Pool:
         )
         self.closing = False
         self.dispatcher = _Dispatcher()
+        self._timer: PreciseTimer | None = None
+
+    def timer(self) -> PreciseTimer:
+        """The precise timer of the running loop, made on first use."""
+        if self._timer is None:
+            self._timer = PreciseTimer(asyncio.get_running_loop())
+        return self._timer
+
+    def close_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
 
     def take_idle(self, origin: _Origin) -> _Connection | None:
         idle = self.idle.get(origin)
@@ -644,10 +682,14 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
         read_timeout = timeouts.get("read")
         body = await _request_body(request)
         head = _request_head(request, len(body))
+        send_at = request.extensions.get(SEND_AT)
         conn = await self._acquire((url.host, url.port or 80), timeouts)
         try:
-            exchange = conn.send(head + body, request.method == "HEAD")
-            status, reason, headers = await _wait_head(exchange, read_timeout)
+            exchange = conn.send(head + body, request.method == "HEAD", send_at)
+            wait = read_timeout
+            if wait is not None and send_at is not None:
+                wait += max(0, send_at - time.monotonic_ns()) / 1e9
+            status, reason, headers = await _wait_head(exchange, wait)
         except BaseException:
             conn.abort()
             self._pool.release(conn)
@@ -726,6 +768,7 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         pool = self._pool
         pool.closing = True
+        pool.close_timer()
         for conns in pool.idle.values():
             for conn in conns:
                 conn.abort()

@@ -393,3 +393,45 @@ def test_messages_and_history_shape_the_body(api: str) -> None:
         assert body["prompt"] == "a\n\nb\n\nc"
     spec = RequestSpec(0, "", 1, messages=({"role": "system", "content": "s"},))
     assert "messages" in request_body(Target("t", "http://h:1", api="chat"), spec)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_an_armed_request_leaves_at_its_instant_not_before(stream_server: Any, lean: bool) -> None:
+    """Built ahead and fired on time: the bytes reach the server no earlier than the instant,
+    and the record's send stamp is the instant the bytes left."""
+
+    async def main() -> tuple[RequestRecord, Any, int]:
+        async with stream_server() as server:
+            target = Target("t", server.url)
+            async with make_client(target, 2, lean=lean) as client:
+                at = time.monotonic_ns() + 30 * MS
+                spec = RequestSpec(1, PROMPT, 2, {})
+                record = await send_request(client, target, spec, at, armed=True)
+            return record, server, at
+
+    record, server, at = asyncio.run(main())
+    assert record.ok, record.error_message
+    assert record.intended_ns == at
+    assert server.received[0].at_ns >= at
+    assert record.sent_ns >= at
+    assert record.sent_ns - at < 20 * MS
+
+
+def test_an_armed_request_cancelled_before_its_instant_never_leaves(stream_server: Any) -> None:
+    async def main() -> Any:
+        async with stream_server() as server:
+            target = Target("t", server.url)
+            async with make_client(target, 2) as client:
+                spec = RequestSpec(1, PROMPT, 2, {})
+                task = asyncio.create_task(
+                    send_request(client, target, spec, time.monotonic_ns() + 50 * MS, armed=True)
+                )
+                await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await asyncio.sleep(0.08)  # past the instant: nothing goes out
+            return server
+
+    server = asyncio.run(main())
+    assert server.received == []
