@@ -20,6 +20,7 @@ the load generator takes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import heapq
@@ -127,10 +128,9 @@ class PreciseTimer:
 
     def _fired(self) -> None:
         if self._fd >= 0:
-            try:
+            # BlockingIOError: re-armed for a later instant after this wake-up was queued.
+            with contextlib.suppress(BlockingIOError):
                 os.read(self._fd, 8)
-            except BlockingIOError:
-                pass  # re-armed for a later instant after this wake-up was queued
         self._armed_ns = 0
         self._handle = None
         heap = self._heap
