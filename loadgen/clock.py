@@ -118,9 +118,11 @@ class PreciseTimer:
         if self._fd >= 0:
             spec = self._spec
             spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(at_ns, 1_000_000_000)
-            if _libc is not None and _libc.timerfd_settime(
-                self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None
-            ) == 0:
+            if (
+                _libc is not None
+                and _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None)
+                == 0
+            ):
                 return
         if self._handle is not None:
             self._handle.cancel()
