@@ -810,6 +810,10 @@ _SO_TIMESTAMPNS: int | None = getattr(
 )
 _TIMESPEC = struct.Struct("qq")
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
+_SOL_SOCKET = socket.SOL_SOCKET
+_unpack_timespec = _TIMESPEC.unpack_from
+_monotonic_ns = time.monotonic_ns
+_time_ns = time.time_ns
 
 
 class _StampedSocket(socket.socket):
@@ -828,14 +832,15 @@ class _StampedSocket(socket.socket):
     __slots__ = ("rx_ns",)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        view = memoryview(buffer)
+        # On the path of every read: no per-call lookups beyond what the stamp needs.
         if nbytes:
-            view = view[:nbytes]
-        received, ancdata, _, _ = self.recvmsg_into([view], _ANC_SIZE, flags)
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-                sec, nsec = _TIMESPEC.unpack_from(payload)
-                self.rx_ns = sec * 1_000_000_000 + nsec + time.monotonic_ns() - time.time_ns()
+            buffer = memoryview(buffer)[:nbytes]
+        received, ancdata, _, _ = self.recvmsg_into((buffer,), _ANC_SIZE, flags)
+        if ancdata:
+            level, kind, payload = ancdata[0]  # the one control message this socket asks for
+            if kind == _SO_TIMESTAMPNS and level == _SOL_SOCKET:
+                sec, nsec = _unpack_timespec(payload)
+                self.rx_ns = sec * 1_000_000_000 + nsec + _monotonic_ns() - _time_ns()
         return received
 
 

@@ -30,11 +30,12 @@ different but correct kernel); add a bug (on 5% of positions an extra logit erro
 or crash it at a uniformly random request.
 
 Our judge looks every `look_every` requests per arm up to `limit` with the plan fixed in advance
-(sequential.py); divergence is judged at the first look (it does not depend on the load), a crash
-at the first look after it. The baseline (baseline.py) judges TTFT, ITL, the error rate per block
-of 100 requests and the per-prompt mean |delta logp| against the envelope every
-`baseline_every` requests and at the limit, on everything so far, and its repeated looks count
-as Kayenta's do.
+(sequential.py), and on past it up to the policy's `extend` when a check is still undecided
+there (the simulated engines keep serving); divergence is judged at the first look (it does not
+depend on the load), a crash at the first look after it. The baseline (baseline.py) judges
+TTFT, ITL, the error rate per block of 100 requests and the per-prompt mean |delta logp|
+against the envelope every `baseline_every` requests and at the limit, on everything so far,
+and its repeated looks count as Kayenta's do.
 
 Our verdict holds when a check failed (`fail_rate`) or, at the limit, when a check is still
 inconclusive (`inconclusive_rate`): `hold_rate` is their sum, the fraction of gates whose verdict
@@ -326,14 +327,17 @@ def _divergence(
     )
 
 
-def _gate(case: Case, config: SimConfig, k: int, rng: np.random.Generator) -> _Gate:
-    n = config.limit
+def _gate(
+    case: Case, config: SimConfig, k: int, rng: np.random.Generator, n: int | None = None
+) -> _Gate:
+    """One gate's data: `n` requests per arm (the limit when None; more for an extension)."""
+    n = config.limit if n is None else n
     sent = np.cumsum(rng.exponential(1.0 / config.rate, n))
     phase = rng.uniform(0.0, 2.0 * math.pi)
     drift = 1.0 + config.drift * np.sin(2.0 * math.pi * sent / config.drift_period_s + phase)
     ref = _arm(rng, n, config, drift, None)
     cand = _arm(rng, n, config, drift, case)
-    crash_at = int(rng.integers(1, n)) if case.crash else None
+    crash_at = int(rng.integers(1, config.limit)) if case.crash else None
     return _Gate(sent, ref, cand, crash_at, _divergence(rng, config, case.divergence, k))
 
 
@@ -364,7 +368,11 @@ def _ours(
     notes: list[str] = []
     diverged = any(c.decision == "fail" for c in divergence_checks(gate.divergence, policy, notes))
     step = policy.look_every
-    for t in range(step, config.limit + 1, step):
+    limit = plan.limit("steady")
+    looks = list(range(step, limit + 1, step))
+    if looks[-1] != limit:
+        looks.append(limit)
+    for t in looks:
         if diverged or (gate.crash_at is not None and gate.crash_at <= t):
             return True, False, t
         look = judge.look(
@@ -422,8 +430,8 @@ def simulate_gate(
     """Both judges on one simulated gate (module docstring)."""
     rng = np.random.default_rng(seed)
     k = policy.divergence.top_k
-    gate = _gate(case, config, k, rng)
     plan = Plan.build(policy, {"steady": config.limit})
+    gate = _gate(case, config, k, rng, plan.limit("steady"))
     failed, inconclusive, requests = _ours(gate, plan, policy, config)
     b_held, b_requests = _baseline(gate, config, k)
     return GateOutcome(failed, inconclusive, requests, b_held, b_requests)

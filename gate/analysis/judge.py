@@ -109,6 +109,15 @@ def judge(
         checks.extend(error_checks(scenarios, policy, notes))
     else:
         notes.extend(plan.notes)
+        for s in scenarios:
+            planned = plan.requests.get(s.name)
+            n = min(s.reference.requests, s.candidate.requests)
+            if planned is not None and n > planned:
+                notes.append(
+                    f"{s.name} runs past its planned {planned} requests per arm, to {n} (limit "
+                    f"{plan.limit(s.name)}, policy extend {policy.extend:g}): a check was still "
+                    "undecided at the planned size."
+                )
         checks.extend(planned_latency_checks(scenarios, plan, notes, bootstrap=bootstrap))
         checks.extend(tail_checks(scenarios, policy, notes, plan=plan))
         checks.extend(error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None))

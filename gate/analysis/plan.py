@@ -27,8 +27,9 @@ plan and samples, reproduces the last look exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -106,7 +107,9 @@ class PlannedCheck:
 class Plan:
     """Checks, alphas and tunings for a gate, from the policy and the planned requests.
 
-    requests: per scenario, the planned requests per arm after the warm-up (the sample limit);
+    requests: per scenario, the planned requests per arm after the warm-up (every check is
+    tuned to decide there); limits: per scenario, the most requests per arm it may run when
+    extended (policy `extend`; the planned size for a scenario that cannot be extended);
     error_alpha: each scenario's share of the errors budget; tail_alpha: each tail check's
     share of the tail budget (one check per scenario x metric, tail.py), whose bets are tuned
     to the scenario's planned requests.
@@ -118,10 +121,23 @@ class Plan:
     error_alpha: float
     notes: tuple[str, ...]
     tail_alpha: float = 0.0
+    limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def limit(self, scenario: str) -> int:
+        return int(self.limits.get(scenario, self.requests[scenario]))
 
     @classmethod
-    def build(cls, policy: Policy, requests: Mapping[str, int]) -> Plan:
-        """Plan every scenario x metric x quantile check for the planned sample sizes."""
+    def build(
+        cls,
+        policy: Policy,
+        requests: Mapping[str, int],
+        extendable: Collection[str] | None = None,
+    ) -> Plan:
+        """Plan every scenario x metric x quantile check for the planned sample sizes.
+
+        extendable: the scenarios that may run past their planned size when undecided (policy
+        `extend`); None: all of them.
+        """
         for name, n in requests.items():
             if n < 1:
                 raise ValueError(f"scenario {name!r}: planned requests must be >= 1, got {n}")
@@ -174,9 +190,15 @@ class Plan:
                 f"Tail budget {policy.group_alpha('tail'):.4g} planned over {tails} tail "
                 f"checks: {tail_alpha:.4g} each."
             )
+        limits = {
+            s: int(n)
+            + (math.ceil(int(n) * policy.extend) if extendable is None or s in extendable else 0)
+            for s, n in requests.items()
+        }
         return cls(
             policy=policy,
             requests=MappingProxyType(dict(requests)),
+            limits=MappingProxyType(limits),
             latency=checks,
             error_alpha=error_alpha,
             notes=tuple(notes),

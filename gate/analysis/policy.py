@@ -314,6 +314,20 @@ class Policy(BaseModel):
             "but would take a third of the latency budget from the two that carry it."
         ),
     )
+    extend: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=4.0,
+        description=(
+            "When a steady scenario reaches its planned requests and would hold only because "
+            "a check is still undecided (none failed), it keeps running for up to this "
+            "fraction more requests per arm, and stops at the first look where nothing is "
+            "undecided; what is still undecided then is inconclusive (hold). 0 never extends. "
+            "The checks keep their tuning and alpha: the confidence sequences hold at every "
+            "size, so looks past the plan cost no false holds, and only gates that could not "
+            "decide pay the extra time."
+        ),
+    )
     look_every: int = Field(
         default=500,
         ge=1,

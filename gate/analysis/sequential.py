@@ -15,7 +15,12 @@ arrays it has so far, at any moments it likes, and act on the answer:
       can stop now;
     - `all_decided`: every check of the scenario is decided, so more samples would change
       nothing;
-    - at the planned limit every check is decided: what is still undecided is inconclusive.
+    - at the planned size every check is decided: what is still undecided is inconclusive,
+      unless the plan lets the scenario extend (policy `extend`) and that inconclusive check
+      is all that would hold it: then it runs on, looking as before, until a look where
+      nothing would be inconclusive or until its limit (`extending`). The sequences hold at
+      every size, so the extra looks cost no false holds; a candidate that is as good as the
+      reference but noisy gets the samples to show it instead of a hold.
 
 The error count test can only ever fail early (it never accepts), so a clean scenario runs to
 its limit; latency checks decide both ways, and so does the tail check (tail.py), which at the
@@ -45,9 +50,10 @@ __all__ = ["Look", "SequentialJudge"]
 class Look:
     """The state of one scenario at one look.
 
-    samples: requests per arm seen (reference, candidate); planned: the scenario's limit;
-    checks: every check as it stands (an undecided one reads "inconclusive"); decided: ids of
-    the checks whose decision is final.
+    samples: requests per arm seen (reference, candidate); planned: the scenario's planned
+    size; limit: the most it may run (planned, or more when it may extend); checks: every check
+    as it stands (an undecided one reads "inconclusive"); decided: ids of the checks whose
+    decision is final; extending: past the planned size because a check is undecided.
     """
 
     scenario: str
@@ -56,9 +62,16 @@ class Look:
     checks: tuple[Check, ...]
     decided: frozenset[str]
     notes: tuple[str, ...]
+    limit: int = 0
+    extending: bool = False
 
     @property
     def at_limit(self) -> bool:
+        """The scenario's schedule is used up: it ends here whatever the look says."""
+        return min(self.samples) >= max(self.limit, self.planned)
+
+    @property
+    def past_plan(self) -> bool:
         return min(self.samples) >= self.planned
 
     @property
@@ -73,7 +86,12 @@ class Look:
     @property
     def stop(self) -> bool:
         """The scenario may stop: more samples cannot change the verdict."""
-        return self.hold or self.all_decided or self.at_limit
+        return (
+            self.hold
+            or self.all_decided
+            or self.at_limit
+            or (self.past_plan and not self.extending)
+        )
 
     @property
     def undecided(self) -> tuple[str, ...]:
@@ -99,20 +117,28 @@ class SequentialJudge:
                 f"scenario {scenario!r} is not in the plan {sorted(self.plan.requests)}"
             )
         planned = int(self.plan.requests[scenario])
+        limit = self.plan.limit(scenario)
         s = ScenarioSamples(scenario, reference, candidate)
-        final = min(reference.requests, candidate.requests) >= planned
-        notes: list[str] = []
-        checks: list[Check] = []
-        checks.extend(
-            planned_latency_checks([s], self.plan, notes, bootstrap=self.bootstrap, final=final)
+        n = min(reference.requests, candidate.requests)
+        final = n >= planned
+        checks, notes = self._checks(s, planned, final)
+        extending = (
+            final
+            and n < limit
+            and not any(c.decision == "fail" for c in checks)
+            and any(c.decision == "inconclusive" for c in checks)
         )
-        checks.extend(tail_checks([s], self.plan.policy, notes, plan=self.plan, final=final))
-        checks.extend(
-            error_check(
-                s, self.plan.error_alpha, self.plan.policy, notes, None if final else planned
+        if extending:
+            undecided = [c.id for c in checks if c.decision == "inconclusive"]
+            # The error ceiling is then read against the limit: only an error count that breaks
+            # it whatever the scenario's end fails before the end.
+            checks, notes = self._checks(s, limit, False)
+            notes.append(
+                f"{scenario} runs past its planned {planned} requests per arm (up to {limit}, "
+                f"policy extend {self.plan.policy.extend:g}): {', '.join(undecided)} undecided "
+                f"at {n}."
             )
-        )
-        checks.extend(outputs_checks([s]))
+        final = final and not extending
         decided = frozenset(c.id for c in checks if final or c.decision != "inconclusive")
         return Look(
             scenario=scenario,
@@ -121,4 +147,23 @@ class SequentialJudge:
             checks=tuple(checks),
             decided=decided,
             notes=tuple(notes),
+            limit=limit,
+            extending=extending,
         )
+
+    def _checks(
+        self, s: ScenarioSamples, horizon: int, final: bool
+    ) -> tuple[list[Check], list[str]]:
+        notes: list[str] = []
+        checks: list[Check] = []
+        checks.extend(
+            planned_latency_checks([s], self.plan, notes, bootstrap=self.bootstrap, final=final)
+        )
+        checks.extend(tail_checks([s], self.plan.policy, notes, plan=self.plan, final=final))
+        checks.extend(
+            error_check(
+                s, self.plan.error_alpha, self.plan.policy, notes, None if final else horizon
+            )
+        )
+        checks.extend(outputs_checks([s]))
+        return checks, notes

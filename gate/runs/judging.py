@@ -57,19 +57,31 @@ _EXAMPLE_TOKENS = 64
 
 @dataclass(frozen=True)
 class EarlyStop:
-    """A scenario stopped before its planned end: judged on the schedule's first `upto`
-    requests (`requests` per arm after the warm-up) because of `checks`."""
+    """A scenario stopped before the end of its schedule: judged on the schedule's first
+    `upto` requests (`requests` per arm after the warm-up) because of `checks`. Reason
+    "planned": a scenario that could have extended (policy `extend`) ended at or past its
+    planned size because nothing was undecided any more."""
 
     scenario: str
     requests: int
     planned: int
     upto: int
-    reason: Literal["hold", "decided"]
+    reason: Literal["hold", "decided", "planned"]
     checks: tuple[str, ...]
 
     @property
     def message(self) -> str:
         at = f"{self.requests} of {self.planned} planned requests per arm"
+        if self.reason == "planned":
+            if self.requests <= self.planned:
+                return (
+                    f"{self.scenario} ended at its planned {self.planned} requests per arm with "
+                    "no check undecided, so it did not need its extension."
+                )
+            return (
+                f"{self.scenario} ended at {self.requests} requests per arm, past its planned "
+                f"{self.planned}: it ran on until no check was undecided."
+            )
         if self.reason == "hold":
             return (
                 f"{self.scenario} stopped early at {at}: {', '.join(self.checks)} failed, and no "
@@ -119,7 +131,7 @@ class LiveLooks:
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self._due = self.look_every
+        self._due = min(self.look_every, self.planned)
 
     @property
     def planned(self) -> int:
@@ -140,7 +152,13 @@ class LiveLooks:
         judged = upto - self.warmup
         if judged < self._due or self._task is not None:
             return
+        if self._due == self.planned < judged:
+            # The look at the planned size decides whether to extend: it sees exactly that
+            # prefix, however far the finished requests have run ahead of it.
+            upto, judged = self.planned + self.warmup, self.planned
         self._due = (judged // self.look_every + 1) * self.look_every
+        if judged < self.planned < self._due:
+            self._due = self.planned  # a look exactly at the planned size: extend or not
         batches = {}
         for r in ROLES:
             ready = self._ready[r]
@@ -160,12 +178,15 @@ class LiveLooks:
         if self.hold_only and not look.hold:
             return
         failed = tuple(c.id for c in look.checks if c.decision == "fail")
+        reason: Literal["hold", "decided", "planned"] = (
+            "hold" if look.hold else "planned" if look.past_plan else "decided"
+        )
         self.stopped = EarlyStop(
             scenario=self.scenario,
             requests=min(look.samples),
             planned=look.planned,
             upto=upto,
-            reason="hold" if look.hold else "decided",
+            reason=reason,
             checks=failed if look.hold else tuple(c.id for c in look.checks),
         )
         self.on_stop(self.stopped)

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -130,6 +130,39 @@ class LazyRequests(Sequence[RequestSpec]):
 
     def __iter__(self) -> Iterator[RequestSpec]:
         for i in range(self._len):
+            yield self[i]
+
+
+class _Chained(Sequence[RequestSpec]):
+    """A schedule's requests followed by its extension's, numbered on from the first."""
+
+    def __init__(self, first: Sequence[RequestSpec], then: Sequence[RequestSpec]) -> None:
+        self._first = first
+        self._then = then
+
+    def __len__(self) -> int:
+        return len(self._first) + len(self._then)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        n = len(self._first)
+        if 0 <= i < n:
+            return self._first[i]
+        if not 0 <= i - n < len(self._then):
+            raise IndexError(i)
+        return replace(self._then[i - n], request_id=i)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        for i in range(len(self)):
             yield self[i]
 
 
@@ -643,7 +676,45 @@ class GateRunner:
                 return
             sizes[sc.name] = n - warm
         if sizes:
-            self.plan = Plan.build(self.spec.policy, sizes)
+            extendable = {
+                sc.name
+                for sc in self.spec.scenarios
+                if sc.name in sizes and self._extendable(sc, self._schedule(sc))
+            }
+            self.plan = Plan.build(self.spec.policy, sizes, extendable)
+
+    @staticmethod
+    def _extendable(sc: ScenarioSpec, sched: _Schedule) -> bool:
+        """Steady open-loop load may run on past its plan (policy `extend`); phased load
+        (peak, overload, recovery) has a shape that more requests would change."""
+        return (
+            sched.offsets is not None
+            and sched.phases is None
+            and sc.suite in (None, "normal")
+            and sched.n >= 2
+        )
+
+    def _extended(self, sc: ScenarioSpec, sched: _Schedule, extra: int) -> _Schedule:
+        """The schedule with `extra` more requests after it: the same arrival process at the
+        same mean rate, new prompts (another seed, so no prefix cache flatters them)."""
+        assert sched.offsets is not None and extra > 0
+        seed = (self.spec.seed * 7_777 + self.spec.scenarios.index(sc)) * 2 + 1_000_001
+        more: Sequence[RequestSpec]
+        if sc.suite is not None:
+            built = suite_catalogue.get(sc.suite, **sc.settings).build(
+                seed=seed, requests=extra, duration_s=None
+            )
+            more, offsets = built.requests, built.offsets_s
+        else:
+            assert sc.rate is not None
+            offsets = build_offsets(
+                sc.arrival, sc.rate, requests=extra, burstiness=sc.burstiness, seed=seed
+            )
+            more = LazyRequests(sc, seed=seed, length=extra)
+        last = float(sched.offsets[-1])
+        gap = last / (sched.n - 1) if last > 0 else 0.0
+        joined = np.concatenate([sched.offsets, offsets + last + gap])
+        return _Schedule(_Chained(sched.requests, more), joined, None, None, sched.n + extra)
 
     def _looks(self, sc: ScenarioSpec, stop: asyncio.Event) -> LiveLooks | None:
         if self.plan is None or sc.name not in self.plan.requests:
@@ -651,7 +722,7 @@ class GateRunner:
         policy = self.spec.policy
 
         def stopped(early: EarlyStop) -> None:
-            self.gate_phase("early_stop", early.message)
+            self.gate_phase("early_stop" if early.reason != "planned" else "stop", early.message)
             stop.set()
 
         return LiveLooks(
@@ -673,15 +744,23 @@ class GateRunner:
         sched = self._schedule(sc)
         n, phases = sched.n, sched.phases
         total = n if n < CLOSED_LOOP_CAP else 0
-        self.gate_phase(f"scenario:{sc.name}", f"{n if total else 'open-ended'} requests")
+        detail = f"{n if total else 'open-ended'} requests"
+        if self.plan is not None and sc.name in self.plan.requests:
+            extra = self.plan.limit(sc.name) - self.plan.requests[sc.name]
+            if extra > 0:
+                sched = self._extended(sc, sched, extra)
+                detail += f" (up to {sched.n} while a check is undecided)"
+        self.gate_phase(f"scenario:{sc.name}", detail)
         self.progress.scenario_started(sc.name, total * len(ROLES))
         stop = asyncio.Event()
         looks = self._looks(sc, stop)
         done = 0
 
         def on_record(rec: RequestRecord) -> None:
-            nonlocal done
+            nonlocal done, total
             done += 1
+            if done > total * len(ROLES) and total:
+                total = sched.n  # running on into the extension
             self.progress.request_done(sc.name, done, total * len(ROLES))
             if looks is not None:
                 looks.add(rec)

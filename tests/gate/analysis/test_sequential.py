@@ -79,7 +79,9 @@ def test_a_clean_scenario_runs_to_its_limit_and_then_everything_is_decided() -> 
     assert "steady.errors" in look.undecided
     assert not look.stop
     final = sj.look("steady", arm(ref), arm(cand))
-    assert final.at_limit and final.all_decided and final.stop
+    # Nothing is undecided at the planned size, so the extension the plan allows is not used.
+    assert final.past_plan and final.all_decided and final.stop
+    assert not final.extending and not final.at_limit and final.limit == 6_000
     assert not final.hold
 
 
@@ -155,3 +157,50 @@ def test_aa_over_many_looks_never_exceeds_alpha(
                 failures += 1
                 break
     assert failures <= binom.ppf(0.999, runs, budget)
+
+
+def test_the_plan_extends_only_what_may_run_on() -> None:
+    plan = Plan.build(Policy(extend=0.5), {"a": 1_000, "b": 1_001, "c": 7}, extendable={"a", "b"})
+    assert plan.limit("a") == 1_500 and plan.limit("b") == 1_502  # 500.5 rounded up
+    assert plan.limit("c") == 7
+    assert Plan.build(Policy(extend=0.0), {"a": 1_000}).limit("a") == 1_000
+    assert Plan.build(Policy(), {"a": 1_000}).limit("a") == 1_500  # default: 0.5, all
+
+
+def test_an_undecided_check_at_the_planned_size_runs_on_to_the_limit() -> None:
+    """A candidate sitting exactly on the p50 threshold can never be decided: at the planned
+    size the scenario extends instead of holding, and at the limit it holds inconclusive."""
+    policy = Policy(extend=0.5)
+    plan = Plan.build(policy, {"steady": 2_000})
+    sj = SequentialJudge(plan)
+    ref = stream(11, 3_000)
+    cand = stream(12, 3_000, scale=1.05)  # p50 tolerance is 5%: the ratio is the threshold
+    at_plan = sj.look("steady", arm(ref[:2_000]), arm(cand[:2_000]))
+    assert at_plan.past_plan and at_plan.extending and not at_plan.stop
+    assert not at_plan.hold
+    assert "steady.ttft.p50" in at_plan.undecided
+    assert any("runs past its planned 2000" in n and "steady.ttft.p50" in n for n in at_plan.notes)
+    # Errors stay undecided while extending: only a count that breaks the ceiling at the
+    # limit could fail them now.
+    assert "steady.errors" in at_plan.undecided
+    midway = sj.look("steady", arm(ref[:2_500]), arm(cand[:2_500]))
+    assert midway.extending and not midway.stop
+    end = sj.look("steady", arm(ref), arm(cand))
+    assert end.at_limit and end.stop and not end.extending
+    assert end.all_decided
+    assert any(c.decision == "inconclusive" for c in end.checks)
+
+
+def test_extending_is_never_a_way_out_of_a_failed_check() -> None:
+    plan = Plan.build(Policy(extend=1.0), {"steady": 2_000})
+    ref, cand = stream(13, 2_000), stream(14, 2_000, scale=1.5)
+    look = SequentialJudge(plan).look("steady", arm(ref), arm(cand))
+    assert look.hold and look.stop and not look.extending
+
+
+def test_without_extension_the_planned_size_is_the_end() -> None:
+    plan = Plan.build(Policy(extend=0.0), {"steady": 2_000})
+    ref, cand = stream(11, 2_000), stream(12, 2_000, scale=1.05)
+    look = SequentialJudge(plan).look("steady", arm(ref), arm(cand))
+    assert look.at_limit and look.stop and not look.extending
+    assert any(c.decision == "inconclusive" for c in look.checks)

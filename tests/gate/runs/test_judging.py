@@ -223,7 +223,7 @@ def test_a_look_waits_for_the_whole_prefix() -> None:
 def test_identical_engines_do_not_stop_before_the_limit() -> None:
     """The errors test only ever rejects, so a clean scenario is never all decided early:
     it runs to its planned size (a rare new error kind can show late)."""
-    policy = Policy(look_every=100)
+    policy = Policy(look_every=100, extend=0.0)
     plan = Plan.build(policy, {"steady": 592})
 
     async def main() -> tuple[LiveLooks, list[EarlyStop]]:
@@ -236,6 +236,33 @@ def test_identical_engines_do_not_stop_before_the_limit() -> None:
     looks, stops = asyncio.run(main())
     assert stops == [] and looks.looks >= 5
     assert looks.last is not None and not looks.last.hold
+
+
+def test_a_scenario_that_may_extend_stops_at_its_planned_size_when_nothing_is_undecided() -> None:
+    """With an extension allowed the schedule runs past the plan, so the looks must end a
+    settled scenario at the planned size themselves, with a look exactly there."""
+    policy = Policy(look_every=100, extend=0.5)
+    plan = Plan.build(policy, {"steady": 592})
+    assert plan.limit("steady") == 888
+
+    async def main() -> tuple[LiveLooks, list[EarlyStop]]:
+        looks, stops = _looks(plan, policy)
+        for k in range(9):
+            _feed(looks, 100 * k, 100 * (k + 1), {"reference": 40.0, "candidate": 40.0})
+            await _settle(looks)
+            if stops:
+                break
+        return looks, stops
+
+    looks, stops = asyncio.run(main())
+    assert len(stops) == 1
+    stop = stops[0]
+    # Records arrive out of order and the prefix runs past 592 between two adds, but the look
+    # that decides about the extension sees exactly the planned prefix.
+    assert stop.reason == "planned" and stop.planned == 592 and stop.requests == 592
+    assert stop.upto == 592 + policy.warmup_requests
+    assert "did not need its extension" in stop.message
+    assert looks.last is not None and not looks.last.hold and not looks.last.extending
 
 
 # --------------------------------------------------------------------------- load phases

@@ -81,13 +81,40 @@ def test_identical_engines_run_to_the_planned_size(tmp_path: Path, tag: str) -> 
         tmp_path,
         sim(tag, "--profile", "tiny"),
         sim(tag, "--profile", "tiny", "--seed", "2"),
-        policy={"look_every": 50},
+        policy={"look_every": 50, "extend": 0},
         scenarios=[STEADY | {"rate": 80, "requests": 250}],
     )
     steady = doc["scenarios"][0]
     assert steady["early_stop"] is None and steady["looks"] >= 3
     assert checks(doc)["steady.errors"]["samples"] == [242, 242]
     assert not any(c["decision"] == "fail" for c in doc["checks"])
+
+
+def test_an_undecidable_check_runs_the_scenario_past_its_plan_then_holds(
+    tmp_path: Path, tag: str
+) -> None:
+    """A p50 tolerance of 0.1% cannot be established between identical engines, so at the
+    planned size the check is undecided: the scenario runs on into its extension (new prompts,
+    the same rate) to the limit, and only then holds it inconclusive."""
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--seed", "2"),
+        policy={
+            "look_every": 50,
+            "extend": 0.5,
+            "tolerance": {"p50": 0.001, "p90": 0.10, "p99": 0.10},
+        },
+        scenarios=[STEADY | {"rate": 80, "requests": 208}],
+    )
+    steady = doc["scenarios"][0]
+    assert steady["planned_requests"] == 200
+    p50 = checks(doc)["steady.ttft.p50"]
+    assert p50["decision"] == "inconclusive"
+    assert p50["samples"] == [300, 300]  # planned 200, extended by half
+    assert steady["early_stop"] is None  # it used the whole extended schedule
+    assert doc["verdict"] == "hold"
+    assert any("runs past its planned 200" in n for n in doc["notes"])
 
 
 def correctness_spec(**knobs: Any) -> dict[str, Any]:
