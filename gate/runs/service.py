@@ -700,17 +700,19 @@ class GateRunner:
         assert sched.offsets is not None and extra > 0
         seed = (self.spec.seed * 7_777 + self.spec.scenarios.index(sc)) * 2 + 1_000_001
         more: Sequence[RequestSpec]
+        offsets: np.ndarray | None
         if sc.suite is not None:
             built = suite_catalogue.get(sc.suite, **sc.settings).build(
                 seed=seed, requests=extra, duration_s=None
             )
             more, offsets = built.requests, built.offsets_s
         else:
-            assert sc.rate is not None
+            assert sc.rate is not None and sc.arrival != "concurrency"
             offsets = build_offsets(
                 sc.arrival, sc.rate, requests=extra, burstiness=sc.burstiness, seed=seed
             )
             more = LazyRequests(sc, seed=seed, length=extra)
+        assert offsets is not None
         last = float(sched.offsets[-1])
         gap = last / (sched.n - 1) if last > 0 else 0.0
         joined = np.concatenate([sched.offsets, offsets + last + gap])
