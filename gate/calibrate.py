@@ -97,8 +97,8 @@ def run_calibration(runs: int | None, seed: int, as_json: bool, limit: int | Non
         aa = result.aa
         if aa is not None:
             print(
-                f"A/A: {_fmt_rate(aa.fail_rate)} held by a failed check (false holds), "
-                f"{_fmt_rate(aa.inconclusive_rate)} held as inconclusive at the limit; "
+                f"A/A false holds: {_fmt_rate(aa.hold_rate)} ({_fmt_rate(aa.fail_rate)} on a "
+                f"failed check, {_fmt_rate(aa.inconclusive_rate)} inconclusive at the limit); "
                 f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
             )
     return 0

@@ -39,10 +39,11 @@ and its repeated looks count as Kayenta's do.
 
 Our verdict holds when a check failed (`fail_rate`) or, at the limit, when a check is still
 inconclusive (`inconclusive_rate`): `hold_rate` is their sum, the fraction of gates whose verdict
-is hold. On A/A data only failed checks are false alarms (`aa_false_hold_rate`); holds for checks
-still inconclusive at the limit are the price of too few samples and are reported beside it.
-A hold for an inconclusive check happens at the limit, and counts there for the median requests
-to hold.
+is hold. On A/A data every hold is a false hold to the user (`aa_false_hold_rate`, the A/A
+hold rate); its two parts are reported beside it: checks that failed (`aa_failed_rate`, the
+statistical false alarms that alpha bounds) and checks still inconclusive at the limit
+(`aa_inconclusive_rate`, the price of too few samples, which the extension lowers). A hold for
+an inconclusive check happens at the limit, and counts there for the median requests to hold.
 """
 
 from __future__ import annotations
@@ -460,7 +461,8 @@ class Calibration:
             "alpha": self.alpha,
             "runs": self.runs,
             "limit": self.limit,
-            "aa_false_hold_rate": None if aa is None else aa.fail_rate,
+            "aa_false_hold_rate": None if aa is None else aa.hold_rate,
+            "aa_failed_rate": None if aa is None else aa.fail_rate,
             "aa_inconclusive_rate": None if aa is None else aa.inconclusive_rate,
             "baseline_aa_false_hold_rate": None if aa is None else aa.baseline_hold_rate,
             "cases": [c.to_dict() for c in self.cases],
