@@ -463,6 +463,9 @@ def _scenarios(
                 "early_stop": str(early.get("message") or early.get("reason") or "")
                 if early
                 else None,
+                "stop_label": "ended"
+                if early and early.get("reason") == "planned"
+                else "stopped early",
                 "planned": sc.get("planned_requests"),
                 "looks": sc.get("looks"),
                 "duration": _seconds(sc.get("duration_s")),

@@ -299,3 +299,17 @@ def test_units_divergence_examples_and_no_script() -> None:
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     plain = render_report(_doc(), {})
     assert 'id="divergence-heading"' not in plain  # absent examples: no section
+
+
+def test_a_scenario_that_ended_at_its_plan_is_not_called_stopped_early() -> None:
+    doc = _doc()
+    early = {"reason": "planned", "requests": 792, "planned": 792, "upto": 800, "checks": []}
+    doc["scenarios"][0] |= {
+        "planned_requests": 792,
+        "early_stop": early | {"message": "steady ended at its planned 792 requests per arm"},
+    }
+    html = render_report(doc, {})
+    assert "<strong>ended</strong> (planned 792 requests): steady ended at its planned" in html
+    assert "stopped early" not in html
+    doc["scenarios"][0]["early_stop"] = early | {"reason": "hold", "message": "held at 500"}
+    assert "<strong>stopped early</strong>" in render_report(doc, {})
