@@ -9,7 +9,7 @@ from loadgen.client import Api, RequestSpec, Target, make_client, request_body, 
 from loadgen.metrics import Distribution, Summary, distribution, summarize
 from loadgen.prompts import WORDS, LengthDist, chat_messages, synthetic_prompts
 from loadgen.records import ERROR_KINDS, ErrorKind, RequestRecord, read_jsonl, write_jsonl
-from loadgen.runner import PairedResult, run_paired
+from loadgen.runner import PairedResult, Pause, run_paired
 from loadgen.schedule import ARRIVALS, Arrival, Phase, PhasedSchedule, build_offsets, build_phased
 from loadgen.sse import DONE, ServerSentEvent, SSEParser
 from loadgen.transport import LoadgenTransport, StreamTap
@@ -26,6 +26,7 @@ __all__ = [
     "LengthDist",
     "LoadgenTransport",
     "PairedResult",
+    "Pause",
     "Phase",
     "PhasedSchedule",
     "RequestRecord",

@@ -40,6 +40,18 @@ from loadgen.client import Message, RequestSpec, Target, conversation, make_clie
 from loadgen.records import RequestRecord
 
 
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Hold an open-loop schedule before request number `index` (its position in the run's
+    requests) until `go` resolves: True sends on, with every later send time moved by the
+    pause so the schedule resumes at its own pace instead of bursting to catch up; False ends
+    the run there. A deploy gate uses it to decide, after a scenario's planned requests, whether
+    to run its extension, without sending extension requests it would then not judge."""
+
+    index: int
+    go: asyncio.Future[bool]
+
+
 @dataclass(slots=True)
 class PairedResult:
     """Per-target records of one paired run, each list sorted by ``request_id``."""
@@ -77,6 +89,7 @@ async def run_paired(
     clients: Mapping[str, httpx.AsyncClient] | None = None,
     warmup: Sequence[RequestSpec] = (),
     start_ns: int | None = None,
+    pause: Pause | None = None,
 ) -> PairedResult:
     """Drive every target with the same requests; give exactly one of ``offsets_s`` (open loop)
     or ``concurrency`` (closed loop).
@@ -101,6 +114,11 @@ async def run_paired(
     still measures only the client.
     """
     _validate(targets, requests, offsets_s, concurrency, clients)
+    if pause is not None and (offsets_s is None or not 0 < pause.index < len(requests)):
+        raise ValueError(
+            f"pause: needs an open-loop schedule and 0 < index < {len(requests)}, "
+            f"got index {pause.index}"
+        )
     records: dict[str, list[RequestRecord]] = {t.name: [] for t in targets}
     flight = _Flight()
     # Open loop can in the worst case have every request in flight at once; closed loop never
@@ -160,7 +178,7 @@ async def run_paired(
             start_ns = time.monotonic_ns()
         try:
             if offsets_s is not None:
-                await _open_loop(targets, requests, offsets_s, start_ns, pool, flight, one)
+                await _open_loop(targets, requests, offsets_s, start_ns, pool, flight, one, pause)
             else:
                 assert concurrency is not None
                 await _closed_loop(targets, requests, concurrency, pool, flight, one)
@@ -192,9 +210,16 @@ async def _open_loop(
     pool: Mapping[str, httpx.AsyncClient],
     flight: _Flight,
     one: _One,
+    pause: Pause | None = None,
 ) -> None:
     due = start_ns + np.rint(np.asarray(offsets_s, dtype=np.float64) * 1e9).astype(np.int64)
-    for i, (req, at) in enumerate(zip(requests, due.tolist(), strict=True)):
+    shift = 0
+    for i, (req, planned_at) in enumerate(zip(requests, due.tolist(), strict=True)):
+        if pause is not None and i == pause.index:
+            if not await flight.until(pause.go):
+                return
+            shift = max(0, time.monotonic_ns() + _LEAD_NS - planned_at)
+        at = planned_at + shift
         # Wake a little ahead of the instant, or on abort, and start the request's tasks: they
         # build the request and take a connection now, and the transport writes the bytes at
         # the instant itself on a precise timer (``loadgen.clock``). asyncio's own timers are
@@ -295,6 +320,19 @@ class _Flight:
                 self.abort.set()
         if not self.tasks:
             self.idle.set()
+
+    async def until(self, go: asyncio.Future[bool]) -> bool:
+        """The future's answer, or False if the run is aborted first."""
+        if not go.done():
+            abort = asyncio.ensure_future(self.abort.wait())
+            waiters: set[asyncio.Future[Any]] = {go, abort}
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                abort.cancel()
+        if self.abort.is_set() or not go.done() or go.cancelled():
+            return False
+        return bool(go.result())
 
     async def aborted_within(self, timeout_s: float) -> bool:
         try:

@@ -118,6 +118,9 @@ class LiveLooks:
     zero_ns: int
     on_stop: Callable[[EarlyStop], None]
     hold_only: bool = False
+    # Resolved by the look at the planned size when the schedule pauses there (loadgen Pause):
+    # True runs the extension, False ends the scenario at its plan.
+    go: asyncio.Future[bool] | None = None
     looks: int = 0
     stopped: EarlyStop | None = None
     last: Look | None = None
@@ -148,6 +151,11 @@ class LiveLooks:
             self._ready[role].append(pending.pop(nxt))
             nxt += 1
         self._next[role] = nxt
+        self._maybe_look()
+
+    def _maybe_look(self) -> None:
+        if self.stopped is not None:
+            return
         upto = min(self._next.values())
         judged = upto - self.warmup
         if judged < self._due or self._task is not None:
@@ -169,11 +177,19 @@ class LiveLooks:
     async def _look(self, batches: Mapping[str, list[RequestRecord]], upto: int) -> None:
         try:
             look = await asyncio.to_thread(self._compute, batches)
+        except BaseException:
+            self._resolve(False)  # a paused schedule must never wait for a look that failed
+            raise
         finally:
             self._task = None
         self.looks += 1
         self.last = look
+        if look.past_plan:
+            self._resolve(look.extending and not look.stop)
         if self.stopped is not None or look.at_limit or not look.stop:
+            # Records that came in while this look ran may make the next one due already
+            # (a paused schedule sends nothing more to trigger it).
+            self._maybe_look()
             return
         if self.hold_only and not look.hold:
             return
@@ -201,8 +217,13 @@ class LiveLooks:
             arms[role] = select_requests(whole, self.warmup).to_arm()
         return self.judge.look(self.scenario, arms["reference"], arms["candidate"])
 
+    def _resolve(self, extend: bool) -> None:
+        if self.go is not None and not self.go.done():
+            self.go.set_result(extend)
+
     async def close(self) -> None:
         """The scenario ended: a look still running decides nothing any more."""
+        self._resolve(False)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

@@ -63,7 +63,7 @@ from loadgen.client import RequestSpec, Target
 from loadgen.metrics import summarize
 from loadgen.prompts import synthetic_prompts
 from loadgen.records import RequestRecord
-from loadgen.runner import run_paired
+from loadgen.runner import Pause, run_paired
 from loadgen.schedule import PhasedSchedule, build_offsets
 
 ROLES = ("reference", "candidate")
@@ -747,15 +747,24 @@ class GateRunner:
         n, phases = sched.n, sched.phases
         total = n if n < CLOSED_LOOP_CAP else 0
         detail = f"{n if total else 'open-ended'} requests"
+        pause: Pause | None = None
         if self.plan is not None and sc.name in self.plan.requests:
             extra = self.plan.limit(sc.name) - self.plan.requests[sc.name]
             if extra > 0:
+                # The schedule pauses after the planned requests until the look at the planned
+                # size says whether the extension runs: no extension request is sent unjudged.
+                pause = Pause(n, asyncio.get_running_loop().create_future())
                 sched = self._extended(sc, sched, extra)
                 detail += f" (up to {sched.n} while a check is undecided)"
         self.gate_phase(f"scenario:{sc.name}", detail)
         self.progress.scenario_started(sc.name, total * len(ROLES))
         stop = asyncio.Event()
         looks = self._looks(sc, stop)
+        if pause is not None:
+            if looks is not None:
+                looks.go = pause.go
+            else:  # nothing would ever decide: the plan's size is the end
+                pause.go.set_result(False)
         done = 0
 
         def on_record(rec: RequestRecord) -> None:
@@ -780,6 +789,7 @@ class GateRunner:
                 concurrency=sched.concurrency,
                 on_record=on_record,
                 stop=stop,
+                pause=pause,
             )
         finally:
             aborted = stop.is_set() and bool(self.crashes)

@@ -11,6 +11,7 @@ import pytest
 
 from loadgen import (
     PairedResult,
+    Pause,
     RequestRecord,
     RequestSpec,
     Target,
@@ -355,3 +356,101 @@ def test_multi_turn_follow_ups_carry_each_targets_own_answer(stream_server: Any)
                 [Target("a", "http://h:1")], [RequestSpec(0, "x", 1, parent=5)], concurrency=1
             )
         )
+
+
+def test_a_pause_holds_the_schedule_and_resumes_at_its_own_pace(stream_server: Any) -> None:
+    """Nothing after the pause point is sent before the decision; after it the schedule
+    resumes with its own gaps (shifted), not in a burst that catches up."""
+    n, cut = 12, 6
+    requests = specs(n)
+    offsets = build_offsets("constant", 100.0, requests=n)  # 10 ms apart
+
+    async def main() -> tuple[PairedResult, int, int]:
+        loop = asyncio.get_running_loop()
+        go: asyncio.Future[bool] = loop.create_future()
+        sent_before: list[int] = []
+
+        async def decide() -> int:
+            await asyncio.sleep(0.25)  # well past the whole schedule's 110 ms
+            sent_before.append(len(a.received))
+            go.set_result(True)
+            return time.monotonic_ns()
+
+        async with stream_server() as a:
+            decider = asyncio.create_task(decide())
+            result = await run_paired(
+                [Target("ref", a.url)], requests, offsets_s=offsets, pause=Pause(cut, go)
+            )
+            return result, sent_before[0], await decider
+
+    result, sent_before, decided_ns = asyncio.run(main())
+    recs = result.records["ref"]
+    assert sent_before == cut
+    assert [r.request_id for r in recs] == list(range(n))
+    assert all(r.ok for r in recs)
+    after = [r for r in recs if r.request_id >= cut]
+    assert min(r.sent_ns for r in after) >= decided_ns
+    intended = np.array([r.intended_ns for r in after], dtype=np.int64)
+    assert np.allclose(np.diff(intended), 10 * MS, atol=0.01 * MS)  # the same pace
+    summary = summarize(recs, result.duration_s)
+    assert summary["dispatch_delay_ms"]["p99"] < 20  # judged against the shifted schedule
+
+
+def test_a_pause_answered_false_ends_the_run_there(stream_server: Any) -> None:
+    requests = specs(10)
+    offsets = build_offsets("constant", 200.0, requests=10)
+
+    async def main() -> tuple[PairedResult, Any]:
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.1, go.set_result, False)
+        async with stream_server() as a:
+            result = await run_paired(
+                [Target("ref", a.url)], requests, offsets_s=offsets, pause=Pause(4, go)
+            )
+            return result, a
+
+    result, a = asyncio.run(main())
+    assert [r.request_id for r in result.records["ref"]] == [0, 1, 2, 3]
+    assert len(a.received) == 4
+
+
+def test_stopping_a_paused_run_returns_without_an_answer(stream_server: Any) -> None:
+    async def main() -> PairedResult:
+        stop = asyncio.Event()
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()  # never answered
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        async with stream_server() as a:
+            return await asyncio.wait_for(
+                run_paired(
+                    [Target("ref", a.url)],
+                    specs(6),
+                    offsets_s=build_offsets("constant", 200.0, requests=6),
+                    pause=Pause(2, go),
+                    stop=stop,
+                ),
+                5.0,
+            )
+
+    result = asyncio.run(main())
+    assert [r.request_id for r in result.records["ref"]] == [0, 1]
+
+
+def test_a_pause_needs_an_open_loop_and_a_point_inside_the_run() -> None:
+    async def main(**kw: Any) -> None:
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await run_paired([Target("ref", "http://127.0.0.1:9")], specs(4), pause=Pause(2, go), **kw)
+
+    with pytest.raises(ValueError, match="pause: needs an open-loop"):
+        asyncio.run(main(concurrency=2))
+    with pytest.raises(ValueError, match="got index"):
+
+        async def outside() -> None:
+            go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            await run_paired(
+                [Target("ref", "http://127.0.0.1:9")],
+                specs(4),
+                offsets_s=build_offsets("constant", 10.0, requests=4),
+                pause=Pause(4, go),
+            )
+
+        asyncio.run(outside())

@@ -245,16 +245,18 @@ def test_a_scenario_that_may_extend_stops_at_its_planned_size_when_nothing_is_un
     plan = Plan.build(policy, {"steady": 592})
     assert plan.limit("steady") == 888
 
-    async def main() -> tuple[LiveLooks, list[EarlyStop]]:
+    async def main() -> tuple[LiveLooks, list[EarlyStop], bool]:
         looks, stops = _looks(plan, policy)
+        looks.go = asyncio.get_running_loop().create_future()
         for k in range(9):
             _feed(looks, 100 * k, 100 * (k + 1), {"reference": 40.0, "candidate": 40.0})
             await _settle(looks)
             if stops:
                 break
-        return looks, stops
+        return looks, stops, looks.go.result()
 
-    looks, stops = asyncio.run(main())
+    looks, stops, extend = asyncio.run(main())
+    assert extend is False  # the paused schedule is told to end at its plan
     assert len(stops) == 1
     stop = stops[0]
     # Records arrive out of order and the prefix runs past 592 between two adds, but the look
@@ -402,3 +404,36 @@ def test_an_engine_without_prompt_logprobs_leaves_free_run_only() -> None:
     data = divergence_samples(run, notes)
     assert data.teacher == [] and data.failures == [] and len(data.greedy) == 1
     assert "candidate does not support prompt_logprobs" in notes[0]
+
+
+def test_an_undecided_look_at_the_planned_size_releases_the_extension() -> None:
+    """The candidate sits on the p50 threshold: the look at the planned size extends, tells
+    the paused schedule to go on, and records no stop."""
+    policy = Policy(look_every=100, extend=0.5)
+    plan = Plan.build(policy, {"steady": 592})
+
+    async def main() -> tuple[LiveLooks, list[EarlyStop], bool]:
+        looks, stops = _looks(plan, policy)
+        looks.go = asyncio.get_running_loop().create_future()
+        for k in range(6):
+            _feed(looks, 100 * k, 100 * (k + 1), {"reference": 40.0, "candidate": 42.0})
+            await _settle(looks)
+        return looks, stops, looks.go.result()
+
+    looks, stops, extend = asyncio.run(main())
+    assert extend is True
+    assert stops == []
+    assert looks.last is not None and looks.last.extending
+
+
+def test_closing_the_looks_never_leaves_a_paused_schedule_waiting() -> None:
+    policy = Policy(look_every=100)
+    plan = Plan.build(policy, {"steady": 592})
+
+    async def main() -> bool:
+        looks, _ = _looks(plan, policy)
+        looks.go = asyncio.get_running_loop().create_future()
+        await looks.close()
+        return looks.go.result()
+
+    assert asyncio.run(main()) is False
