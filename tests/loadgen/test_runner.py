@@ -440,17 +440,16 @@ def test_a_pause_needs_an_open_loop_and_a_point_inside_the_run() -> None:
         go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await run_paired([Target("ref", "http://127.0.0.1:9")], specs(4), pause=Pause(2, go), **kw)
 
+    async def outside() -> None:
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await run_paired(
+            [Target("ref", "http://127.0.0.1:9")],
+            specs(4),
+            offsets_s=build_offsets("constant", 10.0, requests=4),
+            pause=Pause(4, go),
+        )
+
     with pytest.raises(ValueError, match="pause: needs an open-loop"):
         asyncio.run(main(concurrency=2))
     with pytest.raises(ValueError, match="got index"):
-
-        async def outside() -> None:
-            go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            await run_paired(
-                [Target("ref", "http://127.0.0.1:9")],
-                specs(4),
-                offsets_s=build_offsets("constant", 10.0, requests=4),
-                pause=Pause(4, go),
-            )
-
         asyncio.run(outside())
