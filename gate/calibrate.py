@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 
 from rich.console import Console
@@ -61,9 +62,15 @@ def _table(result: Calibration) -> Table:
     return table
 
 
-def run_calibration(runs: int | None, seed: int, as_json: bool, limit: int | None = None) -> int:
-    """Simulate `runs` gates per case at the default policy; print the result; exit code 0
-    (2 for a bad option)."""
+def run_calibration(
+    runs: int | None,
+    seed: int,
+    as_json: bool,
+    limit: int | None = None,
+    case_names: Sequence[str] | None = None,
+) -> int:
+    """Simulate `runs` gates per case at the default policy (every case, or those named);
+    print the result; exit code 0 (2 for a bad option)."""
     runs = DEFAULT_RUNS if runs is None else runs
     if runs < 1:
         print("gate: --runs must be at least 1", file=sys.stderr)
@@ -71,6 +78,15 @@ def run_calibration(runs: int | None, seed: int, as_json: bool, limit: int | Non
     if limit is not None and limit < 500:
         print("gate: --limit must be at least 500 (one look)", file=sys.stderr)
         return 2
+    cases = list(CASES)
+    if case_names:
+        by_name = {c.name: c for c in CASES}
+        unknown = [n for n in case_names if n not in by_name]
+        if unknown:
+            known = ", ".join(repr(c.name) for c in CASES)
+            print(f"gate: --case: no case {unknown[0]!r} (cases: {known})", file=sys.stderr)
+            return 2
+        cases = [by_name[n] for n in dict.fromkeys(case_names)]
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
     err = Console(stderr=True, highlight=False)
@@ -82,12 +98,12 @@ def run_calibration(runs: int | None, seed: int, as_json: bool, limit: int | Non
         console=err,
         transient=True,
     ) as bar:
-        task = bar.add_task("gates", total=runs * len(CASES))
+        task = bar.add_task("gates", total=runs * len(cases))
 
         def step(case: str) -> None:
             bar.update(task, advance=1, description=case)
 
-        result = calibrate(policy, runs, seed=seed, config=config, progress=step)
+        result = calibrate(policy, runs, seed=seed, config=config, cases=cases, progress=step)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
     cal.add_argument("--limit", type=int, help="requests per arm at the limit (default 20000)")
     cal.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    cal.add_argument(
+        "--case",
+        action="append",
+        dest="cases",
+        metavar="NAME",
+        help="simulate only this case (repeatable; default: every case), e.g. --case A/A",
+    )
     return p
 
 
@@ -97,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "calibrate":
         from gate.calibrate import run_calibration
 
-        return run_calibration(args.runs, args.seed, args.json, args.limit)
+        return run_calibration(args.runs, args.seed, args.json, args.limit, args.cases)
     settings = Settings()
     if args.command == "serve":
         return _serve(settings, args.host, args.port)

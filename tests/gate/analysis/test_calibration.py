@@ -69,3 +69,13 @@ def test_tail_threshold_is_the_reference_p95() -> None:
     sigma = np.hypot(config.ttft_sigma, config.batch_sigma)
     x = config.ttft_ms * np.exp(rng.normal(0.0, sigma, 200_000))
     assert np.mean(x > tail_threshold(config)) == pytest.approx(0.05, abs=0.003)
+
+
+def test_calibrate_command_runs_only_the_named_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["calibrate", "--runs", "1", "--limit", "1000", "--json", "--case", "A/A"]
+    assert main([*argv, "--case", "TTFT x1.20"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in doc["cases"]] == ["A/A", "TTFT x1.20"]
+    assert main(["calibrate", "--case", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--case: no case 'nope'" in err and "'A/A'" in err
