@@ -17,6 +17,13 @@ from rich.table import Table
 
 from gate.analysis.calibration import CASES, Calibration, SimConfig, calibrate
 from gate.analysis.policy import Policy
+from gate.calibrate_engines import (
+    ENGINE_CASES,
+    RATE,
+    REQUESTS,
+    EngineCaseResult,
+    calibrate_engines,
+)
 
 DEFAULT_RUNS = 20
 """About two minutes on two busy cores (~0.5 s per simulated gate, 12 cases); enough to see the
@@ -68,25 +75,33 @@ def run_calibration(
     as_json: bool,
     limit: int | None = None,
     case_names: Sequence[str] | None = None,
+    engine_runs: int = 0,
 ) -> int:
-    """Simulate `runs` gates per case at the default policy (every case, or those named);
-    print the result; exit code 0 (2 for a bad option)."""
+    """Simulate `runs` gates per case at the default policy (every case, or those named),
+    and `engine_runs` whole gates per engine case against real sim engines (--engines); print
+    the result; exit code 0 (2 for a bad option)."""
     runs = DEFAULT_RUNS if runs is None else runs
     if runs < 1:
         print("gate: --runs must be at least 1", file=sys.stderr)
+        return 2
+    if engine_runs < 0:
+        print("gate: --engine-runs must be at least 1", file=sys.stderr)
         return 2
     if limit is not None and limit < 500:
         print("gate: --limit must be at least 500 (one look)", file=sys.stderr)
         return 2
     cases = list(CASES)
+    engine_cases = list(ENGINE_CASES)
     if case_names:
-        by_name = {c.name: c for c in CASES}
-        unknown = [n for n in case_names if n not in by_name]
+        names = {c.name for c in CASES} | {c.name for c in ENGINE_CASES}
+        unknown = [n for n in case_names if n not in names]
         if unknown:
-            known = ", ".join(repr(c.name) for c in CASES)
+            known = ", ".join(repr(n) for n in sorted(names))
             print(f"gate: --case: no case {unknown[0]!r} (cases: {known})", file=sys.stderr)
             return 2
-        cases = [by_name[n] for n in dict.fromkeys(case_names)]
+        wanted = dict.fromkeys(case_names)
+        cases = [c for c in CASES if c.name in wanted]
+        engine_cases = [c for c in ENGINE_CASES if c.name in wanted]
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
     err = Console(stderr=True, highlight=False)
@@ -104,8 +119,21 @@ def run_calibration(
             bar.update(task, advance=1, description=case)
 
         result = calibrate(policy, runs, seed=seed, config=config, cases=cases, progress=step)
+    engines = []
+    if engine_runs:
+        engines = calibrate_engines(
+            engine_runs, seed=seed, cases=engine_cases, progress=lambda m: err.print(m)
+        )
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+        doc = result.to_dict()
+        if engine_runs:
+            doc["engines"] = {
+                "runs": engine_runs,
+                "requests_planned": REQUESTS - policy.warmup_requests,
+                "baseline_metrics": ["ttft", "itl", "errors"],
+                "cases": [c.to_dict() for c in engines],
+            }
+        print(json.dumps(doc, indent=2))
     else:
         # A pipe gets 80 columns from rich; the table needs about 110 to stay on one line a row.
         width = None if sys.stdout.isatty() else 120
@@ -117,4 +145,28 @@ def run_calibration(
                 f"failed check, {_fmt_rate(aa.inconclusive_rate)} inconclusive at the limit); "
                 f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
             )
+        if engines:
+            Console(highlight=False, width=width).print(_engine_table(engines, engine_runs))
     return 0
+
+
+def _engine_table(engines: Sequence[EngineCaseResult], runs: int) -> Table:
+    table = Table(
+        title=(
+            f"whole gates against real sim engines: {runs} per case, "
+            f"{REQUESTS} requests at {RATE:g}/s planned (baseline: TTFT, ITL, errors)"
+        )
+    )
+    for col in ("case", "hold", "median n", "baseline hold", "median n", "holding checks"):
+        table.add_column(col, justify="left" if col in ("case", "holding checks") else "right")
+    for c in engines:
+        d = c.to_dict()
+        table.add_row(
+            c.name,
+            _fmt_rate(d["hold_rate"]),
+            _fmt_n(d["median_requests_to_hold"]),
+            _fmt_rate(d["baseline_hold_rate"]),
+            _fmt_n(d["baseline_median_requests_to_hold"]),
+            ", ".join(f"{k} x{v}" for k, v in d["reasons"].items()) or "-",
+        )
+    return table

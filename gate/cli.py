@@ -84,6 +84,17 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--limit", type=int, help="requests per arm at the limit (default 20000)")
     cal.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     cal.add_argument(
+        "--engines",
+        action="store_true",
+        help="also run whole gates against real sim engine processes (--engine-runs per case)",
+    )
+    cal.add_argument(
+        "--engine-runs",
+        type=int,
+        default=3,
+        help="real gates per engine case with --engines (default 3; ~15 s each)",
+    )
+    cal.add_argument(
         "--case",
         action="append",
         dest="cases",
@@ -104,7 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "calibrate":
         from gate.calibrate import run_calibration
 
-        return run_calibration(args.runs, args.seed, args.json, args.limit, args.cases)
+        if args.engines and args.engine_runs < 1:
+            print("gate: --engine-runs must be at least 1", file=sys.stderr)
+            return 2
+        return run_calibration(
+            args.runs,
+            args.seed,
+            args.json,
+            args.limit,
+            args.cases,
+            args.engine_runs if args.engines else 0,
+        )
     settings = Settings()
     if args.command == "serve":
         return _serve(settings, args.host, args.port)

@@ -1,0 +1,233 @@
+"""`gate calibrate --engines`: whole gates against real sim engine processes.
+
+The simulation (analysis/calibration.py) draws latencies from a model; these gates are the real
+thing end to end: the gate launches two sim engine processes, mirrors Poisson load to them over
+HTTP, looks and stops early as it would in production, runs the correctness suite for the
+numerical cases, and judges. Each case differs from the reference only by the candidate's sim
+flags, and every gate uses new engine seeds. The Kayenta-style baseline (analysis/baseline.py)
+is judged on the same gate's stored samples (TTFT, mean ITL per request and the error rate per
+block of 100 requests, every `BASELINE_EVERY` requests per arm on everything so far), so both
+judges see exactly the same data; the baseline has no divergence metric here (the correctness
+suite's probes are not stored), which the output says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+
+from gate.analysis.baseline import judge_baseline
+from gate.analysis.policy import Policy
+from gate.core.database import make_engine, make_sessionmaker, transaction
+from gate.core.settings import Settings
+from gate.models import SampleSet
+from gate.runs.samples import Columns, select_requests
+from gate.runs.service import run_gate
+from gate.spec import parse_spec
+
+SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+BASE_FLAGS = ("--ttft-ms", "40", "--itl-ms", "12")
+RATE = 80.0
+REQUESTS = 808  # 800 judged per arm after the default warm-up of 8
+BASELINE_EVERY = 200
+BLOCK = 100
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """What the candidate sim does differently (flags), and whether the gate runs the
+    correctness suite (the numerical cases)."""
+
+    name: str
+    candidate: tuple[str, ...] = ()
+    reference: tuple[str, ...] = ()
+    correctness: bool = False
+
+
+ENGINE_CASES: tuple[EngineCase, ...] = (
+    EngineCase("A/A"),
+    EngineCase("TTFT x1.20", ("--ttft-ms", "48")),
+    EngineCase("ITL x1.10", ("--itl-ms", "13.2")),
+    EngineCase("errors x5", ("--error-rate", "0.05"), ("--error-rate", "0.01")),
+    EngineCase("benign logit noise", ("--logit-noise", "0.03"), correctness=True),
+    EngineCase("numerical bug", ("--numeric-bug", "0.05"), correctness=True),
+    EngineCase("candidate crash", ("--crash-after-s", "6")),
+)
+
+
+@dataclass(frozen=True)
+class EngineGate:
+    held: bool
+    requests: int | None  # requests per arm judged when ours held
+    reasons: tuple[str, ...]
+    baseline_held: bool
+    baseline_requests: int | None
+
+
+@dataclass(frozen=True)
+class EngineCaseResult:
+    name: str
+    gates: tuple[EngineGate, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        runs = len(self.gates)
+        held = [g.requests for g in self.gates if g.held and g.requests is not None]
+        b_held = [g.baseline_requests for g in self.gates if g.baseline_held]
+        reasons = Counter(r for g in self.gates for r in g.reasons)
+        return {
+            "name": self.name,
+            "runs": runs,
+            "hold_rate": sum(g.held for g in self.gates) / runs if runs else None,
+            "median_requests_to_hold": statistics.median(held) if held else None,
+            "reasons": dict(sorted(reasons.items())),
+            "baseline_hold_rate": sum(g.baseline_held for g in self.gates) / runs if runs else None,
+            "baseline_median_requests_to_hold": statistics.median(
+                [r for r in b_held if r is not None]
+            )
+            if any(r is not None for r in b_held)
+            else None,
+        }
+
+
+def spec_for(case: EngineCase, k: int, seed: int) -> dict[str, Any]:
+    """The gate spec of gate `k` of a case: fresh engine seeds per gate."""
+    ref_seed, cand_seed = 2 * (seed * 1_000 + k) + 1, 2 * (seed * 1_000 + k) + 2
+    scenarios: list[dict[str, Any]] = [
+        {
+            "name": "steady",
+            "api": "completions",
+            "arrival": "poisson",
+            "rate": RATE,
+            "requests": REQUESTS,
+            "prompt_tokens": 128,
+            "max_tokens": 32,
+        }
+    ]
+    if case.correctness:
+        scenarios.append({"suite": "correctness", "probes_count": 8, "max_tokens": 24})
+    return {
+        "name": "calibrate-" + "".join(ch if ch.isalnum() else "-" for ch in case.name),
+        "model": "calibration-model",
+        "seed": seed * 1_000 + k,
+        "reference": {
+            "command": [*SIM, *BASE_FLAGS, *case.reference, "--seed", str(ref_seed)],
+        },
+        "candidate": {
+            "command": [*SIM, *BASE_FLAGS, *case.candidate, "--seed", str(cand_seed)],
+        },
+        "shape": {"sku": "H200", "gpus_per_engine": 1},
+        "scenarios": scenarios,
+    }
+
+
+def _arrays(cols: Columns, warmup: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    c = select_requests(cols, warmup)
+    ok = c.ok & (c.first_token_ns >= 0)
+    ttft = np.where(ok, (c.first_token_ns - c.sent_ns) / 1e6, np.nan)
+    itl = np.where(ok, c.itl_mean_ns / 1e6, np.nan)
+    return ttft, itl, (~c.ok).astype(np.float64)
+
+
+def baseline_on_samples(
+    reference: Columns, candidate: Columns, warmup: int
+) -> tuple[bool, int | None]:
+    """Kayenta's scoring on a gate's stored samples, every BASELINE_EVERY requests per arm."""
+    r_ttft, r_itl, r_err = _arrays(reference, warmup)
+    c_ttft, c_itl, c_err = _arrays(candidate, warmup)
+    n = min(r_ttft.size, c_ttft.size)
+    if n == 0:
+        return False, None
+    looks = list(range(BASELINE_EVERY, n + 1, BASELINE_EVERY))
+    if not looks or looks[-1] != n:
+        looks.append(n)
+
+    def finite(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x[np.isfinite(x)], dtype=np.float64)
+
+    def blocks(err: np.ndarray) -> np.ndarray:
+        m = err.size // BLOCK
+        if not m:
+            return err[:1]
+        return np.asarray(err[: m * BLOCK].reshape(m, BLOCK).mean(axis=1), dtype=np.float64)
+
+    intervals = [
+        {
+            "ttft": (finite(c_ttft[:t]), finite(r_ttft[:t])),
+            "itl": (finite(c_itl[:t]), finite(r_itl[:t])),
+            "errors": (blocks(c_err[:t]), blocks(r_err[:t])),
+        }
+        for t in looks
+    ]
+    result = judge_baseline(intervals)
+    if not result.held or result.look is None:
+        return False, None
+    return True, looks[result.look]
+
+
+def _stored(db_url: str, gate_id: str, scenario: str) -> dict[str, Columns]:
+    factory = make_sessionmaker(make_engine(db_url))
+    with transaction(factory) as s:
+        rows = s.scalars(
+            select(SampleSet).where(SampleSet.gate_id == gate_id, SampleSet.scenario == scenario)
+        ).all()
+        return {row.role: Columns.from_bytes(row.columns) for row in rows}
+
+
+def run_engine_gate(case: EngineCase, k: int, seed: int, work: Path) -> EngineGate:
+    spec = parse_spec(spec_for(case, k, seed), f"calibration case {case.name!r}")
+    db_url = f"sqlite:///{work / 'calibration.db'}"
+    out = asyncio.run(
+        run_gate(spec, Settings(data_dir=work / ".gate"), report_dir=None, db_url=db_url)
+    )
+    doc = out.document
+    held = doc["verdict"] == "hold"
+    reasons = tuple(r["check"] for r in doc.get("reasons") or [])
+    steady: dict[str, Any] = next(
+        (s for s in doc.get("scenarios") or [] if s.get("name") == "steady"), {}
+    )
+    by_id = {c["id"]: c for c in doc.get("checks") or []}
+    samples = (by_id.get("steady.errors") or {}).get("samples") or []
+    requests = min(samples) if samples else None
+    early = steady.get("early_stop") or {}
+    if early.get("requests") is not None:
+        requests = int(early["requests"])
+    cols = _stored(db_url, str(doc["gate_id"]), "steady")
+    b_held, b_requests = False, None
+    if set(cols) == {"reference", "candidate"}:
+        b_held, b_requests = baseline_on_samples(
+            cols["reference"], cols["candidate"], Policy().warmup_requests
+        )
+    return EngineGate(held, requests if held else None, reasons, b_held, b_requests)
+
+
+def calibrate_engines(
+    runs: int,
+    seed: int = 0,
+    cases: Sequence[EngineCase] = ENGINE_CASES,
+    progress: Callable[[str], None] | None = None,
+) -> list[EngineCaseResult]:
+    """`runs` real gates per case; each gate in a fresh working directory, torn down after."""
+    results = []
+    for case in cases:
+        gates = []
+        for k in range(runs):
+            with tempfile.TemporaryDirectory(prefix="gate-calibrate-") as tmp:
+                gate = run_engine_gate(case, k, seed, Path(tmp))
+            gates.append(gate)
+            if progress is not None:
+                verdict = "hold" if gate.held else "continue"
+                why = f" ({', '.join(gate.reasons[:3])})" if gate.reasons else ""
+                at = f" at {gate.requests} requests per arm" if gate.requests else ""
+                progress(f"engines: {case.name} gate {k + 1}/{runs}: {verdict}{at}{why}")
+        results.append(EngineCaseResult(case.name, tuple(gates)))
+    return results
