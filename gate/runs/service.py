@@ -88,7 +88,35 @@ class GateOutcome:
         return int(self.document["exit_code"])
 
 
-class LazyRequests(Sequence[RequestSpec]):
+class _IndexedRequests(Sequence[RequestSpec]):
+    """A request sequence built on demand by index: subclasses give `__len__` and `_at(i)`
+    for 0 <= i < len; slicing, negative indices and iteration are here."""
+
+    def _at(self, i: int) -> RequestSpec:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._at(j) for j in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._at(i)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        for i in range(len(self)):
+            yield self._at(i)
+
+
+class LazyRequests(_IndexedRequests):
     """Requests built on demand, each one reproducible from (seed, index) alone."""
 
     def __init__(self, scenario: ScenarioSpec, seed: int, length: int) -> None:
@@ -104,19 +132,7 @@ class LazyRequests(Sequence[RequestSpec]):
     def __len__(self) -> int:
         return self._len
 
-    @overload
-    def __getitem__(self, i: int) -> RequestSpec: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
-
-    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._len))]
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError(i)
+    def _at(self, i: int) -> RequestSpec:
         block = i // 256
         if self._block[0] != block:
             prompts = synthetic_prompts(
@@ -128,12 +144,8 @@ class LazyRequests(Sequence[RequestSpec]):
             request_id=i, prompt=prompt, max_tokens=self._sc.max_tokens, extra=self._extra
         )
 
-    def __iter__(self) -> Iterator[RequestSpec]:
-        for i in range(self._len):
-            yield self[i]
 
-
-class _Chained(Sequence[RequestSpec]):
+class _Chained(_IndexedRequests):
     """A schedule's requests followed by its extension's, numbered on from the first."""
 
     def __init__(self, first: Sequence[RequestSpec], then: Sequence[RequestSpec]) -> None:
@@ -143,27 +155,11 @@ class _Chained(Sequence[RequestSpec]):
     def __len__(self) -> int:
         return len(self._first) + len(self._then)
 
-    @overload
-    def __getitem__(self, i: int) -> RequestSpec: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
-
-    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
+    def _at(self, i: int) -> RequestSpec:
         n = len(self._first)
-        if 0 <= i < n:
+        if i < n:
             return self._first[i]
-        if not 0 <= i - n < len(self._then):
-            raise IndexError(i)
         return replace(self._then[i - n], request_id=i)
-
-    def __iter__(self) -> Iterator[RequestSpec]:
-        for i in range(len(self)):
-            yield self[i]
 
 
 @dataclass

@@ -44,8 +44,7 @@ def _collect(run: float, offsets_ms: list[float], busy_ms: float = 0.0) -> list[
     return asyncio.run(main())
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
-def test_linux_uses_the_kernel_timer() -> None:
+def _precise() -> bool:
     async def main() -> bool:
         timer = PreciseTimer(asyncio.get_running_loop())
         try:
@@ -53,7 +52,12 @@ def test_linux_uses_the_kernel_timer() -> None:
         finally:
             timer.close()
 
-    assert asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+def test_linux_uses_the_kernel_timer() -> None:
+    assert _precise()
 
 
 def test_callbacks_fire_at_their_instant_in_order_and_never_early() -> None:
@@ -83,15 +87,7 @@ def test_callbacks_due_during_a_busy_loop_fire_right_after_it() -> None:
 
 def test_without_the_kernel_timer_asyncio_timers_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(clock, "_libc", None)
-
-    async def main() -> bool:
-        timer = PreciseTimer(asyncio.get_running_loop())
-        try:
-            return timer.precise
-        finally:
-            timer.close()
-
-    assert not asyncio.run(main())
+    assert not _precise()
     fired = _collect(2.0, [0.0, 2.0, 4.0])
     assert len(fired) == 3 and all(got >= at for at, got in fired)
 
