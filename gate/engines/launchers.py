@@ -161,6 +161,7 @@ class ProcessEngine:
     async def _launch_once(self) -> None:
         argv = self.argv()
         self._log = self.log_path.open("ab")
+        self.phases.mark("launched", " ".join(argv))
         try:
             # Popen only forks and execs; it does not wait, so calling it here is fine.
             self._proc = subprocess.Popen(  # noqa: ASYNC220
@@ -175,10 +176,10 @@ class ProcessEngine:
             )
         except OSError as exc:
             raise EngineError(
-                self.role, "launched", f"could not start {argv[0]!r}: {exc}"
+                self.role, "process_up", f"could not start {argv[0]!r}: {exc}"
             ) from None
+        # Popen returns once exec succeeded (an exec failure raises above): the program runs.
         self.pid = self._proc.pid
-        self.phases.mark("launched", " ".join(argv))
         self.phases.mark("process_up", f"pid {self.pid}")
         await wait_ready(
             role=self.role,

@@ -10,7 +10,9 @@ Quirks, per preset:
 
 - vllm (`vllm serve MODEL`): `/health` is 200 only once the engine core is up; the served name
   defaults to the weights path, so `--served-model-name` pins it to the spec's model;
-  `--disable-log-requests` keeps the log readable at gate load.
+  request logging is off by default since 0.11, which removed `--disable-log-requests`
+  (passing it there ends the engine before its port opens), so the preset passes neither it
+  nor `--enable-log-requests`.
 - sglang (`python -m sglang.launch_server`): the id in `/v1/models` is the model path unless
   `--served-model-name` is given; old releases answer `/health` before the first forward pass
   (the gate's warm-up requests cover that).
@@ -60,7 +62,6 @@ PRESETS: dict[str, Preset] = {
             "{model}",
             "--tensor-parallel-size",
             "{tp}",
-            "--disable-log-requests",
         ),
     ),
     "sglang": Preset(

@@ -107,14 +107,27 @@ def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     ref, cand = doc["engines"]["reference"], doc["engines"]["candidate"]
     assert ref["placement"]["gpus"] != cand["placement"]["gpus"]
     for e in (ref, cand):
-        assert list(e["phases"])[:5] == [
+        # Every lifecycle phase of a launched engine and its teardown, in order on the gate's clock.
+        assert list(e["phases"]) == [
             "launched",
             "process_up",
             "port_open",
             "healthy",
             "model_listed",
+            "warmup_done",
+            "ready",
+            "stopped",
         ]
+        times = list(e["phases"].values())
+        assert times == sorted(times) and times[0] > 0
         assert e["ready_s"] > 0
+    # The gate's own phases, before the engines': requested, then reserved.
+    gate_phases = db_rows(
+        tmp_path, "select phase, at_s from gate_phases where role = 'gate' order by at_s"
+    )
+    names = [p for p, _ in gate_phases]
+    assert names[:2] == ["requested", "reserved"]
+    assert gate_phases[1][1] <= min(ref["phases"]["launched"], cand["phases"]["launched"])
     # Persisted: the run, its phases, both arms' samples, every check; GPUs released.
     assert db_rows(tmp_path, "select state, verdict from gates") == [("complete", "continue")]
     assert db_rows(tmp_path, "select count(*) from sample_sets")[0][0] == 2
@@ -204,7 +217,38 @@ def test_crash_mid_load_holds_naming_the_crash(tmp_path: Path, tag: str) -> None
     doc = json.loads(out.stdout)
     crash = next(r for r in doc["reasons"] if r["check"] == "crash.candidate")
     assert "exited with code 1" in crash["message"]
-    assert doc["engines"]["candidate"]["crash"]["exit_code"] == 1
+    evidence = doc["engines"]["candidate"]["crash"]
+    assert evidence["exit_code"] == 1
+    # When, and the engine's last words: the sim logs why it crashed before it exits.
+    assert evidence["at_s"] > doc["engines"]["candidate"]["phases"]["ready"]
+    assert any("--crash-after-requests" in line for line in evidence["log_tail"])
+    assert "--crash-after-requests" in crash["message"]
+    assert doc["engines"]["reference"]["crash"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "phase"),
+    [(("--load-s", "600"), "port_open"), (("--warmup-s", "600"), "healthy")],
+)
+def test_a_hang_at_startup_holds_naming_the_phase(
+    tmp_path: Path, tag: str, flags: tuple[str, ...], phase: str
+) -> None:
+    """A candidate that never gets ready: hold naming the phase it stuck in; nothing left."""
+    p = spec(
+        tmp_path,
+        {"command": sim(tag)},
+        {"command": sim(tag, *flags), "readiness_timeout_s": 3},
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "hold" and doc["state"] == "error"
+    reason = doc["reasons"][0]
+    assert "candidate" in reason["message"] and f"stuck in phase {phase}" in reason["message"]
+    assert phase not in doc["engines"]["candidate"]["phases"]
+    assert db_rows(tmp_path, "select state, verdict from gates") == [("error", "hold")]
+    assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
+    assert db_rows(tmp_path, "select state from reservations") == [("released",)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import uuid
@@ -40,14 +41,32 @@ def test_render_argv_fills_placeholders_without_a_shell() -> None:
     assert render_argv(["python", "-V"], {})[0] == sys.executable
 
 
+# Records what the child really got (environment, working directory, rendered placeholders),
+# then becomes the sim with the rest of its arguments.
+_RECORD_THEN_SIM = (
+    "import json, os, runpy, sys; "
+    "out, gpus, tp = sys.argv[1:4]; "
+    "json.dump({'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+    "'mark': os.environ.get('GATE_TEST_MARK'), 'cwd': os.getcwd(), 'gpus': gpus, 'tp': tp}, "
+    "open(out, 'w')); "
+    "sys.argv = ['sim', *sys.argv[4:]]; "
+    "runpy.run_module('gate.engines.sim', run_name='__main__')"
+)
+
+
 def test_process_engine_walks_every_phase_and_sets_gpus(
     tmp_path: Path, find_processes: Callable[[str], list[int]]
 ) -> None:
     tag = uuid.uuid4().hex
     placement = EnginePlacement("candidate", (("h0", (2, 3)),), "H200", "h0")
-    env_dump = tmp_path / "env.txt"
+    record = tmp_path / "child.json"
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    argv = [sys.executable, "-c", _RECORD_THEN_SIM, str(record), "{gpus}", "{tp}"]
+    argv += ["--port", "{port}", "--model", "{model}", "--tag", tag]
+    argv += ["--load-s", "0.2", "--warmup-s", "0.2"]
     eng = _engine(
-        tmp_path, [*SIM, "--tag", tag, "--load-s", "0.2", "--warmup-s", "0.2"], placement=placement
+        tmp_path, argv, placement=placement, env={"GATE_TEST_MARK": "m1"}, cwd=str(workdir)
     )
 
     async def go() -> None:
@@ -62,10 +81,32 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
     # --load-s 0.2 keeps the port closed, then 0.2 s of warm-up answers 503: both are visible.
     assert eng.phases.reached["port_open"] - eng.phases.reached["launched"] >= 0.2
     assert eng.phases.reached["healthy"] - eng.phases.reached["port_open"] >= 0.15
-    assert eng.environment()["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert "--tp" not in eng.argv()
-    del env_dump
+    # What the engine process itself saw: its GPUs, the spec's env and cwd, the placeholders.
+    child = json.loads(record.read_text())
+    assert child == {
+        "cuda": "2,3",
+        "mark": "m1",
+        "cwd": str(workdir),
+        "gpus": "2,3",
+        "tp": "2",
+    }
     assert find_processes(tag) == []
+
+
+def test_a_program_that_cannot_start_is_named_at_process_up(tmp_path: Path) -> None:
+    eng = _engine(tmp_path, [str(tmp_path / "no-such-engine"), "--port", "{port}"])
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    with pytest.raises(EngineError) as info:
+        asyncio.run(go())
+    assert info.value.phase == "process_up"
+    assert "could not start" in info.value.message and "no-such-engine" in info.value.message
+    assert list(eng.phases.reached) == ["launched"]
 
 
 def test_hang_at_startup_times_out_naming_the_phase(
@@ -87,8 +128,11 @@ def test_hang_at_startup_times_out_naming_the_phase(
     assert find_processes(tag) == []
 
 
-def test_stuck_in_warmup_names_healthy(tmp_path: Path) -> None:
-    eng = _engine(tmp_path, [*SIM, "--warmup-s", "30"], timeout=1.5)
+def test_stuck_in_warmup_names_healthy(
+    tmp_path: Path, find_processes: Callable[[str], list[int]]
+) -> None:
+    tag = uuid.uuid4().hex
+    eng = _engine(tmp_path, [*SIM, "--warmup-s", "30", "--tag", tag], timeout=1.5)
 
     async def go() -> None:
         try:
@@ -99,6 +143,7 @@ def test_stuck_in_warmup_names_healthy(tmp_path: Path) -> None:
     with pytest.raises(ReadinessTimeout) as info:
         asyncio.run(go())
     assert info.value.phase == "healthy" and "503" in info.value.message
+    assert find_processes(tag) == []
 
 
 def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
@@ -115,10 +160,10 @@ def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
     assert "bad flag" in "\n".join(eng.log_tail())
 
 
-def test_wrong_model_is_named(tmp_path: Path) -> None:
-    eng = _engine(
-        tmp_path, [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"]
-    )
+def test_wrong_model_is_named(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
+    tag = uuid.uuid4().hex
+    argv = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"]
+    eng = _engine(tmp_path, [*argv, "--tag", tag])
 
     async def go() -> None:
         try:
@@ -126,8 +171,10 @@ def test_wrong_model_is_named(tmp_path: Path) -> None:
         finally:
             await eng.stop()
 
-    with pytest.raises(EngineError, match="does not serve model 'demo-model'"):
+    with pytest.raises(EngineError, match="does not serve model 'demo-model'") as info:
         asyncio.run(go())
+    assert info.value.phase == "model_listed"
+    assert find_processes(tag) == []
 
 
 def test_teardown_kills_the_whole_process_group(
@@ -175,6 +222,9 @@ def test_crash_is_detected_with_exit_status_and_log(tmp_path: Path) -> None:
         crash = eng.crashed()
         assert crash is not None and crash.exit_code == 1
         assert "exited with code 1" in crash.description
+        # The evidence carries the engine's last words, and the crash came after readiness.
+        assert any("--crash-after-requests" in line for line in crash.log_tail)
+        assert crash.at_s > eng.phases.reached["model_listed"]
         await eng.stop()
 
     asyncio.run(go())
