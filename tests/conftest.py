@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from receiver import Receiver
 from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -73,3 +74,11 @@ def postgres_url() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP server standing in for a commit-status API."""
+    r = Receiver()
+    yield r
+    r.close()

@@ -17,7 +17,7 @@ from gate.access.tokens import TokenChecker
 from gate.api.deps import Ctx
 from gate.core.errors import GateError, SpecError
 from gate.core.settings import Settings
-from gate.runs.dispatch import InProcessDispatcher, Reaper, make_dispatcher
+from gate.runs.dispatch import CeleryDispatcher, InProcessDispatcher, Reaper, make_dispatcher
 from gate.runs.execute import open_factory
 
 log = logging.getLogger("gate.api")
@@ -41,7 +41,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if start_workers:
-            ctx.reaper = Reaper(settings, factory).start()
+            requeue = ctx.dispatcher if isinstance(ctx.dispatcher, CeleryDispatcher) else None
+            ctx.reaper = Reaper(settings, factory, requeue=requeue).start()
             ctx.reaper.once()
             if isinstance(ctx.dispatcher, InProcessDispatcher):
                 ctx.dispatcher.resubmit_pending()

@@ -303,9 +303,11 @@ def cancel(gate_id: str, ctx: CtxDep, _: RunDep) -> GateView:
     responses={**ERRORS, **NOT_FOUND, **CONFLICT},
     summary="Judge a finished gate's stored samples under another policy",
 )
-def rejudge_(gate_id: str, body: Rejudge, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
+def rejudge_(gate_id: str, body: Rejudge, ctx: CtxDep, _: RunDep) -> dict[str, Any]:
     """Nothing is launched or stored: the answer is the verdict the stored samples get under
-    `policy` (the fields and defaults of a spec's `policy` section)."""
+    `policy` (the fields and defaults of a spec's `policy` section). Needs `run`: a whole
+    judge over up to millions of stored requests is work the service does on request, which
+    open reads (GATE_OPEN_READS) must not hand to anyone."""
     try:
         policy = Policy.model_validate(body.policy)
     except ValidationError as exc:

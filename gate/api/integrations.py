@@ -146,8 +146,9 @@ async def ci_webhook(
     x_hub_signature_256: Annotated[str | None, Header()] = None,
 ) -> Any:
     """HMAC-SHA256 of the raw body with the shared secret in `X-Hub-Signature-256:
-    sha256=<hex>`; `timestamp` within GATE_WEBHOOK_MAX_AGE_S; a repeated `delivery_id`
-    returns the gate of the first delivery (200) and starts nothing."""
+    sha256=<hex>`; `timestamp` within GATE_WEBHOOK_MAX_AGE_S; a repeated `delivery_id` with the
+    same content (the timestamp may be new) returns the gate of the first delivery (200) and
+    starts nothing; the same id with other content is refused (409)."""
     secret = ctx.settings.webhook_secret
     if not secret:
         raise HTTPException(404, detail="the CI webhook is off: set GATE_WEBHOOK_SECRET")
@@ -170,7 +171,7 @@ async def ci_webhook(
             f"{ctx.settings.webhook_max_age_s:.0f}s (replayed or clock skew)",
         )
     delivery_key = f"ci:{delivery.delivery_id}"
-    digest = hashlib.sha256(body).hexdigest()
+    digest = _content_digest(delivery)
     with transaction(ctx.factory) as s:
         seen = s.get(WebhookDelivery, delivery_key)
     if seen is not None:
@@ -198,6 +199,14 @@ async def ci_webhook(
         gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
     )
     return JSONResponse(out.model_dump(mode="json"), status_code=202 if created else 200)
+
+
+def _content_digest(delivery: CiDelivery) -> str:
+    """What makes two deliveries the same: everything but the timestamp, so a CI job that
+    retries its step (a fresh timestamp, signed anew) gets its first gate back, while the same
+    id with anything else changed is refused. Replays stay bounded by the timestamp window."""
+    content = delivery.model_dump(mode="json", exclude={"timestamp"})
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _duplicate(

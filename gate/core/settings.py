@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         description="A running gate whose heartbeat is older than this has lost its worker: "
         "it ends in hold and its reservation is released.",
     )
+    requeue_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="With a broker: a gate still pending this long whose task is neither in "
+        "the queue nor held by a worker (the API died between storing and queueing it, or "
+        "the broker lost it) is queued again by the reapers.",
+    )
     broker_visibility_timeout_s: float = Field(
         default=300.0,
         gt=0,

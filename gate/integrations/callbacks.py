@@ -4,7 +4,8 @@ the URL the delivery named, only if that URL is on the allow-list (GATE_CALLBACK
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -14,6 +15,7 @@ from gate.core.settings import Settings
 log = logging.getLogger("gate.integrations")
 
 STATE = {"continue": "success", "hold": "failure"}
+Provider = Literal["github", "gitlab"]
 
 
 def allowed(url: str, allow: list[str]) -> bool:
@@ -35,40 +37,75 @@ def allowed(url: str, allow: list[str]) -> bool:
             continue
         if a.scheme != u.scheme or not a.netloc or a.netloc.lower() != u.netloc.lower():
             continue
-        if u.path.startswith(a.path or "/"):
+        prefix = a.path or "/"
+        if not prefix.endswith("/"):  # `/repos/acme` allows `/repos/acme/...`, not `acme-evil`
+            if u.path == prefix:
+                return True
+            prefix += "/"
+        if u.path.startswith(prefix):
             return True
     return False
 
 
-def status_body(summary: dict[str, Any], context: str) -> dict[str, Any]:
-    """GitHub's commit-status shape (GitLab's is close: it takes `state` and `description`)."""
+def provider(url: str) -> Provider:
+    """Which commit-status API a callback URL is: GitLab's live under `/api/v4/projects/`
+    (`POST /projects/:id/statuses/:sha`); anything else gets GitHub's shape."""
+    return "gitlab" if "/api/v4/projects/" in urlsplit(url).path else "github"
+
+
+def status_body(summary: dict[str, Any], context: str, kind: Provider = "github") -> dict[str, Any]:
+    """The commit status for a finished gate. GitHub: `state` success|failure|error and
+    `context`; GitLab: `state` success|failed (it has no `error`) and `name`."""
     verdict = summary.get("verdict")
-    state = STATE.get(str(verdict), "error")
     reason = str(summary.get("reason") or "")
+    description = (f"gate {verdict or summary.get('state')}: {reason}")[:140]
+    if kind == "gitlab":
+        return {
+            "state": "success" if verdict == "continue" else "failed",
+            "name": context,
+            "description": description,
+            "target_url": summary.get("report_url"),
+        }
     return {
-        "state": state,
-        "description": (f"gate {verdict or summary.get('state')}: {reason}")[:140],
+        "state": STATE.get(str(verdict), "error"),
+        "description": description,
         "target_url": summary.get("report_url"),
         "context": context,
     }
 
 
-def deliver_callback(callback: dict[str, Any], summary: dict[str, Any], settings: Settings) -> bool:
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    sent: bool  # the receiver took it (2xx)
+    final: bool  # no point retrying: sent, or refused (a 4xx, or not on the allow-list)
+    detail: str  # what happened, for the gate's record
+
+
+def deliver_callback(
+    callback: dict[str, Any], summary: dict[str, Any], settings: Settings
+) -> Delivery:
+    """POST the commit status; a few quick retries on no answer or a 5xx. Longer outages are
+    the reapers' to retry (`gate.runs.notify`)."""
     url = str(callback.get("url", ""))
     if not allowed(url, settings.callback_allow):  # checked at receipt too; settings may change
         log.warning("callback %s is not on the allow-list: not sent", url)
-        return False
+        return Delivery(False, True, "not sent: the URL is not on the allow-list")
     headers = {"Accept": "application/json", "User-Agent": "llm-deploy-gate"}
     if settings.callback_token:
         headers["Authorization"] = f"Bearer {settings.callback_token}"
-    body = status_body(summary, str(callback.get("context") or "llm-deploy-gate"))
+    body = status_body(summary, str(callback.get("context") or "llm-deploy-gate"), provider(url))
+    detail = "no answer"
     for attempt in range(3):
         try:
             r = httpx.post(url, json=body, headers=headers, timeout=10.0, follow_redirects=False)
-            if r.status_code < 500:
-                ok = r.is_success
-                log.info("callback %s answered %d", url, r.status_code)
-                return ok
         except httpx.HTTPError as exc:
             log.warning("callback %s attempt %d failed: %s", url, attempt + 1, exc)
-    return False
+            detail = f"no answer: {type(exc).__name__}"
+            continue
+        log.info("callback %s answered %d", url, r.status_code)
+        if r.is_success:
+            return Delivery(True, True, f"sent: HTTP {r.status_code}")
+        if r.status_code < 500:
+            return Delivery(False, True, f"refused: HTTP {r.status_code}")
+        detail = f"failed: HTTP {r.status_code}"
+    return Delivery(False, False, detail)

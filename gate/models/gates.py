@@ -48,7 +48,13 @@ class GateRun(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    callback: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    callback: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # Delivery of that callback: tried by whoever finishes the gate, then by any reaper until
+    # it is sent, refused, or out of attempts (a gate ended by a reaper gets its status too).
+    callback_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    callback_tried_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    callback_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    callback_result: Mapped[str | None] = mapped_column(String(200))
 
     phases: Mapped[list[GatePhase]] = relationship(
         back_populates="gate", lazy="raise", cascade="all, delete-orphan"

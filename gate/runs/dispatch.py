@@ -4,6 +4,7 @@ ends the gates whose worker was lost."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from gate.core.settings import Settings
 from gate.models import GateRun
 from gate.runs import store
 from gate.runs.execute import execute_gate, worker_name
+from gate.runs.notify import notify_due
 
 log = logging.getLogger("gate.runs")
 
@@ -123,6 +125,26 @@ class CeleryDispatcher:
         )
         log.info("gate %s queued on %s", gate_id, self.queue, extra={"gate_id": gate_id})
 
+    def queued_ids(self) -> set[str] | None:
+        """The gates whose task the broker holds now: waiting in the queue, or delivered to a
+        worker and not yet acknowledged (kombu's Redis transport keeps those in its `unacked`
+        hash). None when the broker cannot be read."""
+        try:
+            with self.app.connection_for_write() as conn:
+                channel = conn.default_channel
+                client = channel.client
+                raw = list(client.lrange(self.queue, 0, -1))
+                raw += list(client.hvals(channel.unacked_key))
+        except Exception:
+            log.warning("cannot read the broker's queue", exc_info=True)
+            return None
+        ids: set[str] = set()
+        for item in raw:
+            task_id = _task_id(item)
+            if task_id is not None and task_id.startswith("gate-"):
+                ids.add(task_id.removeprefix("gate-"))
+        return ids
+
     def queue_depth(self) -> int | None:
         """Gate tasks waiting in the queue (not the ones workers are running)."""
         try:
@@ -135,18 +157,58 @@ class CeleryDispatcher:
         self.app.close()
 
 
+def _task_id(raw: bytes | str) -> str | None:
+    """The task id of one kombu message as Redis stores it: the message JSON, or (in the
+    unacked hash) `[message, exchange, routing_key]`."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(doc, list) and doc:
+        doc = doc[0]
+        if isinstance(doc, str | bytes):
+            try:
+                doc = json.loads(doc)
+            except ValueError:
+                return None
+    if not isinstance(doc, dict):
+        return None
+    headers = doc.get("headers")
+    if isinstance(headers, dict) and isinstance(headers.get("id"), str):
+        return str(headers["id"])
+    props = doc.get("properties")
+    if isinstance(props, dict) and isinstance(props.get("correlation_id"), str):
+        return str(props["correlation_id"])
+    return None
+
+
 def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispatcher:
     if settings.broker_url:
         return CeleryDispatcher(settings)
     return InProcessDispatcher(settings, factory, max_gates=settings.local_gates)
 
 
+class Requeue(Protocol):
+    def queued_ids(self) -> set[str] | None: ...
+
+    def submit(self, gate_id: str) -> None: ...
+
+
 class Reaper:
-    """A daemon thread ending lost gates every heartbeat period (idempotent: any number of
-    reapers may run, each lost gate is ended once: the pass locks the rows it ends and skips
-    the ones another reaper holds). The API and every `gate worker` run one, so a gate whose
-    worker died is ended as long as any of them is up. With `alive_file`, every pass that
-    reached the database touches that file: a container health check reads its age."""
+    """A daemon thread that, every heartbeat period, makes sure no gate is lost or stuck:
+
+    - ends the running gates whose worker stopped heartbeating (hold, reservation released);
+    - with a broker (`requeue`), queues again the gates pending longer than
+      `requeue_after_s` whose task the broker does not hold (the API died between storing
+      and queueing one, or the broker lost it); a task id per gate keeps this at most one
+      extra delivery, which the claim turns into a no-op if the first one shows up;
+    - delivers the commit-status callbacks still owed (`gate.runs.notify`).
+
+    Idempotent: any number of reapers may run (each lost gate is ended once: the pass locks
+    the rows it ends and skips the ones another reaper holds; callback attempts are claimed).
+    The API and every `gate worker` run one, so all this happens as long as any of them is
+    up. With `alive_file`, every pass that reached the database touches that file: a
+    container health check reads its age."""
 
     def __init__(
         self,
@@ -154,10 +216,12 @@ class Reaper:
         factory: sessionmaker[Session],
         *,
         alive_file: Path | None = None,
+        requeue: Requeue | None = None,
     ) -> None:
         self.settings = settings
         self.factory = factory
         self.alive_file = alive_file
+        self.requeue = requeue
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
 
@@ -183,7 +247,43 @@ class Reaper:
                 log.warning("cannot touch %s", self.alive_file)
         for gid in ended:
             log.warning("gate %s lost its worker: ended in hold", gid, extra={"gate_id": gid})
+        self.requeue_stuck()
+        try:
+            notify_due(self.factory, self.settings)
+        except Exception:
+            log.exception("callback pass failed")
         return ended
+
+    def requeue_stuck(self) -> list[str]:
+        """Queue again the pending gates the broker has lost track of (see the class)."""
+        if self.requeue is None:
+            return []
+        try:
+            stale = store.stale_pending(self.factory, self.settings.requeue_after_s)
+        except Exception:
+            log.exception("requeue pass failed")
+            return []
+        if not stale:
+            return []
+        held = self.requeue.queued_ids()
+        if held is None:
+            return []  # cannot tell what the broker holds; queueing blind would pile up
+        sent: list[str] = []
+        for gid in stale:
+            if gid in held:
+                continue
+            try:
+                self.requeue.submit(gid)
+            except Exception:
+                log.exception("gate %s: requeue failed", gid, extra={"gate_id": gid})
+                continue
+            log.warning(
+                "gate %s was pending with no task in the broker: queued again",
+                gid,
+                extra={"gate_id": gid},
+            )
+            sent.append(gid)
+        return sent
 
     def stop(self) -> None:
         self._stop.set()

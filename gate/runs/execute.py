@@ -211,6 +211,7 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
         spec = parse_spec(run.spec, source=f"gate {gate_id}")
     except GateError as exc:  # stored specs were validated; a schema change could break one
         _fail(factory, gate_id, "gate.invalid_spec", exc.message)
+        _notify(factory, gate_id, settings, run.callback)
         return "error"
     runner = GateRunner(
         spec,
@@ -232,6 +233,7 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
             "gate.internal_error",
             f"the gate failed on {worker}: {type(exc).__name__}: {exc}",
         )
+        _notify(factory, gate_id, settings, run.callback)
         if isinstance(exc, Exception | asyncio.CancelledError):
             return "error"
         raise
@@ -243,18 +245,19 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
         outcome.verdict,
         extra={**extra, "state": state, "verdict": outcome.verdict},
     )
-    if run.callback:
-        from gate.integrations.callbacks import deliver_callback
-
-        try:
-            deliver_callback(
-                run.callback,
-                store.verdict_summary(store.get_gate(factory, gate_id), settings.public_url),
-                settings,
-            )
-        except Exception:  # the verdict is stored; a callback failure must not redo the gate
-            log.exception("gate %s: callback delivery failed", gate_id, extra=extra)
+    _notify(factory, gate_id, settings, run.callback)
     return state
+
+
+def _notify(
+    factory: sessionmaker[Session], gate_id: str, settings: Settings, callback: object
+) -> None:
+    """The gate's commit-status callback, if it has one: owed until sent, so what fails here
+    is retried by the reapers (gate.runs.notify)."""
+    if callback:
+        from gate.runs.notify import notify
+
+        notify(factory, gate_id, settings)
 
 
 def _fail(factory: sessionmaker[Session], gate_id: str, check: str, message: str) -> None:

@@ -247,6 +247,102 @@ def reap_lost(
     return ended
 
 
+# -- stuck pending gates and undelivered callbacks (the reapers' other two jobs) ---------------
+
+CALLBACK_ATTEMPTS = 5
+CALLBACK_RETRY_S = 30.0  # times the attempt number: 30 s, 60 s, 90 s, 120 s between tries
+
+
+def stale_pending(
+    factory: sessionmaker[Session], older_than_s: float, at: datetime | None = None
+) -> list[str]:
+    """Gates still pending `older_than_s` after they were created, oldest first."""
+    cutoff = (at or now()) - timedelta(seconds=older_than_s)
+    with reading(factory) as s:
+        return list(
+            s.scalars(
+                select(GateRun.id)
+                .where(GateRun.state == "pending", GateRun.created_at < cutoff)
+                .order_by(GateRun.created_at)
+            )
+        )
+
+
+def due_callbacks(
+    factory: sessionmaker[Session], at: datetime | None = None, limit: int = 50
+) -> list[str]:
+    """Finished gates whose commit-status callback is still owed and due for a try."""
+    at = at or now()
+    with reading(factory) as s:
+        rows = s.execute(
+            select(GateRun.id, GateRun.callback_attempts, GateRun.callback_tried_at)
+            .where(
+                GateRun.state.in_(FINISHED),
+                GateRun.callback.is_not(None),
+                GateRun.callback_sent_at.is_(None),
+                GateRun.callback_attempts < CALLBACK_ATTEMPTS,
+            )
+            .order_by(GateRun.finished_at)
+        ).all()
+    # The spacing grows with the attempts: checked here rather than in portable SQL.
+    due = [gid for gid, n, tried in rows if _spaced(tried, n, at)]
+    return due[:limit]
+
+
+def _spaced(tried: datetime | None, attempts: int, at: datetime) -> bool:
+    last = _aware(tried)
+    return last is None or (at - last).total_seconds() >= CALLBACK_RETRY_S * max(1, attempts)
+
+
+def claim_callback(
+    factory: sessionmaker[Session], gate_id: str, at: datetime | None = None
+) -> GateRun | None:
+    """Take the next delivery attempt of a gate's callback; None when it is not owed, not
+    due, or another process took this attempt (the update is conditional on the count)."""
+    at = at or now()
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id)
+        if (
+            run is None
+            or run.state not in FINISHED
+            or not run.callback
+            or run.callback_sent_at is not None
+            or run.callback_attempts >= CALLBACK_ATTEMPTS
+        ):
+            return None
+        if not _spaced(run.callback_tried_at, run.callback_attempts, at):
+            return None
+        seen = run.callback_attempts
+        taken = s.scalars(
+            update(GateRun)
+            .where(GateRun.id == gate_id, GateRun.callback_attempts == seen)
+            .values(callback_attempts=seen + 1, callback_tried_at=at)
+            .returning(GateRun.id)
+            .execution_options(synchronize_session=False)
+        ).all()
+        if not taken:
+            return None
+        s.refresh(run)
+        s.expunge(run)
+        return run
+
+
+def record_callback(
+    factory: sessionmaker[Session], gate_id: str, *, sent: bool, final: bool, result: str
+) -> None:
+    """What the attempt got: sent (2xx), refused for good (a 4xx: no retry), or a failure
+    worth retrying (no answer, 5xx) while attempts remain."""
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id, with_for_update=True)
+        if run is None:
+            return
+        run.callback_result = result[:200]
+        if sent:
+            run.callback_sent_at = now()
+        elif final:
+            run.callback_attempts = CALLBACK_ATTEMPTS
+
+
 ArgoState = Literal["pending", "running", "complete", "error"]
 
 

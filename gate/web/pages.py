@@ -352,7 +352,9 @@ async def login(request: Request) -> Response:
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        # Behind a TLS-terminating proxy the request is http; the public URL says https.
+        secure=request.url.scheme == "https"
+        or get_ctx(request).settings.public_url.startswith("https://"),
     )
     return resp
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.settings import Settings
-from gate.runs.dispatch import Reaper
+from gate.runs.dispatch import CeleryDispatcher, Reaper
 from gate.runs.execute import open_factory, running_gates, stop_running_gates, worker_name
 from gate.worker.celery_app import QUEUE, make_celery
 from gate.worker.logs import configure_logging
@@ -95,7 +95,9 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
 
-    reaper = Reaper(settings, factory, alive_file=alive_file(settings)).start()
+    reaper = Reaper(
+        settings, factory, alive_file=alive_file(settings), requeue=CeleryDispatcher(settings)
+    ).start()
     reaper.once()
     worker = app.Worker(
         hostname=f"gate-{os.getpid()}@{socket.gethostname()}",

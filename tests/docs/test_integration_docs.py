@@ -12,12 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 from apitools import Recording
 from fastapi.testclient import TestClient
@@ -133,16 +131,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def receiver() -> Iterator[Any]:
-    sys.path.insert(0, str(ROOT / "tests" / "gate" / "api"))
-    from test_integrations import Receiver  # the real HTTP receiver of the API tests
-
-    r = Receiver()
-    yield r
-    r.close()
-
-
 def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
     for tool in ("bash", "jq", "openssl", "curl"):
         assert shutil.which(tool), f"{tool} is needed to run the documented step"
@@ -199,7 +187,8 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
         accepted = json.loads(done.stdout)
         assert accepted["duplicate"] is False
         gid = accepted["gate"]["id"]
-        # a re-run of the same job attempt is the same delivery: no second gate
+        # the step retried within the same job attempt: the same delivery with a fresh
+        # timestamp, signed anew; the first gate comes back and nothing new starts
         again = subprocess.run(
             ["bash", "-c", step["run"]],
             env={**os.environ, **step_env, **github},
@@ -207,7 +196,9 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
             text=True,
             timeout=60,
         )
-        assert again.returncode != 0 or json.loads(again.stdout)["gate"]["id"] == gid
+        assert again.returncode == 0, again.stderr
+        retried = json.loads(again.stdout)
+        assert retried["duplicate"] is True and retried["gate"]["id"] == gid
         deadline = time.monotonic() + 60
         while not receiver.calls and time.monotonic() < deadline:
             time.sleep(0.2)

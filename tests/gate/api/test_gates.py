@@ -185,18 +185,18 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     assert any("ttft" in c for c in failing)
     assert not find_processes(tag), "engines outlived the gate"
 
+    # re-judging spends the service's CPU on a whole judge: a read token may not
+    loose = {"policy": {"tolerance": {"p50": 1.0, "p90": 1.0, "p99": 1.0}}}
+    denied = app_client.post(f"/v1/gates/{gid}:rejudge", json=loose, headers=auth(tokens["read"]))
+    assert denied.status_code == 403
     # the same samples under a policy that tolerates 2x TTFT: the TTFT checks pass
-    r = app_client.post(
-        f"/v1/gates/{gid}:rejudge",
-        json={"policy": {"tolerance": {"p50": 1.0, "p90": 1.0, "p99": 1.0}}},
-        headers=auth(tokens["read"]),
-    )
+    r = app_client.post(f"/v1/gates/{gid}:rejudge", json=loose, headers=auth(tokens["run"]))
     assert r.status_code == 200, r.text
     redo = r.json()
     ttft = [c for c in redo["checks"] if c["metric"] == "ttft" and c.get("quantile")]
     assert ttft and all(c["decision"] == "pass" for c in ttft), ttft
     # and under its own default policy, the stored samples still hold on TTFT
-    same = app_client.post(f"/v1/gates/{gid}:rejudge", json={}, headers=auth(tokens["read"])).json()
+    same = app_client.post(f"/v1/gates/{gid}:rejudge", json={}, headers=auth(tokens["run"])).json()
     assert same["verdict"] == "hold"
     # judged the way the run judged (the early-stopped prefix, its warm-up): same reasons
     assert {c["id"] for c in same["reasons"]} == {c["check"] for c in doc["reasons"]}
@@ -207,7 +207,7 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     bad = app_client.post(
         f"/v1/gates/{gid}:rejudge",
         json={"policy": {"alpha": 7}},
-        headers=auth(tokens["read"]),
+        headers=auth(tokens["run"]),
     )
     assert bad.status_code == 422
     assert bad.json()["error"]["problems"][0]["path"].startswith("policy.alpha")

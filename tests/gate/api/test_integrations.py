@@ -4,15 +4,13 @@ server receiving the commit-status callback."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from apitools import SECRET, auth, poll_finished, spec_dict, wait_for, write_named_spec
 from fastapi.testclient import TestClient
+from receiver import Receiver
 
 from gate.core.settings import Settings
 from gate.integrations.signatures import sign
@@ -102,40 +100,6 @@ def test_flagger_needs_a_run_token_and_a_spec(
 # -- CI webhook ----------------------------------------------------------------------------------
 
 
-class Receiver:
-    """A real HTTP server standing in for a commit-status API."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[dict[str, str], dict[str, Any]]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                n = int(self.headers.get("content-length", 0))
-                outer.calls.append((dict(self.headers), json.loads(self.rfile.read(n))))
-                self.send_response(201)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
 def deliver(
     client: TestClient, body: dict[str, Any], secret: str = SECRET, signature: str | None = None
 ) -> Any:
@@ -200,9 +164,14 @@ def test_duplicate_delivery_returns_the_same_gate_and_callback_reports_it(
     assert second.json()["duplicate"] is True
     gid = first.json()["gate"]["id"]
     assert second.json()["gate"]["id"] == gid
-    # the same delivery id with another body is a conflict, not a new gate
-    changed = deliver(app_client, {**body, "timestamp": body["timestamp"] + 1})
+    # a retry signed anew with a fresh timestamp is still the same delivery
+    retried = deliver(app_client, {**body, "timestamp": body["timestamp"] + 1})
+    assert retried.status_code == 200 and retried.json()["duplicate"] is True
+    assert retried.json()["gate"]["id"] == gid
+    # the same delivery id with other content is a conflict, not a new gate
+    changed = deliver(app_client, {**body, "candidate_image": "ghcr.io/acme/vllm:other"})
     assert changed.status_code == 409
+    assert "different" in changed.json()["error"]["message"]
     assert app_client.get("/v1/gates", headers=auth(tokens["read"])).json()["total"] == 1
 
     final = poll_finished(app_client, gid, tokens["read"], timeout=180)

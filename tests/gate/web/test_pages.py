@@ -214,6 +214,7 @@ def test_pages_need_a_token_and_login_sets_the_cookie(
     assert cookie.startswith(f"gate_token={token}")
     for attr in ("HttpOnly", "Path=/", "SameSite=strict"):
         assert attr.lower() in cookie.lower(), cookie
+    assert "secure" not in cookie.lower()  # plain http, and the public URL is http too
     page = client.get(f"/gates/{gid}")  # the client keeps the cookie
     assert page.status_code == 200 and "Sign out" in page.text
 
@@ -242,3 +243,16 @@ def test_login_refuses_open_redirects_and_bearer_works(
     )
     assert bad.status_code == 415
     assert wt.EVIL not in bad.text
+
+
+def test_the_cookie_is_secure_behind_a_tls_proxy(tmp_path: Path) -> None:
+    """The service sees http from the proxy; its public URL says https: Secure is set."""
+    settings = Settings(
+        data_dir=tmp_path / "tls", open_reads=False, public_url="https://gate.example"
+    )
+    app = create_app(settings, start_workers=False)
+    token = create_token(app.state.ctx.factory, "reader", ["read"])
+    with TestClient(app) as client:
+        r = client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
+    assert r.status_code == 303
+    assert "secure" in [a.strip().lower() for a in r.headers["set-cookie"].split(";")]

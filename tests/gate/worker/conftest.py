@@ -3,6 +3,7 @@ PostgreSQL database per test, and real `gate worker` processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from receiver import Receiver
 from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -58,7 +60,7 @@ def redis_url() -> Iterator[str]:
                 client.close()
             return
         client.close()
-    pytest.skip("no empty Redis database to isolate this test in")
+    service_missing("an empty Redis database", "every logical database is in use")
 
 
 @pytest.fixture
@@ -69,14 +71,30 @@ def lost_after_s() -> float:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, postgres_url: str, redis_url: str, lost_after_s: float) -> Settings:
+def requeue_after_s() -> float:
+    """Age at which a pending gate whose task the broker lost is queued again."""
+    return 60.0
+
+
+@pytest.fixture
+def settings(
+    tmp_path: Path,
+    postgres_url: str,
+    redis_url: str,
+    lost_after_s: float,
+    requeue_after_s: float,
+    receiver: Receiver,
+) -> Settings:
     return Settings(
         database_url=postgres_url,
         broker_url=redis_url,
         data_dir=tmp_path / "data",
         heartbeat_s=HEARTBEAT_S,
         lost_after_s=lost_after_s,
+        requeue_after_s=requeue_after_s,
         broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+        callback_allow=[f"{receiver.url}/repos/acme/"],
+        public_url="http://gate.test",
     )
 
 
@@ -159,6 +177,9 @@ def start_worker(
             "GATE_HEARTBEAT_S": str(settings.heartbeat_s),
             "GATE_LOST_AFTER_S": str(settings.lost_after_s),
             "GATE_BROKER_VISIBILITY_TIMEOUT_S": str(settings.broker_visibility_timeout_s),
+            "GATE_REQUEUE_AFTER_S": str(settings.requeue_after_s),
+            "GATE_CALLBACK_ALLOW": json.dumps(settings.callback_allow),
+            "GATE_PUBLIC_URL": settings.public_url,
         }
         log_path = tmp_path / f"worker-{len(started)}.log"
         with log_path.open("wb") as out:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from receiver import Receiver
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,7 +22,7 @@ from gate.core.database import transaction
 from gate.core.settings import Settings
 from gate.models import GatePhase, GateRun, GpuLease, Reservation
 from gate.runs import store
-from gate.runs.dispatch import CeleryDispatcher
+from gate.runs.dispatch import CeleryDispatcher, Reaper
 from gate.spec import parse_spec
 from gate.worker.main import alive_file
 
@@ -60,8 +61,12 @@ def gate_spec(tag: str, *, requests: int, rate: float = 40.0) -> dict[str, Any]:
     }
 
 
-def create(factory: sessionmaker[Session], spec: dict[str, Any]) -> str:
-    run, created = store.create_gate(factory, parse_spec(spec, "test spec"), source="test")
+def create(
+    factory: sessionmaker[Session], spec: dict[str, Any], callback: dict[str, str] | None = None
+) -> str:
+    run, created = store.create_gate(
+        factory, parse_spec(spec, "test spec"), source="test", callback=callback
+    )
     assert created
     return run.id
 
@@ -208,9 +213,11 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     start_worker: StartWorker,
     find_processes: Finder,
     tag: str,
+    receiver: Receiver,
 ) -> None:
     first = start_worker()
-    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20))
+    status_url = f"{receiver.url}/repos/acme/llm/statuses/abc123"
+    gate_id = create(factory, gate_spec(tag, requests=3000, rate=20), {"url": status_url})
     submit(settings, gate_id)
     t_submit = time.monotonic()
     wait_gate(factory, gate_id, measuring, timeout=90)
@@ -241,6 +248,14 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     with transaction(factory) as s:
         reservations = list(s.scalars(select(Reservation).where(Reservation.gate_id == gate_id)))
     assert [(r.state, r.release_reason) for r in reservations] == [("released", "worker lost")]
+    # The commit status the dead worker owed: sent by a reaper, naming the lost worker.
+    deadline = time.monotonic() + 30
+    while not receiver.calls and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(receiver.calls) == 1, receiver.calls
+    status = receiver.calls[0][1]
+    assert status["state"] == "failure" and "stopped sending heartbeats" in status["description"]
+    assert status["target_url"] == f"http://gate.test/gates/{gate_id}"
 
     # The redelivered message does not start the gate again. (It may come before the reaper
     # ended the gate, "not pending (running", or after, "not pending (error": skipped both ways.)
@@ -260,6 +275,41 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
         f"skipped by {skipped_s:.2f} (visibility timeout {vt}s from delivery, "
         f"{t_kill - t_submit:.2f}s before the kill)"
     )
+
+
+@pytest.mark.parametrize("requeue_after_s", [1.0])
+def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    tag: str,
+) -> None:
+    """The API stored a gate and died before queueing it (or the broker lost the message):
+    a reaper sees it pending with no task in the broker, queues it, and a worker runs it. A
+    gate whose task is waiting in the queue is left alone."""
+    lost = create(factory, gate_spec(tag, requests=120, rate=60))
+    queued = create(factory, {**gate_spec(tag, requests=120, rate=60), "name": "queued"})
+    dispatcher = CeleryDispatcher(settings)
+    try:
+        dispatcher.submit(queued)
+        time.sleep(settings.requeue_after_s + 0.5)
+        assert dispatcher.queued_ids() == {queued}
+        # A reaper pass in this process (the same one the API and workers run)
+        assert Reaper(settings, factory, requeue=dispatcher).requeue_stuck() == [lost]
+        assert dispatcher.queued_ids() == {queued, lost}
+        assert Reaper(settings, factory, requeue=dispatcher).requeue_stuck() == []
+    finally:
+        dispatcher.close()
+    # A third one, never queued: this time the worker's own reaper finds it.
+    third = create(factory, {**gate_spec(tag, requests=120, rate=60), "name": "third"})
+    worker = start_worker()
+    for gid in (lost, queued, third):
+        run = wait_gate(factory, gid, finished, timeout=240)
+        assert (run.state, run.verdict) == ("complete", "continue"), run.reason
+        assert run.attempts == 1
+    assert f"gate {third} was pending with no task in the broker: queued again" in worker.log()
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert worker.stop() == 0
 
 
 def test_cancel_of_a_running_gate_tears_it_down(
