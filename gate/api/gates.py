@@ -56,7 +56,18 @@ class GateView(BaseModel):
     worker: str | None
     cancel_requested: bool
     progress: Progress | None
+    callback: CallbackState | None = Field(
+        default=None, description="the commit-status callback of a CI gate, and its delivery"
+    )
     links: Links
+
+
+class CallbackState(BaseModel):
+    url: str
+    context: str
+    attempts: int
+    sent_at: datetime | None
+    result: str | None = Field(description="what the last attempt got, e.g. 'sent: HTTP 201'")
 
 
 class GateList(BaseModel):
@@ -162,6 +173,15 @@ def view(run: GateRun) -> GateView:
         worker=run.worker,
         cancel_requested=run.cancel_requested,
         progress=Progress(**run.progress) if run.progress else None,
+        callback=None
+        if not run.callback
+        else CallbackState(
+            url=str(run.callback.get("url", "")),
+            context=str(run.callback.get("context") or "llm-deploy-gate"),
+            attempts=run.callback_attempts or 0,
+            sent_at=run.callback_sent_at,
+            result=run.callback_result,
+        ),
         links=Links(
             self=base,
             verdict=f"{base}/verdict",

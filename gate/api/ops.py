@@ -145,6 +145,11 @@ class ServiceCollector(Collector):
             "Time from one engine lifecycle phase to the next (launch to ready)",
             labels=["role", "phase"],
         )
+        gate_phases = HistogramMetricFamily(
+            "gate_phase_seconds",
+            "Time from one gate phase to the next (reserved, each scenario, judging, released)",
+            labels=["phase"],
+        )
         with transaction(ctx.factory) as s:
             for state, verdict, n in s.execute(
                 select(GateRun.state, GateRun.verdict, func.count()).group_by(
@@ -158,7 +163,6 @@ class ServiceCollector(Collector):
             held = s.scalar(select(func.count()).select_from(GpuLease))
             rows = s.execute(
                 select(GatePhase.gate_id, GatePhase.role, GatePhase.phase, GatePhase.at_s)
-                .where(GatePhase.role != "gate")
                 .order_by(GatePhase.gate_id, GatePhase.role, GatePhase.at_s)
                 .limit(200_000)
             ).all()
@@ -167,14 +171,20 @@ class ServiceCollector(Collector):
         prev: tuple[str, str, float] | None = None
         for gate_id, role, phase, at in rows:
             if prev is not None and prev[0] == gate_id and prev[1] == role:
-                durations.setdefault((role, phase), []).append(max(0.0, at - prev[2]))
+                # one label per kind of phase: scenario names are the spec's, unbounded
+                name = "scenario" if phase.startswith("scenario:") else phase
+                durations.setdefault((role, name), []).append(max(0.0, at - prev[2]))
             prev = (gate_id, role, at)
         for (role, phase), values in sorted(durations.items()):
             counts = [sum(1 for v in values if v <= b) for b in PHASE_BUCKETS]
             buckets = [(str(b), c) for b, c in zip(PHASE_BUCKETS, counts, strict=True)]
             buckets.append(("+Inf", len(values)))
-            phases.add_metric([role, phase], buckets, sum(values))
+            if role == "gate":
+                gate_phases.add_metric([phase], buckets, sum(values))
+            else:
+                phases.add_metric([role, phase], buckets, sum(values))
         yield phases
+        yield gate_phases
         yield GaugeMetricFamily("gate_reservations_active", "Active GPU reservations", active or 0)
         yield GaugeMetricFamily("gate_gpus_held", "GPUs held by gate reservations", held or 0)
         depth = ctx.dispatcher.queue_depth()

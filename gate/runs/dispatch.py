@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +21,7 @@ from gate.models import GateRun
 from gate.runs import store
 from gate.runs.execute import execute_gate, worker_name
 from gate.runs.notify import notify_due
+from gate.runs.sweep import sweep_lost_gates
 
 log = logging.getLogger("gate.runs")
 
@@ -188,6 +190,9 @@ def make_dispatcher(settings: Settings, factory: sessionmaker[Session]) -> Dispa
     return InProcessDispatcher(settings, factory, max_gates=settings.local_gates)
 
 
+KUBE_SWEEP_S = 60.0
+
+
 class Requeue(Protocol):
     def queued_ids(self) -> set[str] | None: ...
 
@@ -202,7 +207,9 @@ class Reaper:
       `requeue_after_s` whose task the broker does not hold (the API died between storing
       and queueing one, or the broker lost it); a task id per gate keeps this at most one
       extra delivery, which the claim turns into a no-op if the first one shows up;
-    - delivers the commit-status callbacks still owed (`gate.runs.notify`).
+    - delivers the commit-status callbacks still owed (`gate.runs.notify`);
+    - every `KUBE_SWEEP_S`, deletes the expired Leases of recently lost Kubernetes gates, so
+      their pods go without waiting for the next gate in that namespace (`gate.runs.sweep`).
 
     Idempotent: any number of reapers may run (each lost gate is ended once: the pass locks
     the rows it ends and skips the ones another reaper holds; callback attempts are claimed).
@@ -222,6 +229,7 @@ class Reaper:
         self.factory = factory
         self.alive_file = alive_file
         self.requeue = requeue
+        self._next_sweep = 0.0  # monotonic; the first pass sweeps
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
 
@@ -252,6 +260,12 @@ class Reaper:
             notify_due(self.factory, self.settings)
         except Exception:
             log.exception("callback pass failed")
+        if ended or time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + KUBE_SWEEP_S
+            try:
+                sweep_lost_gates(self.factory)
+            except Exception:
+                log.exception("cluster sweep failed")
         return ended
 
     def requeue_stuck(self) -> list[str]:

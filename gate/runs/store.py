@@ -343,6 +343,25 @@ def record_callback(
             run.callback_attempts = CALLBACK_ATTEMPTS
 
 
+def lost_gate_specs(
+    factory: sessionmaker[Session], within_s: float, at: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The specs of gates a reaper ended because their worker was lost, in the last
+    `within_s` seconds: what they launched on clusters may still be running."""
+    cutoff = (at or now()) - timedelta(seconds=within_s)
+    with reading(factory) as s:
+        rows = s.execute(
+            select(GateRun.spec, GateRun.document).where(
+                GateRun.state == "error", GateRun.finished_at >= cutoff
+            )
+        ).all()
+    return [
+        spec
+        for spec, doc in rows
+        if isinstance(doc, dict) and (doc.get("error") or {}).get("code") == "worker_lost"
+    ]
+
+
 ArgoState = Literal["pending", "running", "complete", "error"]
 
 

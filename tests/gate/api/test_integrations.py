@@ -184,6 +184,9 @@ def test_duplicate_delivery_returns_the_same_gate_and_callback_reports_it(
     assert status["target_url"] == f"http://gate.test/gates/{gid}"
     assert status["description"].startswith("gate hold: TTFT")
     assert len(status["description"]) <= 140
+    seen = app_client.get(f"/v1/gates/{gid}", headers=auth(tokens["read"])).json()["callback"]
+    assert seen["result"] == "sent: HTTP 201" and seen["attempts"] == 1
+    assert seen["sent_at"] is not None and seen["context"] == "llm-deploy-gate"
 
 
 def test_callback_must_be_allow_listed(app_client: TestClient, tag: str) -> None:

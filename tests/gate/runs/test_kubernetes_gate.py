@@ -507,3 +507,51 @@ def test_a_kubeconfig_that_cannot_be_used_holds_before_reserving(
     assert reason["check"] == "gate.cluster_error"
     assert "has no context 'prod' (its contexts: gate@h200-prod)" in reason["message"]
     assert cluster.fake.calls == [] and out.document["reservation"] is None
+
+
+def test_a_lost_workers_pods_are_collected_without_waiting_for_another_gate(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """A worker died mid-gate with its pods up. A reaper ends the gate in hold and, once the
+    gate's Lease has expired, deletes it; the pods the Lease owns go with it."""
+    from sqlalchemy import update
+
+    from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
+    from gate.models import GateRun
+    from gate.runs import store
+    from gate.runs.dispatch import Reaper
+
+    c = cluster
+    engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    upgrade(engine)
+    factory = make_sessionmaker(engine)
+    run, _ = store.create_gate(factory, parse_spec(kube_spec(c)), source="test")
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    with transaction(factory) as s:  # it was running on a worker that stopped an hour ago
+        s.execute(
+            update(GateRun)
+            .where(GateRun.id == run.id)
+            .values(state="running", worker="w-dead", heartbeat_at=long_ago)
+        )
+    lease = c.store.create(
+        LEASES,
+        render_lease(namespace=NS, gate_id=run.id, holder="w-dead", duration_s=60, now=long_ago),
+    )
+    owner = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": f"gate-{run.id}"}
+    for role in ("reference", "candidate"):
+        pod = gpu_pod(f"gate-{run.id}-{role}", "h200-a", 8, gate_labels(run.id))
+        pod["metadata"]["ownerReferences"] = [{**owner, "uid": lease["metadata"]["uid"]}]
+        c.store.create("pods", pod)
+    # Another gate's Lease, renewed just now: never touched.
+    fresh = render_lease(
+        namespace=NS, gate_id="alive", holder="w", duration_s=60, now=dt.datetime.now(dt.UTC)
+    )
+    c.store.create(LEASES, fresh)
+
+    assert Reaper(Settings(data_dir=tmp_path / ".gate"), factory).once() == [run.id]
+    ended = store.get_gate(factory, run.id)
+    assert (ended.state, ended.verdict) == ("error", "hold")
+    assert c.store.get(LEASES, NS, f"gate-{run.id}") is None
+    assert [p["metadata"]["name"] for p in c.store.items("pods")] == ["trainer"]
+    assert c.store.get(LEASES, NS, "gate-alive") is not None
+    engine.dispose()

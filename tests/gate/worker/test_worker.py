@@ -179,6 +179,54 @@ def test_worker_runs_a_gate_to_a_verdict(
     assert worker.stop() == 0
 
 
+def test_the_api_queues_gates_that_workers_run(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    tag: str,
+) -> None:
+    """The whole scale-out path: POST /v1/gates on an API configured with PostgreSQL and
+    Redis queues a Celery task; /metrics shows it waiting; a `gate worker` started later runs
+    it; the API serves the verdict it stored."""
+    from fastapi.testclient import TestClient
+
+    from gate.access.tokens import create_token
+    from gate.api.app import create_app
+
+    api_settings = settings.model_copy(update={"api_process_engines": True})
+    with TestClient(create_app(api_settings)) as api:
+        token = create_token(factory, "ci", ["run"])
+        headers = {"Authorization": f"Bearer {token}"}
+        created = api.post("/v1/gates", json={"spec": gate_spec(tag, requests=60)}, headers=headers)
+        assert created.status_code == 202, created.text
+        gid = created.json()["id"]
+        assert broker_empty(str(settings.broker_url)) == (1, 0)  # queued, no worker yet
+        assert "gate_queue_depth 1.0" in api.get("/metrics").text
+        assert api.get(f"/v1/gates/{gid}/verdict", headers=headers).json()["state"] == "pending"
+
+        worker = start_worker()
+        deadline = time.monotonic() + 120
+        while True:
+            summary = api.get(f"/v1/gates/{gid}/verdict", headers=headers).json()
+            if summary["state"] in ("complete", "error") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert summary["state"] == "complete" and summary["verdict"] in ("continue", "hold")
+        assert summary["report_url"].endswith(f"/gates/{gid}")
+        view = api.get(f"/v1/gates/{gid}", headers=headers).json()
+        assert view["worker"] == worker.name and view["attempts"] == 1
+        doc = api.get(f"/v1/gates/{gid}/document", headers=headers).json()
+        assert any(c["id"] == "steady.ttft.p50" for c in doc["checks"])
+        metrics = api.get("/metrics").text
+        assert "gate_queue_depth 0.0" in metrics
+        assert 'gate_gates{state="complete",verdict="' in metrics
+        for phase in ("reserved", "scenario", "judging", "released"):
+            assert f'gate_phase_seconds_count{{phase="{phase}"}} 1.0' in metrics, phase
+        assert 'gate_engine_phase_seconds_count{phase="ready",role="candidate"} 1.0' in metrics
+    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert worker.stop() == 0
+
+
 def test_a_task_delivered_twice_runs_the_gate_once(
     settings: Settings,
     factory: sessionmaker[Session],
