@@ -1,7 +1,9 @@
 """Benchmark: the verdict endpoint under 200 concurrent pollers.
 
-Starts the real service (`gate serve`: uvicorn, SQLite, token auth) with one finished gate,
-and, in the same run, a peer: a bare uvicorn + Starlette app answering the same JSON object
+Starts the real service (`gate serve`: uvicorn, SQLite, token auth) with one finished gate
+(its verdict is answered from the finished-verdict cache after the first read) and one running
+gate (every poll reads the database: what pollers see for the whole length of a gate), and, in
+the same run, a peer: a bare uvicorn + Starlette app answering the same JSON object
 from memory, with no auth and no database (the floor of this stack on this machine). The same
 client drives both:
 
@@ -64,8 +66,8 @@ def wait_up(url: str, timeout: float = 30.0) -> None:
     raise SystemExit(f"server at {url} did not start")
 
 
-def seed(data_dir: Path) -> tuple[str, str, dict[str, Any]]:
-    """A finished gate and a read token in the service's database."""
+def seed(data_dir: Path) -> tuple[str, str, str, dict[str, Any]]:
+    """A finished gate, a running one and a read token in the service's database."""
     from gate.access.tokens import create_token
     from gate.core.database import transaction
     from gate.core.settings import Settings
@@ -92,8 +94,15 @@ def seed(data_dir: Path) -> tuple[str, str, dict[str, Any]]:
         row.state, row.verdict, row.phase = "complete", "hold", "finished"
         row.reason = "TTFT p50 in steady is 1.42x the reference (interval 1.40x-1.44x)."
         summary = store.verdict_summary(row, settings.public_url)
+    running, _ = store.create_gate(factory, spec.model_copy(update={"name": "bench-running"}))
+    with transaction(factory) as s:
+        row = s.get(GateRun, running.id)
+        assert row is not None
+        row.state, row.phase, row.worker = "running", "scenario:steady", "bench"
+        row.heartbeat_at = store.now()  # the service runs with GATE_LOST_AFTER_S of an hour
+        row.progress = {"scenario": "steady", "done": 100, "total": 1000}
     token = create_token(factory, "bench", ["read"])
-    return run.id, token, summary
+    return run.id, running.id, token, summary
 
 
 async def pollers(
@@ -150,12 +159,15 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--only", choices=["gate", "running"], action="append", help="measure only these (+ peer)"
+    )
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gate-api-bench-"))
-    gid, token, summary = seed(tmp)
+    gid, running_id, token, summary = seed(tmp)
     ours_port, peer_port = free_port(), free_port()
-    env = {**os.environ, "GATE_DATA_DIR": str(tmp)}
+    env = {**os.environ, "GATE_DATA_DIR": str(tmp), "GATE_LOST_AFTER_S": "3600"}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "gate", "serve", "--port", str(ours_port)],
@@ -176,14 +188,21 @@ def main() -> int:
                 f"http://127.0.0.1:{ours_port}/v1/gates/{gid}/verdict",
                 {"Authorization": f"Bearer {token}"},
             ),
+            "running": (
+                f"http://127.0.0.1:{ours_port}/v1/gates/{running_id}/verdict",
+                {"Authorization": f"Bearer {token}"},
+            ),
             "peer": (f"http://127.0.0.1:{peer_port}/v1/gates/{gid}/verdict", {}),
         }
-        for url, headers in targets.values():
+        for name, (url, headers) in targets.items():
             wait_up(url.rsplit("/v1", 1)[0] + "/v1/gates/x/verdict")
             r = httpx.get(url, headers=headers)
-            assert r.status_code == 200 and r.json()["verdict"] == "hold", r.text
+            want = "running" if name == "running" else "complete"
+            assert r.status_code == 200 and r.json()["state"] == want, r.text
         for mode, interval in (("paced", args.interval), ("saturated", 0.0)):
             for name, (url, headers) in targets.items():
+                if args.only and name not in args.only and name != "peer":
+                    continue
                 print(
                     f"-- {mode}: {args.pollers} pollers on {name} for {args.duration:.0f}s",
                     file=sys.stderr,
@@ -198,12 +217,14 @@ def main() -> int:
             p.terminate()
             p.wait(timeout=10)
     ratio = {
-        mode: {
-            "p50": round(r["gate"]["p50_ms"] / r["peer"]["p50_ms"], 2),
-            "p99": round(r["gate"]["p99_ms"] / r["peer"]["p99_ms"], 2),
-            "rps": round(r["gate"]["rps"] / r["peer"]["rps"], 2),
+        f"{mode}/{name}": {
+            "p50": round(r[name]["p50_ms"] / r["peer"]["p50_ms"], 2),
+            "p99": round(r[name]["p99_ms"] / r["peer"]["p99_ms"], 2),
+            "rps": round(r[name]["rps"] / r["peer"]["rps"], 2),
         }
         for mode, r in results.items()
+        for name in ("gate", "running")
+        if name in r
     }
     out = {
         "pollers": args.pollers,
@@ -215,18 +236,22 @@ def main() -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"verdict endpoint, {args.pollers} concurrent pollers, {args.duration:.0f}s per run")
+    print("gate: a finished gate; running: a running gate (database read per poll)")
     print(
-        f"{'mode':<10} {'server':<6} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}"
+        f"{'mode':<10} {'server':<8} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}"
         f" {'errors':>7}"
     )
     for mode, r in results.items():
         for name, f in r.items():
             print(
-                f"{mode:<10} {name:<6} {f.get('rps', 0):>8} {f.get('p50_ms', 0):>8}"
+                f"{mode:<10} {name:<8} {f.get('rps', 0):>8} {f.get('p50_ms', 0):>8}"
                 f" {f.get('p90_ms', 0):>8} {f.get('p99_ms', 0):>8} {f['errors']:>7}"
             )
-        q = ratio[mode]
-        print(f"{mode:<10} gate/peer: p50 {q['p50']}x, p99 {q['p99']}x, req/s {q['rps']}x")
+        for name in ("gate", "running"):
+            if f"{mode}/{name}" not in ratio:
+                continue
+            q = ratio[f"{mode}/{name}"]
+            print(f"{mode:<10} {name}/peer: p50 {q['p50']}x, p99 {q['p99']}x, req/s {q['rps']}x")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -25,7 +25,7 @@ class Ctx:
     dispatcher: Dispatcher
     tokens: TokenChecker
     reaper: Reaper | None = None
-    finished_verdicts: dict[str, Any] = field(default_factory=dict)  # immutable once finished
+    finished_verdicts: dict[str, bytes] = field(default_factory=dict)  # encoded, immutable
 
 
 def get_ctx(request: Request) -> Ctx:

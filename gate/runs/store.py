@@ -365,6 +365,17 @@ def lost_gate_specs(
 ArgoState = Literal["pending", "running", "complete", "error"]
 
 
+def read_verdict(factory: sessionmaker[Session], gate_id: str, public_url: str) -> dict[str, Any]:
+    """`verdict_summary` of a stored gate, reading only the five columns it needs (no spec,
+    no document): what pollers of running gates cost the database."""
+    cols = (GateRun.id, GateRun.state, GateRun.phase, GateRun.verdict, GateRun.reason)
+    with reading(factory) as s:
+        row = s.execute(select(*cols).where(GateRun.id == gate_id)).first()
+    if row is None:
+        raise GateNotFound(gate_id)
+    return verdict_summary(row, public_url)  # type: ignore[arg-type]  # the same attributes
+
+
 def verdict_summary(run: GateRun, public_url: str) -> dict[str, Any]:
     """The small object rollout controllers poll: state, verdict (null until decided),
     reason, report_url. A cancelled gate is an error with a hold."""
