@@ -348,7 +348,8 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
     f_r, f_c = float(c_r.mean()), float(c_c.mean())
     s_r, s_c = float(shed_r[:n][both].mean()), float(shed_c[:n][both].mean())
     told = (
-        f"Under overload in {phase.name} the candidate shed {_pp(s_c)} and collapsed on "
+        f"During the overload window of scenario {phase.name}, the candidate shed {_pp(s_c)} "
+        f"and collapsed on "
         f"{_pp(f_c)} of requests vs {_pp(s_r)} and {_pp(f_r)} for the reference (collapse "
         f"difference {_interval_s(lo, hi)})"
     )
