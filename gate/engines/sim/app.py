@@ -117,6 +117,7 @@ class StreamOutput:
             # Silence, connection kept open: the handler waits until the client gives up.
             self.hung = True
             self._counters.hung_streams += 1
+            self._record.ended("hang", time.monotonic_ns())
             return False
         if self._error_after is not None and (
             self.tokens >= self._error_after or event.finish_reason is not None
@@ -126,12 +127,15 @@ class StreamOutput:
             self._responder.write(
                 stream_error_event("Simulated engine failure (--stream-error-rate)") + DONE_EVENT
             )
+            self._record.ended("error", time.monotonic_ns())
             self.done.set_result(None)
             return False
         self._responder.write(data)
-        self._record.add_event(time.monotonic_ns(), len(event.token_ids), scheduled_ns)
+        now = time.monotonic_ns()
+        self._record.add_event(now, len(event.token_ids), scheduled_ns)
         self.tokens += len(event.token_ids)
         if event.finish_reason is not None:
+            self._record.ended("done", now)
             self.done.set_result(None)
         return True
 
@@ -423,6 +427,7 @@ class SimApp:
             await self._serve_generation(request, responder, parse, record)
         except ApiError as exc:
             record.status = exc.status
+            record.ended("done", time.monotonic_ns())  # a whole (error) response
             raise
         finally:
             if self.truth is not None:
@@ -450,9 +455,11 @@ class SimApp:
                 responder.send(
                     500, b"Internal Server Error", content_type="text/plain; charset=utf-8"
                 )
+                record.ended("done", time.monotonic_ns())
                 return
             record.status = 200
             responder.send(200, body, headers=headers)
+            record.ended("done", time.monotonic_ns())
             return
 
         # Headers go out at once, as with vLLM; the body waits for the first token.

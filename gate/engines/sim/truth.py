@@ -19,6 +19,13 @@ the event's bytes went to the transport; ``scheduled_ns`` is when the performanc
 the event to leave, so ``emitted - scheduled`` is the sim's own lateness. Non-streaming
 responses have no events.
 
+How a stream ended, and when: ``"end": "done"`` (``[DONE]`` went out with the last content
+event, at ``end_ns``), ``"error"`` (an ``{"error": ...}`` event and ``[DONE]`` were written at
+``end_ns``, HTTP status still 200), ``"hang"`` (the stream went silent at ``end_ns`` with the
+connection kept open) or ``"cut"`` (the connection ended without either: a crash, or the
+client left; ``end_ns`` 0). A non-streaming response sent whole, whatever its status, is
+``"done"`` when it was written.
+
 Lines are buffered and written every ``flush_interval_s`` and at exit: writing a line per
 request would put file I/O on the event loop between events.
 """
@@ -46,6 +53,11 @@ class TruthRecord:
     emitted_ns: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     scheduled_ns: list[int] = field(default_factory=list)
+    end: str = "cut"
+    end_ns: int = 0
+
+    def ended(self, how: str, at_ns: int) -> None:
+        self.end, self.end_ns = how, at_ns
 
     def add_event(self, emitted_ns: int, tokens: int, scheduled_ns: int) -> None:
         self.emitted_ns.append(emitted_ns)
@@ -58,7 +70,8 @@ class TruthRecord:
         return (
             f'{{"request_id":{dumps(self.request_id)},"path":{dumps(self.path)},'
             f'"status":{self.status},"arrival_ns":{self.arrival_ns},"read_ns":{self.read_ns},'
-            f'"events":[{events}],"scheduled_ns":[{scheduled}]}}'
+            f'"events":[{events}],"scheduled_ns":[{scheduled}],'
+            f'"end":"{self.end}","end_ns":{self.end_ns}}}'
         )
 
 

@@ -58,8 +58,11 @@ def test_crash_after_seconds_cuts_streams_and_exits_1(launcher: SimPool) -> None
     assert "--crash-after-s" in sim.stderr()
 
 
-def test_hang_mid_stream_keeps_the_connection_open(launcher: SimPool) -> None:
-    sim = launcher.start(*TINY, "--hang-after-tokens", "3", "--hang-requests", "2")
+def test_hang_mid_stream_keeps_the_connection_open(launcher: SimPool, tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    sim = launcher.start(
+        *TINY, "--hang-after-tokens", "3", "--hang-requests", "2", "--truth-log", str(truth)
+    )
     body = {"prompt": "x", "max_tokens": 20, "stream": True, **GREEDY}
     with httpx.Client(base_url=sim.url, timeout=10) as client:
         first = client.post("/v1/completions", json=body)
@@ -76,6 +79,11 @@ def test_hang_mid_stream_keeps_the_connection_open(launcher: SimPool) -> None:
         assert third.text.endswith("data: [DONE]\n\n")
     assert _metric(sim.url, "sim:hung_streams_total") == 1.0
     assert _metric(sim.url, "vllm:num_requests_running") == 0.0  # it left the batch
+    sim.stop()
+    records = sorted(_truth(truth), key=lambda r: r["arrival_ns"])  # written as they end
+    assert [r["end"] for r in records] == ["done", "hang", "done"]
+    hung = records[1]
+    assert len(hung["events"]) == 3 and hung["end_ns"] >= hung["events"][-1][0]
 
 
 def test_hang_rate_picks_a_seeded_share(launcher: SimPool) -> None:
@@ -94,13 +102,17 @@ def test_hang_rate_picks_a_seeded_share(launcher: SimPool) -> None:
     assert outcomes.count(200) == 12 - outcomes.count("hung")
 
 
-def test_stream_error_event_then_done(launcher: SimPool) -> None:
-    sim = launcher.start(*TINY, "--stream-error-rate", "0.5", "--seed", "2")
+def test_stream_error_event_then_done(launcher: SimPool, tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    sim = launcher.start(
+        *TINY, "--stream-error-rate", "0.5", "--seed", "2", "--truth-log", str(truth)
+    )
     kinds = []
     with httpx.Client(base_url=sim.url, timeout=10) as client:
-        for _ in range(16):
+        for i in range(16):
             body = {"prompt": "x", "max_tokens": 8, "stream": True, **GREEDY}
-            with client.stream("POST", "/v1/completions", json=body) as resp:
+            headers = {"x-request-id": f"r{i}"}
+            with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
                 assert resp.status_code == 200
                 events = _events(resp)
             assert events[-1] == "[DONE]"
@@ -118,6 +130,14 @@ def test_stream_error_event_then_done(launcher: SimPool) -> None:
                 kinds.append("ok")
     assert 3 <= kinds.count("error") <= 13
     assert _metric(sim.url, "sim:stream_errors_total") == kinds.count("error")
+    sim.stop()
+    # The ground truth says how each stream ended, and when: after its last content event.
+    ends = {rec["request_id"]: rec for rec in _truth(truth)}
+    assert [ends[f"r{i}"]["end"] for i in range(16)] == [
+        "error" if k == "error" else "done" for k in kinds
+    ]
+    for rec in ends.values():
+        assert rec["status"] == 200 and rec["end_ns"] >= rec["events"][-1][0]
 
 
 def _closed(port: int) -> bool:
@@ -152,11 +172,23 @@ def test_degradation_stretches_steps_over_time(launcher: SimPool, tmp_path: Path
     sim = launcher.start(
         *TINY, "--itl-ms", "5", "--degrade-itl-per-min", "6000", "--truth-log", str(truth)
     )
-    body = {"prompt": "x", "max_tokens": 10, **GREEDY}
+    body = {"prompt": "x", "max_tokens": 10, "stream": True, **GREEDY}
+    seen: dict[str, float] = {}  # what a client measures: mean gap between token events
+
+    def stream(rid: str) -> None:
+        stamps = []
+        with client.stream(
+            "POST", "/v1/completions", json=body, headers={"x-request-id": rid}
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.perf_counter())
+        seen[rid] = (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3
+
     with httpx.Client(base_url=sim.url, timeout=10) as client:
-        client.post("/v1/completions", json={**body, "stream": True}, headers={"x-request-id": "a"})
+        stream("a")
         time.sleep(1.5)
-        client.post("/v1/completions", json={**body, "stream": True}, headers={"x-request-id": "b"})
+        stream("b")
     sim.stop()
     gaps = {}
     for rec in _truth(truth):
@@ -164,6 +196,9 @@ def test_degradation_stretches_steps_over_time(launcher: SimPool, tmp_path: Path
         gaps[rec["request_id"]] = (s[-1] - s[0]) / (len(s) - 1) / 1e6
     assert 4.5 <= gaps["a"] <= 8
     assert gaps["b"] / gaps["a"] >= 1.8
+    # The client sees the same stretch: inter-token latency grew with the engine's age.
+    assert 4.0 <= seen["a"] <= 9
+    assert seen["b"] / seen["a"] >= 1.7
 
 
 @pytest.mark.parametrize("status", [429, 503])

@@ -12,7 +12,17 @@ import httpx
 from gate.engines.sim.launch import SimPool
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
-KEYS = {"request_id", "path", "status", "arrival_ns", "read_ns", "events", "scheduled_ns"}
+KEYS = {
+    "request_id",
+    "path",
+    "status",
+    "arrival_ns",
+    "read_ns",
+    "events",
+    "scheduled_ns",
+    "end",
+    "end_ns",
+}
 
 
 def _stream(
@@ -69,6 +79,7 @@ def test_truth_log_matches_what_the_client_received(launcher: SimPool, tmp_path:
     records = [json.loads(line) for line in lines]
     assert len(records) == 4
     assert all(set(r) == KEYS for r in records)
+    assert all(r["end"] == "done" and r["end_ns"] >= r["read_ns"] for r in records)
     by_id = {r["request_id"]: r for r in records}
     generated = [r for r in records if r["request_id"] not in received]
     assert {r["request_id"] for r in generated} == {"sim-1", "sim-2"}
