@@ -3,6 +3,7 @@ object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -121,9 +122,11 @@ class CreateGate(BaseModel):
 class EnsureGate(CreateGate):
     key: str | None = Field(
         default=None,
-        max_length=64,
-        description="idempotency key; default: the SHA-256 of the resolved spec, so the same "
-        "reference, candidate and spec always name the same gate",
+        min_length=1,
+        max_length=200,
+        description="names a run of this spec: the gate is found by the SHA-256 of the "
+        "resolved spec and this key, so the same body always names the same gate, and the "
+        "same spec under another key (a retried rollout, `attempt-2`) is a new gate",
     )
 
 
@@ -241,7 +244,10 @@ def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep) -> VerdictSummary:
     """Idempotent: polling this with the same body never starts a second gate. Always 200
     with the small verdict object; `verdict` is null until the gate is decided."""
     spec = body.resolve(ctx.settings)
-    run = submit(ctx, spec, "argo", body.key or store.spec_key(spec))[0]
+    key = store.spec_key(spec)
+    if body.key is not None:  # another run of the same spec, never another spec's gate
+        key = hashlib.sha256(f"{key}\0{body.key}".encode()).hexdigest()
+    run = submit(ctx, spec, "argo", key)[0]
     return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
 
 

@@ -258,6 +258,16 @@ def test_idempotency_key_and_ensure_never_start_a_second_gate(
     assert final["verdict"] in ("continue", "hold")  # identical engines; a busy machine may
     # leave a check inconclusive, which holds: what matters here is that it is one gate
     assert app_client.get("/v1/gates", headers=auth(tokens["read"])).json()["total"] == 3
+    # A deliberate second run of the same spec (a retried rollout): another key, a new gate,
+    # itself idempotent; the first gate's verdict stays what it was.
+    again = {**body, "key": "attempt-2"}
+    r1 = app_client.post("/v1/gates:ensure", json=again, headers=run).json()
+    r2 = app_client.post("/v1/gates:ensure", json=again, headers=run).json()
+    assert r1["id"] == r2["id"] != final["id"]
+    assert app_client.post(f"/v1/gates/{r1['id']}:cancel", headers=run).status_code == 202
+    assert app_client.post("/v1/gates:ensure", json=body, headers=run).json() == final
+    bad = app_client.post("/v1/gates:ensure", json={**body, "key": ""}, headers=run)
+    assert bad.status_code == 422 and bad.json()["error"]["problems"][0]["path"] == "key"
 
 
 def test_cancel_a_running_gate_tears_it_down(
