@@ -4,6 +4,7 @@ applies them; the GitHub Actions step's script runs in bash against a real `gate
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,19 +133,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
-    for tool in ("bash", "jq", "openssl", "curl"):
-        assert shutil.which(tool), f"{tool} is needed to run the documented step"
-    workflow = yaml_blocks(DOCS / "github-actions.md")[0]
-    step = workflow["jobs"]["gate"]["steps"][0]
-    secret = "doc-test-secret"
+@contextlib.contextmanager
+def gate_server(tmp_path: Path, allow: list[str]) -> Iterator[str]:
+    """A real `gate serve` with the CI webhook on, callbacks allowed to `allow`."""
     port = free_port()
     env = {
         **os.environ,
         "GATE_DATA_DIR": str(tmp_path / ".gate"),
         "GATE_SPEC_DIR": str(named_specs(tmp_path)),
-        "GATE_WEBHOOK_SECRET": secret,
-        "GATE_CALLBACK_ALLOW": json.dumps([f"{receiver.url}/repos/acme/"]),
+        "GATE_WEBHOOK_SECRET": SECRET_FOR_DOCS,
+        "GATE_CALLBACK_ALLOW": json.dumps(allow),
         "GATE_CALLBACK_TOKEN": "status-writer",
         "GATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
         "HOME": str(tmp_path),  # no ~/.kube/config: the kubernetes gate ends in hold at once
@@ -162,9 +161,32 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+SECRET_FOR_DOCS = "doc-test-secret"
+
+
+def first_status(receiver: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    deadline = time.monotonic() + 60
+    while not receiver.calls and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert receiver.calls, "no commit status arrived"
+    return receiver.calls[0]  # type: ignore[no-any-return]
+
+
+def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
+    for tool in ("bash", "jq", "openssl", "curl"):
+        assert shutil.which(tool), f"{tool} is needed to run the documented step"
+    workflow = yaml_blocks(DOCS / "github-actions.md")[0]
+    step = workflow["jobs"]["gate"]["steps"][0]
+    with gate_server(tmp_path, [f"{receiver.url}/repos/acme/"]) as base:
         step_env = {
             k: str(v)
-            .replace("${{ secrets.GATE_WEBHOOK_SECRET }}", secret)
+            .replace("${{ secrets.GATE_WEBHOOK_SECRET }}", SECRET_FOR_DOCS)
             .replace("${{ github.sha }}", "abc123")
             for k, v in step["env"].items()
         }
@@ -199,15 +221,57 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
         assert again.returncode == 0, again.stderr
         retried = json.loads(again.stdout)
         assert retried["duplicate"] is True and retried["gate"]["id"] == gid
-        deadline = time.monotonic() + 60
-        while not receiver.calls and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert receiver.calls, "no commit status arrived"
-        headers, status = receiver.calls[0]
+        headers, status = first_status(receiver)
         assert headers["Authorization"] == "Bearer status-writer"
         assert status["context"] == "llm-deploy-gate"
         assert status["state"] == "failure"  # no cluster here: the gate holds
         assert status["target_url"] == f"{base}/gates/{gid}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        assert receiver.paths == ["/repos/acme/llm/statuses/abc123"]
+
+
+def test_gitlab_ci_job_as_written(tmp_path: Path, receiver: Any) -> None:
+    for tool in ("bash", "jq", "openssl", "curl"):
+        assert shutil.which(tool), f"{tool} is needed to run the documented job"
+    job = yaml_blocks(DOCS / "gitlab-ci.md")[0]["deploy-gate"]
+    gitlab = {
+        "CI_PROJECT_PATH": "acme/llm",
+        "CI_PROJECT_ID": "7",
+        "CI_PIPELINE_ID": "1001",
+        "CI_JOB_ID": "5005",
+        "CI_COMMIT_SHA": "abc123",
+        "CI_REGISTRY_IMAGE": "registry.gitlab.example/acme/llm",
+        "CI_API_V4_URL": f"{receiver.url}/api/v4",
+        "GATE_WEBHOOK_SECRET": SECRET_FOR_DOCS,  # a masked CI/CD variable
+    }
+    with gate_server(tmp_path, [f"{receiver.url}/api/v4/projects/"]) as base:
+        # GitLab expands the job's variables with its predefined ones before the script runs
+        variables = {k: str(v) for k, v in job["variables"].items()}
+        for name, value in variables.items():
+            for var, real in gitlab.items():
+                value = value.replace(f"${var}", real)
+            variables[name] = value
+        variables["GATE_URL"] = base
+        assert variables["CANDIDATE_IMAGE"] == "registry.gitlab.example/acme/llm/vllm-openai:abc123"
+        (script,) = job["script"]
+        done = subprocess.run(
+            ["bash", "-c", "set -euo pipefail\n" + script],
+            env={**os.environ, **gitlab, **variables},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        accepted = json.loads(done.stdout)
+        gid = accepted["gate"]["id"]
+        assert accepted["duplicate"] is False and accepted["delivery_id"] == "acme/llm/1001/5005"
+        headers, status = first_status(receiver)
+        # GitLab's commit-status API: POST /projects/:id/statuses/:sha, state `failed`, `name`
+        assert receiver.paths == ["/api/v4/projects/7/statuses/abc123"]
+        assert headers["Authorization"] == "Bearer status-writer"
+        assert status == {
+            "state": "failed",
+            "name": "llm-deploy-gate",
+            "description": status["description"],
+            "target_url": f"{base}/gates/{gid}",
+        }
+        assert status["description"].startswith("gate hold: ")
