@@ -123,6 +123,69 @@ def test_argo_analysis_template_as_written(tmp_path: Path) -> None:
         phase, result = measure(client)
         assert (phase, result["state"]) == ("Failed", "error")
 
+        # "Running the gate again": the documented key argument makes a new gate, once.
+        rerun = next(b for b in yaml_blocks(DOCS / "argo-rollouts.md") if "jsonBody" in b)
+        assert rerun["args"][0]["name"] == "gate-run"
+        body = substitute(rerun["jsonBody"], {**args, "gate-run": "2"})
+        again = [client.post(url.path, headers=headers, json=body).json() for _ in range(2)]
+        assert again[0]["id"] == again[1]["id"] != gid
+        assert again[0]["state"] == "pending" and len(recording.submitted) == 2
+
+
+# -- Flagger ---------------------------------------------------------------------------------
+
+
+def test_flagger_canary_webhooks_as_written(tmp_path: Path) -> None:
+    """Each webhook of the documented Canary, called the way Flagger calls it (its payload,
+    its metadata, the token from metadata), answers what the doc's table says."""
+    canary = next(b for b in yaml_blocks(DOCS / "flagger.md") if b["kind"] == "Canary")
+    hooks = {h["type"]: h for h in canary["spec"]["analysis"]["webhooks"]}
+    assert set(hooks) == {"confirm-rollout", "rollback"}
+    settings = Settings(data_dir=tmp_path / ".gate", spec_dir=named_specs(tmp_path))
+    app = create_app(settings, start_workers=False)
+    recording = Recording()
+    app.state.ctx.dispatcher = recording
+    from gate.access.tokens import create_token
+
+    token = create_token(app.state.ctx.factory, "flagger", ["run"])
+
+    def call(kind: str, checksum: str = "rev-1") -> Any:
+        hook = hooks[kind]
+        metadata = {k: (token if k == "token" else str(v)) for k, v in hook["metadata"].items()}
+        payload = {
+            "name": canary["metadata"]["name"],
+            "namespace": canary["metadata"]["namespace"],
+            "phase": "Progressing",
+            "checksum": checksum,
+            "metadata": metadata,
+        }
+        return client.post(httpx.URL(hook["url"]).path, json=payload)
+
+    with TestClient(app) as client:
+        pending = call("confirm-rollout")
+        assert pending.status_code == 403 and "pending" in pending.text
+        assert call("rollback").status_code == 403
+        assert len(recording.submitted) == 1  # both hooks, one revision: one gate
+        (gid,) = recording.submitted
+        run = client.get(f"/v1/gates/{gid}", headers={"Authorization": f"Bearer {token}"})
+        assert run.json()["candidate"] == hooks["confirm-rollout"]["metadata"]["candidate_image"]
+
+        def finish(verdict: str) -> None:
+            with transaction(app.state.ctx.factory) as s:
+                row = s.get(GateRun, gid)
+                assert row is not None
+                row.state, row.verdict, row.reason = "complete", verdict, f"gate said {verdict}"
+
+        finish("hold")
+        refused = call("confirm-rollout")
+        assert refused.status_code == 403 and "gate said hold" in refused.text
+        assert call("rollback").status_code == 200
+        finish("continue")
+        assert call("confirm-rollout").status_code == 200
+        assert call("rollback").status_code == 403
+        call("confirm-rollout", checksum="rev-2")  # a new revision: a new gate
+        assert len(recording.submitted) == 2
+
 
 # -- GitHub Actions ----------------------------------------------------------------------------
 
