@@ -410,8 +410,9 @@ class SimApp:
         return limit is not None and number > limit
 
     async def _submit(
-        self, generation: GenerationRequest, output: Output, arrival_ns: int
+        self, generation: GenerationRequest, output: Output, arrival_ns: int, turn_ns: int
     ) -> EngineSeq:
+        self.engine.took_in(time.monotonic_ns() - turn_ns)
         if self._frontend_s > 0.0:
             self._in_frontend += 1
             try:
@@ -437,9 +438,14 @@ class SimApp:
         self, request: Request, responder: Responder, parse: Parser, record: TruthRecord
     ) -> None:
         cfg = self.config
-        api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len)
-        self._inject_error()
-        self._shed_if_overloaded()
+        turn = await self.engine.intake_turn()  # parse and tokenize between steps
+        try:
+            api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len)
+            self._inject_error()
+            self._shed_if_overloaded()
+        except BaseException:
+            self.engine.took_in(time.monotonic_ns() - turn)  # refused: the turn ends here
+            raise
         xrid = request.headers.get("x-request-id")
         response_id = new_request_id(api.endpoint, xrid)
         headers = [("x-request-id", xrid)] if xrid else []
@@ -447,7 +453,7 @@ class SimApp:
         if not api.stream:
             number = self._count_generation_start()
             collected = CollectOutput(loop.create_future())
-            await self._run(api.generation, collected, request.arrival_ns)
+            await self._run(api.generation, collected, request.arrival_ns, turn)
             body = await self._full_body(api, collected.events, response_id, self._nan(number))
             if body is None:
                 # A NaN logprob cannot be JSON-encoded: vLLM's JSON response fails with 500.
@@ -483,16 +489,20 @@ class SimApp:
             include_usage=api.stream_options.include_usage,
             done=loop.create_future(),
         )
-        await self._run(api.generation, output, request.arrival_ns)
+        await self._run(api.generation, output, request.arrival_ns, turn)
         responder.end_stream()
 
     async def _run(
-        self, generation: GenerationRequest, output: StreamOutput | CollectOutput, arrival: int
+        self,
+        generation: GenerationRequest,
+        output: StreamOutput | CollectOutput,
+        arrival: int,
+        turn: int,
     ) -> None:
         """Submit and wait for the last event; a cancelled wait (client gone) aborts it."""
         seq: EngineSeq | None = None
         try:
-            seq = await self._submit(generation, output, arrival)
+            seq = await self._submit(generation, output, arrival, turn)
             await output.done
         finally:
             if seq is not None and not output.complete:

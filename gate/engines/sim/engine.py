@@ -23,7 +23,7 @@ import heapq
 import itertools
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -235,6 +235,10 @@ class _Step:
     outputs: list[tuple[EngineSeq, StreamEvent, bytes]]
 
 
+# Request intake (parsing, tokenizing, admitting a new request) gets turns in the slack before
+# the next deadline, ending this far from it at the latest; one per step even without slack.
+_INTAKE_MARGIN_NS = 300_000
+_INTAKE_COST_NS = 150_000  # first guess of one request's intake work; then measured (EWMA)
 # A step may start this far in the past when the loop is late; beyond it the schedule resyncs.
 _MAX_LAG_NS = 20_000_000
 # Sleep with the event loop until this close to a deadline, then with time.sleep.
@@ -279,6 +283,11 @@ class SimEngine:
         self._waiter: asyncio.Future[None] | None = None
         self._last_end_ns = 0
         self._chained = False
+        self._intake: deque[asyncio.Future[int]] = deque()
+        self._intake_cost_ns = float(_INTAKE_COST_NS)
+        self._turn_given = False  # an intake turn since the last step ended
+        self._turn_deadline: int | None = None  # the deadline the current turns must meet
+        self._step_len_ns = 0  # planned length of the latest step
 
     # -- requests ------------------------------------------------------------------------
 
@@ -296,6 +305,63 @@ class SimEngine:
             return None
         seed = request.seed if request.seed is not None else self._seed_rng.getrandbits(64)
         return np.random.default_rng(seed)
+
+    async def intake_turn(self) -> int:
+        """Wait for a turn to take a new request in; returns when the turn began.
+
+        A burst of requests parsed and tokenized on this loop in one go would delay the next
+        step's writes by their whole cost (64 requests arriving together: milliseconds). So,
+        as vLLM adds requests to its engine between steps, a busy engine gives intake turns
+        one at a time, each only while the slack before its next deadline still holds the
+        measured cost of one (`took_in` ends a turn and passes the next on), and at least
+        one per step. An idle engine gives them at once."""
+        if (
+            self._step is None
+            and not self._pending
+            and not self._intake
+            and not self.scheduler.has_work()
+        ):
+            return time.monotonic_ns()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._intake.append(fut)
+        if self._waiter is not None:
+            _wake(self._waiter)  # the loop decides whether a turn fits now
+        return await fut
+
+    def took_in(self, cost_ns: int) -> None:
+        """A turn ended (its request submitted, or refused) after `cost_ns` of work: update
+        the estimate, and pass a turn on if the next one still fits before the deadline."""
+        self._intake_cost_ns += 0.2 * (max(0, cost_ns) - self._intake_cost_ns)
+        self._give_turn(time.monotonic_ns(), self._turn_deadline)
+
+    @property
+    def intake_waiting(self) -> int:
+        return sum(1 for f in self._intake if not f.done())
+
+    def _give_turn(self, now: int, deadline: int | None) -> None:
+        """One intake turn if it fits (the slack before the deadline holds one intake's
+        cost, or no turn was given since the last step ended); every waiting one when there
+        is no deadline ahead or steps are shorter than an intake."""
+        queue = self._intake
+        while queue and queue[0].done():  # a client that left while waiting
+            queue.popleft()
+        if not queue:
+            return
+        self._turn_deadline = deadline
+        if deadline is None or self._step_len_ns < self._intake_cost_ns:
+            # Idle, or steps shorter than one intake (zero-cost steps in a throughput run):
+            # no slack could ever hold a turn, and holding requests back protects nothing.
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(now)
+            self._turn_given = True
+            return
+        fits = deadline - now - _INTAKE_MARGIN_NS >= self._intake_cost_ns
+        if not fits and self._turn_given:
+            return
+        queue.popleft().set_result(now)
+        self._turn_given = True
 
     def submit(
         self, request: GenerationRequest, output: Output, *, arrival_ns: int | None = None
@@ -348,7 +414,10 @@ class SimEngine:
                 deadlines.append(self._step.end_ns)
             if self._pending:
                 deadlines.append(self._pending[0][0])
-            await self._sleep_until(min(deadlines) if deadlines else None)
+            deadline = min(deadlines) if deadlines else None
+            if self._intake:
+                self._give_turn(now, deadline)
+            await self._sleep_until(deadline)
 
     async def _sleep_until(self, deadline_ns: int | None) -> None:
         """Return at ``deadline_ns`` (None: when woken), or earlier when ``submit`` wakes us."""
@@ -394,6 +463,7 @@ class SimEngine:
         plan = sched.schedule(now)
         timer = self.timer
         end = start + timer.step_ns(plan.num_seqs, plan.num_tokens, plan.kv_tokens, start)
+        self._step_len_ns = end - start
         self.stats.steps += 1
         return _Step(end, self._sample(plan, end))
 
@@ -433,6 +503,7 @@ class SimEngine:
     def _finish_step(self, step: _Step) -> None:
         end = step.end_ns
         self._last_end_ns = end
+        self._turn_given = False
         pending = self._pending
         for seq, event, data in step.outputs:
             if seq.dead:

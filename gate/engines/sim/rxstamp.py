@@ -8,8 +8,8 @@ is received, and ``recvmsg`` hands the stamp of the latest one read (TCP carries
 coalescing), so the arrival no longer depends on how busy the loop is.
 
 The stamp is on the realtime clock; it is moved to the monotonic clock (the truth log's) by the
-offset between the two read at the same moment, which is exact to well under a microsecond
-unless the realtime clock is stepped in that very instant.
+offset between the two read at the same moment (`mono_minus_real`), which is exact to well
+under a microsecond unless the realtime clock is stepped in that very instant.
 
 asyncio's selector transport reads with ``sock.recv``; a listening socket of the class below
 accepts connections as :class:`StampedSocket`, whose ``recv`` is ``recvmsg`` plus the stamp.
@@ -42,11 +42,32 @@ class StampedSocket(socket.socket):
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data, ancdata, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
+        # A read the kernel did not stamp (timestamping was being switched on system-wide)
+        # must not keep an earlier read's stamp: 0, and the reader uses its own clock.
+        self.rx_ns = 0
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                 sec, nsec = _TIMESPEC.unpack_from(payload)
-                self.rx_ns = sec * 1_000_000_000 + nsec + time.monotonic_ns() - time.time_ns()
+                self.rx_ns = sec * 1_000_000_000 + nsec + mono_minus_real()
         return data
+
+
+def mono_minus_real() -> int:
+    """Monotonic minus realtime clock, now. The realtime read is bracketed by two monotonic
+    reads and the midpoint taken; a bracket stretched by a preemption (a busy machine) is
+    read again, up to three times, keeping the tightest: the error is half its width."""
+    best_gap = -1
+    best = 0
+    for _ in range(3):
+        m1 = time.monotonic_ns()
+        real = time.time_ns()
+        m2 = time.monotonic_ns()
+        gap = m2 - m1
+        if best_gap < 0 or gap < best_gap:
+            best_gap, best = gap, (m1 + m2) // 2 - real
+        if gap < 20_000:
+            break
+    return best
 
 
 class StampingListener(socket.socket):
@@ -70,7 +91,12 @@ def listener(family: int, kind: int, proto: int) -> socket.socket:
     """A new listening-capable socket: stamping where the platform can, plain otherwise."""
     if SO_TIMESTAMPNS is None:
         return socket.socket(family, kind, proto)
-    return StampingListener(family, kind, proto)
+    sock = StampingListener(family, kind, proto)
+    # Linux switches receive timestamping on system-wide lazily (deferred work) when the
+    # first socket asks for it, so the first packets after that go unstamped. Asking on the
+    # listener does it once, at start, not at the first connection's first request.
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    return sock
 
 
 def last_rx_ns(fd: int) -> int:
