@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
 from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep
+from gate.api.documents import RejudgeResult, VerdictDocument
 from gate.core.errors import FieldProblem, SpecError
 from gate.core.settings import Settings
 from gate.models import GateRun
@@ -306,7 +307,7 @@ async def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> Response:
 
 @router.get(
     "/gates/{gate_id}/document",
-    responses={**ERRORS, **NOT_FOUND, **CONFLICT},
+    responses={200: {"model": VerdictDocument}, **ERRORS, **NOT_FOUND, **CONFLICT},
     summary="The whole verdict document: every check with its evidence",
 )
 def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
@@ -329,7 +330,7 @@ def cancel(gate_id: str, ctx: CtxDep, _: RunDep) -> GateView:
 
 @router.post(
     "/gates/{gate_id}:rejudge",
-    responses={**ERRORS, **NOT_FOUND, **CONFLICT},
+    responses={200: {"model": RejudgeResult}, **ERRORS, **NOT_FOUND, **CONFLICT},
     summary="Judge a finished gate's stored samples under another policy",
 )
 def rejudge_(gate_id: str, body: Rejudge, ctx: CtxDep, _: RunDep) -> dict[str, Any]:

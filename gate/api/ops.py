@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from gate.api.deps import Ctx, CtxDep, ReadDep
+from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.api.gates import ERRORS
 from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
@@ -39,7 +40,11 @@ def _held(ctx: Ctx, inventory: str) -> list[tuple[str, int]]:
     return [(node, int(gpu)) for node, gpu in rows]
 
 
-@router.get("/capacity", responses=ERRORS, summary="How many gate shapes fit now, per domain")
+@router.get(
+    "/capacity",
+    responses={200: {"model": CapacityDoc}, **ERRORS},
+    summary="How many gate shapes fit now, per domain",
+)
 def capacity(
     ctx: CtxDep,
     _: ReadDep,
@@ -110,7 +115,11 @@ def reservations(
         ]
 
 
-@router.get("/inventory", responses=ERRORS, summary="The GPU inventory and what gates hold")
+@router.get(
+    "/inventory",
+    responses={200: {"model": InventoryDoc}, **ERRORS},
+    summary="The GPU inventory and what gates hold",
+)
 def inventory(ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
     inv = _inventory(ctx)
     held: dict[str, int] = {}

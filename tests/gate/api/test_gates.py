@@ -11,6 +11,7 @@ from apitools import auth, poll_finished, spec_dict, wait_for
 from fastapi.testclient import TestClient
 
 from gate.access import tokens as token_mod
+from gate.api.documents import RejudgeResult, VerdictDocument
 from gate.core.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -181,6 +182,7 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     }
     assert "TTFT" in summary["reason"]
     doc = app_client.get(f"/v1/gates/{gid}/document", headers=auth(tokens["read"])).json()
+    VerdictDocument.model_validate(doc)  # the shape the OpenAPI document gives is the one served
     failing = {c["check"] for c in doc["reasons"]}
     assert any("ttft" in c for c in failing)
     assert not find_processes(tag), "engines outlived the gate"
@@ -193,6 +195,7 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     r = app_client.post(f"/v1/gates/{gid}:rejudge", json=loose, headers=auth(tokens["run"]))
     assert r.status_code == 200, r.text
     redo = r.json()
+    RejudgeResult.model_validate(redo)
     ttft = [c for c in redo["checks"] if c["metric"] == "ttft" and c.get("quantile")]
     assert ttft and all(c["decision"] == "pass" for c in ttft), ttft
     # and under its own default policy, the stored samples still hold on TTFT
@@ -296,6 +299,8 @@ def test_cancel_a_running_gate_tears_it_down(
     mine = [x for x in res if x["gate_id"] == gid]
     assert mine and mine[0]["state"] == "released"
     assert app_client.get("/v1/reservations", headers=read).json() == []
+    cancelled = app_client.get(f"/v1/gates/{gid}/document", headers=read).json()
+    assert VerdictDocument.model_validate(cancelled).verdict == "hold"
 
 
 def test_stopping_the_service_cancels_its_running_gates(

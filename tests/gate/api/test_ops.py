@@ -7,6 +7,7 @@ from apitools import auth
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.core.settings import Settings
 from gate.runs import store
 from gate.spec import parse_spec
@@ -20,6 +21,13 @@ def test_capacity_and_inventory(app_client: TestClient, tokens: dict[str, str]) 
     inv = app_client.get("/v1/inventory", headers=read).json()
     assert inv["gpus"] == sum(n["gpus"] for n in inv["nodes"])
     assert inv["held_by_gates"] == 0
+    # The shapes the OpenAPI document gives for them are the shapes served
+    CapacityDoc.model_validate(cap)
+    InventoryDoc.model_validate(inv)
+    blocked = app_client.get("/v1/capacity?shape=sku=B200,gpus_per_engine=8", headers=read)
+    assert blocked.status_code == 200, blocked.text
+    none = CapacityDoc.model_validate(blocked.json())
+    assert none.gates == 0 and none.blocked is not None
     bad = app_client.get("/v1/capacity?shape=gpus_per_engine=lots", headers=read)
     assert bad.status_code == 422
     assert bad.json()["error"]["problems"][0]["path"] == "shape"
