@@ -305,6 +305,32 @@ async def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> Response:
     return Response(hit, media_type="application/json")
 
 
+class PhaseView(BaseModel):
+    id: int = Field(description="increasing; pass the last one seen as `after`")
+    role: Literal["gate", "reference", "candidate"]
+    phase: str
+    at_s: float = Field(description="seconds since the gate started (monotonic)")
+    detail: str | None
+
+
+@router.get(
+    "/gates/{gate_id}/phases",
+    response_model=list[PhaseView],
+    responses={**ERRORS, **NOT_FOUND},
+    summary="The gate's and its engines' lifecycle phases so far, in order",
+)
+def phases(
+    gate_id: str,
+    ctx: CtxDep,
+    _: ReadDep,
+    after: Annotated[int, Query(ge=0, le=2**62, description="only phases after this id")] = 0,
+) -> list[PhaseView]:
+    rows = store.list_phases(ctx.factory, gate_id, after)
+    return [
+        PhaseView(id=p.id, role=p.role, phase=p.phase, at_s=p.at_s, detail=p.detail) for p in rows
+    ]
+
+
 @router.get(
     "/gates/{gate_id}/document",
     responses={200: {"model": VerdictDocument}, **ERRORS, **NOT_FOUND, **CONFLICT},

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import reading, transaction
 from gate.core.errors import GateError
-from gate.models import GateRun, GpuLease, Reservation
+from gate.models import GatePhase, GateRun, GpuLease, Reservation
 from gate.spec import GateSpec, spec_to_dict
 
 FINISHED = ("complete", "error", "cancelled")
@@ -114,6 +114,23 @@ def get_gate(factory: sessionmaker[Session], gate_id: str) -> GateRun:
         if run is None:
             raise GateNotFound(gate_id)
         return run
+
+
+def list_phases(
+    factory: sessionmaker[Session], gate_id: str, after_id: int = 0, limit: int = 500
+) -> list[GatePhase]:
+    """The gate's and its engines' phases recorded after phase row `after_id`, in order."""
+    with reading(factory) as s:
+        if s.get(GateRun, gate_id) is None:
+            raise GateNotFound(gate_id)
+        return list(
+            s.scalars(
+                select(GatePhase)
+                .where(GatePhase.gate_id == gate_id, GatePhase.id > after_id)
+                .order_by(GatePhase.id)
+                .limit(limit)
+            )
+        )
 
 
 @dataclass(frozen=True)

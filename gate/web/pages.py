@@ -293,7 +293,7 @@ def gate_page(request: Request, gate_id: str) -> Response:
         )
     with transaction(ctx.factory) as s:
         phases = s.scalars(
-            select(GatePhase).where(GatePhase.gate_id == gate_id).order_by(GatePhase.at_s)
+            select(GatePhase).where(GatePhase.gate_id == gate_id).order_by(GatePhase.id)
         ).all()
     return _page(
         request,

@@ -1,5 +1,6 @@
 // Live progress of a running gate: poll the JSON API every second, update the phase and the
-// progress bar in place, and reload once when the gate has finished (to show its report).
+// progress bar in place, append the phases recorded since the last poll to the phases table,
+// and reload once when the gate has finished (to show its report).
 // Text only (textContent), never markup: every value may come from an engine.
 (function () {
   "use strict";
@@ -14,6 +15,37 @@
   var note = document.getElementById("live-note");
   var delay = 1000;
   var reloading = false;
+  var rows = document.getElementById("live-phases");
+  var after = rows ? Number(rows.getAttribute("data-after")) || 0 : 0;
+
+  function cell(row, value, cls) {
+    var td = document.createElement("td");
+    if (cls) { td.className = cls; }
+    td.textContent = value;
+    row.appendChild(td);
+  }
+
+  function addPhases(list) {
+    for (var i = 0; i < list.length; i++) {
+      var p = list[i];
+      if (p.id <= after) { continue; }
+      var tr = document.createElement("tr");
+      cell(tr, Number(p.at_s).toFixed(2) + " s", "num");
+      cell(tr, String(p.role), "");
+      cell(tr, String(p.phase), "mono");
+      cell(tr, p.detail === null || p.detail === undefined ? "" : String(p.detail), "mono");
+      rows.appendChild(tr);
+      after = p.id;
+    }
+  }
+
+  function pollPhases() {
+    if (!rows) { return Promise.resolve(); }
+    var u = rows.getAttribute("data-poll") + "?after=" + after;
+    return fetch(u, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
+      .then(function (r) { return r.ok ? r.json() : []; })
+      .then(addPhases);
+  }
 
   function describe(g) {
     var p = g.progress;
@@ -49,6 +81,9 @@
         }
         if (!r.ok) { throw new Error("HTTP " + r.status); }
         return r.json();
+      })
+      .then(function (g) {
+        return pollPhases().then(function () { return g; });
       })
       .then(function (g) {
         delay = 1000;

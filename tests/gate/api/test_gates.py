@@ -183,6 +183,14 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     assert "TTFT" in summary["reason"]
     doc = app_client.get(f"/v1/gates/{gid}/document", headers=auth(tokens["read"])).json()
     VerdictDocument.model_validate(doc)  # the shape the OpenAPI document gives is the one served
+    read = auth(tokens["read"])
+    seen = app_client.get(f"/v1/gates/{gid}/phases", headers=read).json()
+    assert seen[0]["role"] == "gate" and seen[0]["phase"] == "requested"
+    assert {"released", "judging"} <= {p["phase"] for p in seen if p["role"] == "gate"}
+    assert [p["id"] for p in seen] == sorted(p["id"] for p in seen)
+    later = app_client.get(f"/v1/gates/{gid}/phases?after={seen[2]['id']}", headers=read).json()
+    assert later == seen[3:]
+    assert app_client.get("/v1/gates/nope/phases", headers=read).status_code == 404
     failing = {c["check"] for c in doc["reasons"]}
     assert any("ttft" in c for c in failing)
     assert not find_processes(tag), "engines outlived the gate"

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.api.app import create_app
 from gate.core.database import transaction
 from gate.core.settings import Settings
-from gate.models import GateRun, SampleSet
+from gate.models import GatePhase, GateRun, SampleSet
 from gate.runs.samples import Columns, columns_from_records
 from loadgen.records import RequestRecord
 
@@ -270,6 +270,10 @@ class Seed:
                 )
             )
         return gate_id
+
+    def phase(self, gate_id: str, role: str, phase: str, at_s: float, detail: str) -> None:
+        with transaction(self.factory) as s:
+            s.add(GatePhase(gate_id=gate_id, role=role, phase=phase, at_s=at_s, detail=detail))
 
     def update(self, gate_id: str, **fields: Any) -> None:
         with transaction(self.factory) as s:

@@ -289,6 +289,20 @@ def test_live_page_follows_the_gate_then_shows_its_report(
     assert pg.locator("#live-phase").inner_text() == "scenario:steady"
     assert pg.evaluate("() => document.getElementById('live-bar').value") == 25
 
+    # New phases join the phases table as they are recorded, as text.
+    assert pg.locator("#live-phases tr").count() == 0
+    s.phase(gid, "candidate", "model_listed", 1.25, "demo-model")
+    s.phase(gid, "gate", "scenario:steady", 2.5, wt.SCRIPT)
+    pg.wait_for_function(
+        "() => document.querySelectorAll('#live-phases tr').length === 2", timeout=10_000
+    )
+    cells = pg.locator("#live-phases tr").nth(1).locator("td").all_inner_texts()
+    assert cells == ["2.50 s", "gate", "scenario:steady", wt.SCRIPT]
+    s.phase(gid, "reference", "ready", 3.0, "")
+    pg.wait_for_function(
+        "() => document.querySelectorAll('#live-phases tr').length === 3", timeout=10_000
+    )
+
     # Engine-chosen names arrive as text, never markup.
     s.update(
         gid, phase=f"scenario:{wt.IMG}", progress={"scenario": wt.SCRIPT, "done": 90, "total": 120}
