@@ -233,6 +233,19 @@ def gate_server(tmp_path: Path, allow: list[str]) -> Iterator[str]:
 SECRET_FOR_DOCS = "doc-test-secret"
 
 
+def run_script(script: str, env: dict[str, str]) -> Any:
+    """A documented CI script in bash, as the CI system runs it; its JSON answer."""
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def first_status(receiver: Any) -> tuple[dict[str, str], dict[str, Any]]:
     deadline = time.monotonic() + 60
     while not receiver.calls and time.monotonic() < deadline:
@@ -261,28 +274,12 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
             "GITHUB_SHA": "abc123",
             "GITHUB_API_URL": receiver.url,
         }
-        done = subprocess.run(
-            ["bash", "-c", step["run"]],
-            env={**os.environ, **step_env, **github},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        accepted = json.loads(done.stdout)
+        accepted = run_script(step["run"], {**step_env, **github})
         assert accepted["duplicate"] is False
         gid = accepted["gate"]["id"]
         # the step retried within the same job attempt: the same delivery with a fresh
         # timestamp, signed anew; the first gate comes back and nothing new starts
-        again = subprocess.run(
-            ["bash", "-c", step["run"]],
-            env={**os.environ, **step_env, **github},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert again.returncode == 0, again.stderr
-        retried = json.loads(again.stdout)
+        retried = run_script(step["run"], {**step_env, **github})
         assert retried["duplicate"] is True and retried["gate"]["id"] == gid
         headers, status = first_status(receiver)
         assert headers["Authorization"] == "Bearer status-writer"
@@ -316,15 +313,7 @@ def test_gitlab_ci_job_as_written(tmp_path: Path, receiver: Any) -> None:
         variables["GATE_URL"] = base
         assert variables["CANDIDATE_IMAGE"] == "registry.gitlab.example/acme/llm/vllm-openai:abc123"
         (script,) = job["script"]
-        done = subprocess.run(
-            ["bash", "-c", "set -euo pipefail\n" + script],
-            env={**os.environ, **gitlab, **variables},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        accepted = json.loads(done.stdout)
+        accepted = run_script("set -euo pipefail\n" + script, {**gitlab, **variables})
         gid = accepted["gate"]["id"]
         assert accepted["duplicate"] is False and accepted["delivery_id"] == "acme/llm/1001/5005"
         headers, status = first_status(receiver)

@@ -32,6 +32,18 @@ def _engine(tmp_path: Path, argv: list[str], timeout: float = 20.0, **kw: object
     )
 
 
+def _start_then_stop(eng: ProcessEngine) -> None:
+    """Start the engine and always stop it, whatever starting raised."""
+
+    async def go() -> None:
+        try:
+            await eng.start()
+        finally:
+            await eng.stop()
+
+    asyncio.run(go())
+
+
 def test_render_argv_fills_placeholders_without_a_shell() -> None:
     argv = render_argv(
         ["vllm", "serve", "{model}", "--port={port}", "--tp", "{tp}", "$(rm -rf /)"],
@@ -96,14 +108,8 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
 def test_a_program_that_cannot_start_is_named_at_process_up(tmp_path: Path) -> None:
     eng = _engine(tmp_path, [str(tmp_path / "no-such-engine"), "--port", "{port}"])
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     with pytest.raises(EngineError) as info:
-        asyncio.run(go())
+        _start_then_stop(eng)
     assert info.value.phase == "process_up"
     assert "could not start" in info.value.message and "no-such-engine" in info.value.message
     assert list(eng.phases.reached) == ["launched"]
@@ -115,14 +121,8 @@ def test_hang_at_startup_times_out_naming_the_phase(
     tag = uuid.uuid4().hex
     eng = _engine(tmp_path, [sys.executable, "-c", "import time; time.sleep(60)", tag], timeout=1.0)
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     with pytest.raises(ReadinessTimeout) as info:
-        asyncio.run(go())
+        _start_then_stop(eng)
     assert info.value.phase == "port_open"
     assert "stuck in phase port_open" in info.value.message
     assert find_processes(tag) == []
@@ -134,14 +134,8 @@ def test_stuck_in_warmup_names_healthy(
     tag = uuid.uuid4().hex
     eng = _engine(tmp_path, [*SIM, "--warmup-s", "30", "--tag", tag], timeout=1.5)
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     with pytest.raises(ReadinessTimeout) as info:
-        asyncio.run(go())
+        _start_then_stop(eng)
     assert info.value.phase == "healthy" and "503" in info.value.message
     assert find_processes(tag) == []
 
@@ -149,14 +143,8 @@ def test_stuck_in_warmup_names_healthy(
 def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
     eng = _engine(tmp_path, [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"])
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     with pytest.raises(EngineError, match="exited with code 3"):
-        asyncio.run(go())
+        _start_then_stop(eng)
     assert "bad flag" in "\n".join(eng.log_tail())
 
 
@@ -165,14 +153,8 @@ def test_wrong_model_is_named(tmp_path: Path, find_processes: Callable[[str], li
     argv = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"]
     eng = _engine(tmp_path, [*argv, "--tag", tag])
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     with pytest.raises(EngineError, match="does not serve model 'demo-model'") as info:
-        asyncio.run(go())
+        _start_then_stop(eng)
     assert info.value.phase == "model_listed"
     assert find_processes(tag) == []
 
@@ -270,14 +252,8 @@ def test_taken_port_is_retried_on_a_fresh_one(tmp_path: Path) -> None:
     eng = _engine(tmp_path, [*SIM, "--load-s", "0"])
     eng.port, eng.base_url = taken, f"http://127.0.0.1:{taken}"
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
     try:
-        asyncio.run(go())
+        _start_then_stop(eng)
     finally:
         squatter.close()
     assert eng.port != taken
@@ -313,11 +289,5 @@ def test_sim_preset_launches(tmp_path: Path) -> None:
 
     eng = _engine(tmp_path, preset_argv("sim", args=("--load-s", "0")))
 
-    async def go() -> None:
-        try:
-            await eng.start()
-        finally:
-            await eng.stop()
-
-    asyncio.run(go())
+    _start_then_stop(eng)
     assert "model_listed" in eng.phases.reached
