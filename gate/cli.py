@@ -146,9 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(spec, settings, args)
         return 0 if code in (0, 1) else code
     try:
+        from gate.runs.requests import command_line_url_problems
         from gate.spec import load_spec
 
         spec = load_spec(args.spec)
+        if problems := command_line_url_problems(spec, settings):
+            raise SpecError(problems, str(args.spec))
     except SpecError as exc:
         return _spec_error(exc, args.json)
     return _run(spec, settings, args)

@@ -3,17 +3,17 @@ object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gate.access.tokens import digest
 from gate.analysis.policy import Policy
-from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep
+from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep, request_token
 from gate.api.documents import RejudgeResult, VerdictDocument
 from gate.core.errors import FieldProblem, SpecError
 from gate.core.settings import Settings
@@ -196,6 +196,13 @@ def view(run: GateRun) -> GateView:
     )
 
 
+def caller_of(request: Request, token: str | None = None) -> str:
+    """Who asked, for scoping idempotency keys: the SHA-256 of the credential presented (a
+    bearer token, or the pages' session), never the credential itself."""
+    credential = token or request_token(request) or ""
+    return digest(credential) if credential else "anonymous"
+
+
 def submit(
     ctx: Ctx,
     spec: GateSpec,
@@ -223,12 +230,17 @@ def create(
     body: CreateGate,
     ctx: CtxDep,
     _: RunDep,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
 ) -> GateView:
     """Queue a gate; 202 with its id and links. With an `Idempotency-Key` header, a repeat
-    returns the first gate (200) instead of starting another."""
-    run, created = submit(ctx, body.resolve(ctx.settings), "api", idempotency_key)
+    returns the first gate (200) instead of starting another. Keys are per token: another
+    token's key never names this gate; the same key with another spec is 409."""
+    key = None
+    if idempotency_key is not None:
+        key = store.scoped_key("api", caller_of(request), idempotency_key)
+    run, created = submit(ctx, body.resolve(ctx.settings), "api", key)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/gates/{run.id}"
@@ -241,13 +253,15 @@ def create(
     responses=ERRORS,
     summary="Find or start the gate for this reference, candidate and spec (Argo Rollouts)",
 )
-def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep) -> VerdictSummary:
-    """Idempotent: polling this with the same body never starts a second gate. Always 200
-    with the small verdict object; `verdict` is null until the gate is decided."""
+def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep, request: Request) -> VerdictSummary:
+    """Idempotent: polling this with the same body and token never starts a second gate.
+    Always 200 with the small verdict object; `verdict` is null until the gate is decided.
+    The gate is this token's: another token with the same body gets its own gate."""
     spec = body.resolve(ctx.settings)
-    key = store.spec_key(spec)
+    parts = [store.spec_key(spec)]
     if body.key is not None:  # another run of the same spec, never another spec's gate
-        key = hashlib.sha256(f"{key}\0{body.key}".encode()).hexdigest()
+        parts.append(body.key)
+    key = store.scoped_key("argo", caller_of(request), *parts)
     run = submit(ctx, spec, "argo", key)[0]
     return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
 

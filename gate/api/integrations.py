@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from gate.api.deps import CtxDep, authorize, request_token
-from gate.api.gates import ERRORS, CreateGate, VerdictSummary, submit
+from gate.api.gates import ERRORS, CreateGate, VerdictSummary, caller_of, submit
 from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
 from gate.integrations.callbacks import allowed
@@ -42,7 +42,7 @@ class FlaggerHook(BaseModel):
 FlaggerType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
 
 
-def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
+def _flagger_gate(ctx: CtxDep, hook: FlaggerHook, caller: str) -> GateRun:
     """The gate of this canary revision: Flagger's checksum is the idempotency key, so every
     call of every hook for one revision sees the same gate."""
     md = hook.metadata
@@ -71,16 +71,20 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook) -> GateRun:
         source="flagger",
     )
     revision = hook.checksum or store.spec_key(spec)
-    raw = f"flagger:{hook.namespace}/{hook.name}:{revision}:{store.spec_key(spec)}"
-    key = hashlib.sha256(raw.encode()).hexdigest()
+    key = store.scoped_key(
+        "flagger", caller, f"{hook.namespace}/{hook.name}", revision, store.spec_key(spec)
+    )
     run = submit(ctx, spec, "flagger", key)[0]
     return run
 
 
-def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> None:
+def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> str:
     """Flagger cannot send headers: its token may come in `metadata.token` (keep the Canary
-    object as secret as the token) or, behind a proxy that adds it, the Authorization header."""
-    authorize(ctx, request_token(request) or hook.metadata.get("token"), "run")
+    object as secret as the token) or, behind a proxy that adds it, the Authorization header.
+    Returns who asked (the token's digest), which scopes the gate's key."""
+    token = request_token(request) or hook.metadata.get("token")
+    authorize(ctx, token, "run")
+    return caller_of(request, token)
 
 
 @router.post(
@@ -96,8 +100,7 @@ def flagger(hook_type: FlaggerType, hook: FlaggerHook, request: Request, ctx: Ct
     """confirm-rollout / confirm-promotion answer 200 only when the gate says continue (403
     with the reason while it runs or on hold: Flagger keeps waiting or halts); rollback
     answers 200 when the gate holds (Flagger then rolls back), 403 otherwise."""
-    _flagger_token(request, ctx, hook)
-    run = _flagger_gate(ctx, hook)
+    run = _flagger_gate(ctx, hook, _flagger_token(request, ctx, hook))
     summary = store.verdict_summary(run, ctx.settings.public_url)
     wanted = "hold" if hook_type == "rollback" else "continue"
     status = 200 if summary["verdict"] == wanted else 403
@@ -118,7 +121,9 @@ class CiDelivery(CreateGate):
     gate is given as to `POST /v1/gates`."""
 
     delivery_id: str = Field(min_length=1, max_length=128)
-    timestamp: float = Field(description="unix seconds when the delivery was made")
+    timestamp: float = Field(
+        allow_inf_nan=False, description="unix seconds when the delivery was made"
+    )
     callback: Callback | None = None
 
 
@@ -164,7 +169,7 @@ async def ci_webhook(
         ]
         raise SpecError(problems, "webhook body") from None
     age = time.time() - delivery.timestamp
-    if abs(age) > ctx.settings.webhook_max_age_s:
+    if outside_window(age, ctx.settings.webhook_max_age_s):
         raise HTTPException(
             401,
             detail=f"timestamp: the delivery is {age:.0f}s old; the window is "
@@ -199,6 +204,12 @@ async def ci_webhook(
         gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
     )
     return JSONResponse(out.model_dump(mode="json"), status_code=202 if created else 200)
+
+
+def outside_window(age_s: float, max_age_s: float) -> bool:
+    """Written so that NaN is outside: every comparison with NaN is false, so `abs(age) >
+    max_age` would let a NaN timestamp in (gate.api.guards refuses NaN bodies first)."""
+    return not abs(age_s) <= max_age_s
 
 
 def _content_digest(delivery: CiDelivery) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,14 +69,40 @@ class Settings(BaseSettings):
         "no-op, so this only bounds how long a gate whose worker died before claiming it "
         "stays pending.",
     )
-    api_process_engines: bool = Field(
-        default=False,
-        description="Accept specs sent over the API or webhooks that launch local programs "
-        "(`command`, or a preset with `binary`/`python`) on the worker's host. Off: such "
-        "engines come only from named specs in spec_dir, which the operator controls.",
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Engine templates API callers may name (`engine: NAME` with `params`), as "
+        "JSON: {NAME: {engine: {...}, params: {...}}}; also GATE_SPEC_DIR/engines/NAME.yaml. "
+        "A request can launch nothing else (gate/engines/templates.py).",
+    )
+    engine_url_allow: list[str] = Field(
+        default_factory=list,
+        description="Hosts a `url` engine may point to: host names, `.domain` suffixes, "
+        "`host:port`, IP addresses or CIDR networks. Empty (the default): requests may name "
+        "no URL; the command line also allows loopback. Link-local and cloud metadata "
+        "addresses are refused whatever this says.",
+    )
+    image_allow: list[str] = Field(
+        default_factory=list,
+        description="Image repositories (exact, or prefixes ending in '/') a request may put "
+        "in a named spec's kubernetes engine (`candidate_image`); the spec's own repository "
+        "is always allowed (another tag or digest of the image the operator named).",
     )
     open_reads: bool = Field(
         default=False, description="Let requests without a token read gates and verdicts."
+    )
+    open_metrics: bool = Field(
+        default=False,
+        description="Let anyone scrape /metrics without a token (GATE_OPEN_METRICS). Off: "
+        "/metrics needs a token with the read scope (Prometheus: `authorization: "
+        "{credentials: <token>}`), unless open_reads opens every read.",
+    )
+    session_max_age_s: float = Field(
+        default=12 * 3600.0,
+        gt=0,
+        le=7 * 86400.0,
+        description="Lifetime of a report-page sign-in (a server-side session; the cookie "
+        "carries only its secret). Signing out or revoking its token ends it sooner.",
     )
     webhook_secret: str | None = Field(
         default=None, description="HMAC-SHA256 secret of the CI webhook (unset: webhook off)."

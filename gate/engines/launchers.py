@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from gate.access.network import UrlRefused, check_always
 from gate.core.errors import EngineError
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
 from gate.engines.readiness import wait_ready
@@ -286,6 +287,10 @@ class EndpointEngine:
 
     async def start(self) -> None:
         self.phases.mark("attached", self.base_url)
+        try:  # the spec checked the URL's syntax; what its name resolves to is checked now
+            await asyncio.to_thread(check_always, self.base_url)
+        except UrlRefused as exc:
+            raise EngineError(self.role, "attached", f"at {self.base_url} refused: {exc}") from None
         await wait_ready(
             role=self.role,
             base_url=self.base_url,

@@ -1,14 +1,36 @@
-"""Turn what a caller sends (a whole spec, or the name of a stored spec with the reference and
-candidate given separately) into a validated GateSpec. Every mistake is named by its field."""
+"""Turn what a caller sends into a validated GateSpec, allowing only what the operator allowed.
+
+Two kinds of spec reach a gate. The operator's (spec files in GATE_SPEC_DIR, the command line)
+are trusted as written. A caller's (REST, `gates:ensure`, Flagger, the CI webhook) is an
+allow-list: its engines are templates the operator defined (`{engine: NAME, params: {...}}`,
+gate/engines/templates.py) or URLs on GATE_ENGINE_URL_ALLOW, a named spec's image may become
+another tag of its own repository or one on GATE_IMAGE_ALLOW, and the inventory is the
+operator's. Anything else is refused with its field path and the setting that would allow it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from gate.access.network import UrlRefused, check_allowed
 from gate.core.errors import FieldProblem, SpecError
 from gate.core.settings import Settings
+from gate.engines.templates import EngineTemplate, fill, image_allowed, image_repository
 from gate.spec import NAME_RE, GateSpec, load_spec, parse_spec, spec_to_dict
+
+CALLER_ENGINE_KEYS = ("engine", "params", "url", "readiness_timeout_s")
+NOT_FROM_A_REQUEST = (
+    "a request may not set this; the operator allows engines as templates "
+    "(GATE_SPEC_DIR/engines/NAME.yaml or GATE_ENGINES: send `engine: NAME` with its `params`) "
+    "or as URLs on GATE_ENGINE_URL_ALLOW (send `url`)"
+)
+# What a refused engine is replaced by while the rest of the spec is checked: its problems are
+# already named, and the spec's own rules should not repeat them in other words.
+_STAND_IN = {"url": "http://127.0.0.1"}
+INVENTORY_IS_THE_OPERATORS = (
+    "a request may not choose the inventory: the operator sets it (GATE_INVENTORY)"
+)
 
 
 def resolve_spec(
@@ -22,13 +44,14 @@ def resolve_spec(
     candidate_image: str | None = None,
     source: str = "request",
 ) -> GateSpec:
-    """`spec` inline, or `spec_name` from settings.spec_dir; `reference`/`candidate`, when
-    given, replace the spec's engines; `reference_image`/`candidate_image` replace only the
-    image of a Kubernetes engine (what a rollout controller knows: the new image)."""
-    if not settings.api_process_engines:
-        _refuse_local_programs(spec, reference, candidate, source)
+    """`spec` inline (a caller's, checked against the allow-lists), or `spec_name` from
+    settings.spec_dir (the operator's); `reference`/`candidate`, when given, replace the
+    spec's engines (as a caller's engines); `reference_image`/`candidate_image` replace only
+    the image of a named spec's Kubernetes engine (what a rollout controller knows)."""
     if (spec is None) == (spec_name is None):
         raise SpecError([FieldProblem("spec", "give exactly one of `spec` or `spec_name`")], source)
+    callers = _CallerEngines(settings)
+    problems: list[FieldProblem] = []
     if spec_name is not None:
         data: dict[str, Any] = spec_to_dict(_named(settings, spec_name, source))
         where = f"spec {spec_name!r}"
@@ -36,16 +59,26 @@ def resolve_spec(
         assert spec is not None
         data = dict(spec)
         where = source
-    if reference is not None:
-        data["reference"] = dict(reference)
-    if candidate is not None:
-        data["candidate"] = dict(candidate)
-    problems: list[FieldProblem] = []
+        if data.get("inventory") is not None:
+            problems.append(FieldProblem("inventory", INVENTORY_IS_THE_OPERATORS))
+        for role in ("reference", "candidate"):
+            if role in data:
+                data[role] = callers.engine(role, data[role], problems)
+    for role, given in (("reference", reference), ("candidate", candidate)):
+        if given is not None:
+            data[role] = callers.engine(role, given, problems)
     for role, image in (("reference", reference_image), ("candidate", candidate_image)):
         if image is None:
             continue
         engine = data.get(role)
-        if not isinstance(engine, Mapping) or not isinstance(engine.get("kubernetes"), Mapping):
+        if spec_name is None or not isinstance(engine, Mapping):
+            problems.append(
+                FieldProblem(
+                    f"{role}_image", "goes with `spec_name`: it replaces a named spec's image"
+                )
+            )
+            continue
+        if not isinstance(engine.get("kubernetes"), Mapping):
             problems.append(
                 FieldProblem(
                     f"{role}_image",
@@ -53,10 +86,102 @@ def resolve_spec(
                 )
             )
             continue
+        own = str(engine["kubernetes"].get("image", ""))
+        allow = [image_repository(own), *settings.image_allow]
+        if not image_allowed(image, allow):
+            problems.append(
+                FieldProblem(
+                    f"{role}_image",
+                    f"repository {image_repository(image)!r} is neither the spec's own "
+                    f"({image_repository(own)!r}) nor on GATE_IMAGE_ALLOW",
+                )
+            )
+            continue
         data[role] = {**engine, "kubernetes": {**engine["kubernetes"], "image": image}}
+    try:
+        parsed = parse_spec(data, where)
+    except SpecError as exc:  # every mistake at once: the allow-list's and the spec's
+        seen = [p.path for p in problems]
+        problems += [
+            p for p in exc.problems if not any(p.path == s or p.path.startswith(s) for s in seen)
+        ]
+        raise SpecError(problems, where) from None
     if problems:
         raise SpecError(problems, where)
-    return parse_spec(data, where)
+    return parsed
+
+
+class _CallerEngines:
+    """A caller's engine made into a spec engine: a template filled in, or an allowed URL."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._templates: dict[str, EngineTemplate] | None = None
+
+    def templates(self) -> dict[str, EngineTemplate]:
+        if self._templates is None:
+            from gate.engines.templates import load_templates
+
+            self._templates = load_templates(self.settings.spec_dir, self.settings.engines)
+        return self._templates
+
+    def engine(self, role: str, given: Any, problems: list[FieldProblem]) -> Any:
+        if not isinstance(given, Mapping):
+            return given  # the spec's own validation names it
+        refused = [k for k in given if k not in CALLER_ENGINE_KEYS]
+        for key in refused:
+            problems.append(FieldProblem(f"{role}.{key}", NOT_FROM_A_REQUEST))
+        if refused:
+            return dict(_STAND_IN)
+        if given.get("engine") is not None:
+            return self._template(role, given, problems)
+        if "params" in given:
+            problems.append(FieldProblem(f"{role}.params", "goes with `engine: NAME`"))
+            return dict(_STAND_IN)
+        url = given.get("url")
+        if isinstance(url, str):
+            try:
+                clean = check_allowed(url, self.settings.engine_url_allow, loopback=False)
+            except UrlRefused as exc:
+                problems.append(FieldProblem(f"{role}.url", str(exc)))
+                return dict(_STAND_IN)
+            return {**given, "url": clean}
+        return given
+
+    def _template(self, role: str, given: Mapping[str, Any], problems: list[FieldProblem]) -> Any:
+        name = given["engine"]
+        for key in ("url", "readiness_timeout_s"):
+            if key in given:
+                problems.append(
+                    FieldProblem(
+                        f"{role}.{key}",
+                        "an engine template decides this; send only `engine` and `params`",
+                    )
+                )
+        if not isinstance(name, str):
+            problems.append(FieldProblem(f"{role}.engine", "must be a template's name"))
+            return dict(_STAND_IN)
+        templates = self.templates()
+        template = templates.get(name)
+        if template is None:
+            known = ", ".join(sorted(templates)) or "none are defined"
+            problems.append(
+                FieldProblem(
+                    f"{role}.engine",
+                    f"no engine template named {name[:64]!r} (GATE_SPEC_DIR/engines/ or "
+                    f"GATE_ENGINES; the templates: {known})",
+                )
+            )
+            return dict(_STAND_IN)
+        params = given.get("params") or {}
+        if not isinstance(params, Mapping):
+            problems.append(FieldProblem(f"{role}.params", "must be a mapping of parameters"))
+            return dict(_STAND_IN)
+        try:
+            return fill(template, params, role)
+        except SpecError as exc:
+            problems.extend(exc.problems)
+            return dict(_STAND_IN)
 
 
 def _named(settings: Settings, name: str, source: str) -> GateSpec:
@@ -75,29 +200,15 @@ def _named(settings: Settings, name: str, source: str) -> GateSpec:
     raise SpecError([FieldProblem("spec_name", f"no spec named {name!r} in GATE_SPEC_DIR")], source)
 
 
-LOCAL_PROGRAMS = (
-    "launching local programs from a request is off (set GATE_API_PROCESS_ENGINES=true, or "
-    "put the spec in GATE_SPEC_DIR and send its name)"
-)
-
-
-def _refuse_local_programs(
-    spec: Mapping[str, Any] | None,
-    reference: Mapping[str, Any] | None,
-    candidate: Mapping[str, Any] | None,
-    source: str,
-) -> None:
-    """A request may name images and URLs, but not programs to run on the worker's host."""
-    engines: list[tuple[str, Any]] = []
-    if isinstance(spec, Mapping):
-        engines += [(role, spec.get(role)) for role in ("reference", "candidate")]
-    engines += [("reference", reference), ("candidate", candidate)]
+def command_line_url_problems(spec: GateSpec, settings: Settings) -> list[FieldProblem]:
+    """The command line attaches to loopback and to GATE_ENGINE_URL_ALLOW, nothing else."""
     problems = []
-    for role, eng in engines:
-        if not isinstance(eng, Mapping):
+    for role in ("reference", "candidate"):
+        url = getattr(spec, role).url
+        if url is None:
             continue
-        for key in ("command", "binary", "python", "cwd"):
-            if eng.get(key) is not None:
-                problems.append(FieldProblem(f"{role}.{key}", LOCAL_PROGRAMS))
-    if problems:
-        raise SpecError(problems, source)
+        try:
+            check_allowed(url, settings.engine_url_allow, loopback=True)
+        except UrlRefused as exc:
+            problems.append(FieldProblem(f"{role}.url", str(exc)))
+    return problems

@@ -59,6 +59,25 @@ def spec_key(spec: GateSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def scoped_key(source: str, caller: str, *parts: str) -> str:
+    """An idempotency key in the namespace of one source and one caller: the same words from
+    another system, or from another token, never name the same gate (`Idempotency-Key: x`
+    from CI job A is not Argo's `x`, nor job B's)."""
+    raw = "\0".join((source, caller, *parts))
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _same_gate(run: GateRun, spec: GateSpec, source: str) -> bool:
+    from gate.spec import parse_spec
+
+    if run.source != source:
+        return False
+    try:
+        return spec_key(parse_spec(run.spec, "stored spec")) == spec_key(spec)
+    except GateError:
+        return False
+
+
 def create_gate(
     factory: sessionmaker[Session],
     spec: GateSpec,
@@ -68,13 +87,14 @@ def create_gate(
     callback: dict[str, Any] | None = None,
 ) -> tuple[GateRun, bool]:
     """A pending gate for `spec`; with a key, the gate already made under it if there is
-    one. Returns (gate, created)."""
+    one, which must be a gate of the same source for the same spec (else GateConflict: a key
+    never hands one caller's verdict to another request). Returns (gate, created)."""
     import uuid
 
     if idempotency_key is not None:
         existing = find_by_key(factory, idempotency_key)
         if existing is not None:
-            return existing, False
+            return _reused(existing, spec, source), False
     run = GateRun(
         id=uuid.uuid4().hex,
         name=spec.name,
@@ -99,8 +119,17 @@ def create_gate(
         existing = find_by_key(factory, idempotency_key)  # a concurrent ensure won the race
         if existing is None:
             raise
-        return existing, False
+        return _reused(existing, spec, source), False
     return run, True
+
+
+def _reused(existing: GateRun, spec: GateSpec, source: str) -> GateRun:
+    if not _same_gate(existing, spec, source):
+        raise GateConflict(
+            f"this idempotency key already names gate {existing.id}, which is for another "
+            "spec or candidate; use a new key for a new gate"
+        )
+    return existing
 
 
 def find_by_key(factory: sessionmaker[Session], key: str) -> GateRun | None:

@@ -15,7 +15,46 @@ from gate.core.settings import Settings
 SECRET = "test-webhook-secret"
 
 
+SIM_TEMPLATE: dict[str, Any] = {
+    "description": "the simulated engine, as an operator would offer it to API callers",
+    "engine": {
+        "command": [
+            sys.executable,
+            "-m",
+            "gate.engines.sim",
+            "--port",
+            "{port}",
+            "--model",
+            "{model}",
+            "--tag",
+            "{tag}",
+            "--seed",
+            "{seed}",
+            "--ttft-ms",
+            "{ttft_ms}",
+        ]
+    },
+    "params": {
+        "tag": {"type": "string", "pattern": "[a-z0-9-]{1,40}"},
+        "seed": {"type": "int", "min": 0, "max": 1000, "default": 1},
+        "ttft_ms": {"type": "number", "min": 1, "max": 10_000, "default": 20},
+    },
+}
+
+
+def sim_engine(tag: str, *flags: str) -> dict[str, Any]:
+    """A caller's engine: the `sim` template with its parameters (`--seed N`, `--ttft-ms X`)."""
+    params: dict[str, Any] = {"tag": tag}
+    names = {"--seed": ("seed", int), "--ttft-ms": ("ttft_ms", float)}
+    it = iter(flags)
+    for flag in it:
+        name, kind = names[flag]  # a flag the template does not offer is a test mistake
+        params[name] = kind(next(it))
+    return {"engine": "sim", "params": params}
+
+
 def sim(tag: str, *flags: str) -> dict[str, Any]:
+    """An operator's engine (a named spec or the command line): the argv as written."""
     return {
         "command": [
             sys.executable,
@@ -33,13 +72,21 @@ def sim(tag: str, *flags: str) -> dict[str, Any]:
 
 
 def spec_dict(
-    tag: str, *, cand_flags: tuple[str, ...] = (), requests: int = 120, rate: float = 40.0
+    tag: str,
+    *,
+    cand_flags: tuple[str, ...] = (),
+    requests: int = 120,
+    rate: float = 40.0,
+    trusted: bool = False,
 ) -> dict[str, Any]:
+    """A gate spec as a caller sends it (engines from the `sim` template), or, `trusted`, as
+    the operator writes one (a named spec in GATE_SPEC_DIR: argv engines)."""
+    engine = sim if trusted else sim_engine
     return {
         "name": "api-test",
         "model": "demo-model",
-        "reference": sim(tag, "--ttft-ms", "20", "--seed", "1"),
-        "candidate": sim(tag, "--ttft-ms", "20", "--seed", "2", *cand_flags),
+        "reference": engine(tag, "--ttft-ms", "20", "--seed", "1"),
+        "candidate": engine(tag, "--ttft-ms", "20", "--seed", "2", *cand_flags),
         "shape": {"sku": "H200", "gpus_per_engine": 1},
         "scenarios": [
             {

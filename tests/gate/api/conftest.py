@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apitools import SECRET
+from apitools import SECRET, SIM_TEMPLATE
 from fastapi.testclient import TestClient
 
 from gate.access.tokens import create_token
@@ -33,7 +33,7 @@ def settings(tmp_path: Path) -> Settings:
         spec_dir=spec_dir,
         webhook_secret=SECRET,
         callback_allow=["http://127.0.0.1:9/allowed/"],
-        api_process_engines=True,  # the tests' engines are sim processes given as argv
+        engines={"sim": SIM_TEMPLATE},  # callers' engines: the sim template's parameters
     )
 
 

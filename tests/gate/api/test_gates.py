@@ -78,25 +78,6 @@ def test_open_reads_lets_reads_through_but_not_runs(settings: Settings, tag: str
         assert c.post("/v1/gates", json={"spec": spec_dict(tag)}).status_code == 401
 
 
-def test_local_programs_are_refused_by_default(settings: Settings, tag: str) -> None:
-    from gate.access.tokens import create_token
-    from gate.api.app import create_app
-
-    app = create_app(settings.model_copy(update={"api_process_engines": False}))
-    with TestClient(app) as c:
-        token = create_token(app.state.ctx.factory, "t", ["run"])
-        r = c.post("/v1/gates", json={"spec": spec_dict(tag)}, headers=auth(token))
-        assert r.status_code == 422
-        paths = {p["path"] for p in r.json()["error"]["problems"]}
-        assert paths == {"reference.command", "candidate.command"}
-        assert "GATE_API_PROCESS_ENGINES" in r.text
-        sneaky = {"spec_name": "x", "candidate": {"preset": "sim", "binary": "/bin/sh"}}
-        r = c.post("/v1/gates:ensure", json=sneaky, headers=auth(token))
-        assert r.status_code == 422
-        assert r.json()["error"]["problems"][0]["path"] == "candidate.binary"
-        assert c.get("/v1/gates", headers=auth(token)).json()["total"] == 0
-
-
 def test_spec_mistakes_are_named_by_field(app_client: TestClient, tokens: dict[str, str]) -> None:
     bad = spec_dict("x")
     bad["scenarios"][0]["rate"] = -3

@@ -31,7 +31,7 @@ def flagger_body(checksum: str, **metadata: str) -> dict[str, Any]:
 def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
     app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
 ) -> None:
-    write_named_spec(settings, "llama", spec_dict(tag, requests=400, rate=80))
+    write_named_spec(settings, "llama", spec_dict(tag, requests=400, rate=80, trusted=True))
     body = flagger_body("rev-1", spec="llama", token=tokens["run"])
     first = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=body)
     assert first.status_code == 403  # pending or running: Flagger keeps waiting
@@ -60,7 +60,7 @@ def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
 def test_flagger_candidate_from_metadata_and_hold_triggers_rollback(
     app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
 ) -> None:
-    write_named_spec(settings, "llama", spec_dict(tag, requests=200, rate=80))
+    write_named_spec(settings, "llama", spec_dict(tag, requests=200, rate=80, trusted=True))
     slow = spec_dict(tag, cand_flags=("--ttft-ms", "40"))["candidate"]
     body = flagger_body("rev-9", spec="llama", token=tokens["run"], candidate=json.dumps(slow))
     gid = app_client.post("/v1/webhooks/flagger/rollback", json=body).json()["id"]

@@ -40,7 +40,7 @@ def test_metrics_count_gates_by_state_and_verdict(
     from apitools import spec_dict
 
     factory = app_client.app.state.ctx.factory  # type: ignore[attr-defined]
-    spec = parse_spec(spec_dict("m"))
+    spec = parse_spec(spec_dict("m", trusted=True))
     run, _ = store.create_gate(factory, spec, source="api")
     store.request_cancel(factory, run.id)  # pending -> cancelled at once, hold
     text = app_client.get("/metrics").text

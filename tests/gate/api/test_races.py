@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from apitools import Recording, auth, spec_dict
+from apitools import SIM_TEMPLATE, Recording, auth, spec_dict
 from fastapi.testclient import TestClient
 
 from gate.access.tokens import create_token
@@ -24,7 +24,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_concurrent_ensures_start_one_gate(database: str, tmp_path: Path) -> None:
     app = create_app(
-        Settings(data_dir=tmp_path / ".gate", database_url=database, api_process_engines=True),
+        Settings(data_dir=tmp_path / ".gate", database_url=database, engines={"sim": SIM_TEMPLATE}),
         start_workers=False,
     )
     recording = Recording()
@@ -57,7 +57,7 @@ def test_concurrent_webhook_redeliveries_start_one_gate(database: str, tmp_path:
             data_dir=tmp_path / ".gate",
             database_url=database,
             webhook_secret="s",
-            api_process_engines=True,
+            engines={"sim": SIM_TEMPLATE},
         ),
         start_workers=False,
     )

@@ -193,11 +193,18 @@ def test_the_api_queues_gates_that_workers_run(
     from gate.access.tokens import create_token
     from gate.api.app import create_app
 
-    api_settings = settings.model_copy(update={"api_process_engines": True})
+    from apitools import SIM_TEMPLATE, sim_engine
+
+    api_settings = settings.model_copy(update={"engines": {"sim": SIM_TEMPLATE}})
+    body = {
+        **gate_spec(tag, requests=60),
+        "reference": sim_engine(tag, "--seed", "1"),  # a caller's engines: the operator's
+        "candidate": sim_engine(tag, "--seed", "2"),  # template with its parameters
+    }
     with TestClient(create_app(api_settings)) as api:
         token = create_token(factory, "ci", ["run"])
         headers = {"Authorization": f"Bearer {token}"}
-        created = api.post("/v1/gates", json={"spec": gate_spec(tag, requests=60)}, headers=headers)
+        created = api.post("/v1/gates", json={"spec": body}, headers=headers)
         assert created.status_code == 202, created.text
         gid = created.json()["id"]
         assert broker_empty(str(settings.broker_url)) == (1, 0)  # queued, no worker yet

@@ -1,0 +1,197 @@
+"""Which addresses the gate may be made to call: engine URLs only to hosts or networks the
+operator allows, and never to link-local or cloud-metadata addresses.
+
+A `url` engine makes the gate poll that address for minutes and send it thousands of requests,
+so a URL a caller names is a request forgery waiting to happen (the metadata service at
+169.254.169.254, the gate's own database, a neighbour's admin port). The rules:
+
+- syntax (every spec, the CLI's too): http or https, a host, an optional port and path, no
+  user info, no query, no fragment;
+- always refused, whoever asks: link-local (169.254.0.0/16, fe80::/10), the metadata addresses
+  of the clouds and their names, unspecified, multicast and broadcast addresses; a host name is
+  resolved and every address it resolves to is checked;
+- allowed only when on the operator's list (`GATE_ENGINE_URL_ALLOW`): an exact host name, a
+  `.suffix` for a domain's subdomains, an IP address, or a network in CIDR form; the command
+  line also allows loopback, the service does not (the service's loopback is its own host).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import urlsplit
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str], Sequence[str]]
+
+METADATA_HOSTS = frozenset(
+    {
+        "metadata",
+        "metadata.google.internal",
+        "metadata.goog",
+        "metadata.azure.internal",
+        "instance-data",
+        "instance-data.ec2.internal",
+    }
+)
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+        "169.254.170.2",  # AWS ECS task metadata
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "100.100.100.200",  # Alibaba Cloud
+        "192.0.0.192",  # Oracle Cloud (classic)
+    )
+)
+LOOPBACK = ("127.0.0.0/8", "::1/128", "localhost")
+_PATH_RE = re.compile(r"^(/[A-Za-z0-9._~-]+)*/?$")
+
+
+class UrlRefused(ValueError):
+    """A URL the gate will not call; the message says why and which setting would allow it."""
+
+
+def check_syntax(url: str) -> str:
+    """The URL without a trailing slash, or UrlRefused naming what is wrong with it."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UrlRefused(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UrlRefused("must be an http(s) URL such as http://127.0.0.1:8000")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise UrlRefused("must not carry user info (user:password@): send no credentials")
+    if parts.query or url.rstrip("/").endswith("?") or "?" in url:
+        raise UrlRefused("must not have a query: the gate chooses the paths it calls")
+    if parts.fragment or "#" in url:
+        raise UrlRefused("must not have a fragment")
+    if not _PATH_RE.match(parts.path) or ".." in parts.path.split("/"):
+        raise UrlRefused("its path may hold only letters, digits, '.', '_', '~', '-' and '/'")
+    if port == 0:
+        raise UrlRefused("port 0 is not a port")
+    if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
+        raise UrlRefused("must not contain spaces or control characters")
+    return url.rstrip("/")
+
+
+def _literal(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def forbidden_address(addr: Address) -> str | None:
+    """Why an address is never called, or None."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if addr in METADATA_ADDRESSES:
+        return f"{addr} is a cloud metadata address"
+    if addr.is_link_local:
+        return f"{addr} is link-local"
+    if addr.is_unspecified:
+        return f"{addr} is unspecified"
+    if addr.is_multicast:
+        return f"{addr} is multicast"
+    if isinstance(addr, ipaddress.IPv4Address) and addr == ipaddress.IPv4Address("255.255.255.255"):
+        return f"{addr} is broadcast"
+    return None
+
+
+def system_resolver(host: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UrlRefused(f"host {host!r} does not resolve: {exc}") from None
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _addresses(host: str, resolve: Resolver) -> list[Address]:
+    lit = _literal(host)
+    if lit is not None:
+        return [lit]
+    out = []
+    for a in resolve(host):
+        lit = _literal(a.split("%", 1)[0])
+        if lit is not None:
+            out.append(lit)
+    if not out:
+        raise UrlRefused(f"host {host!r} resolves to no address")
+    return out
+
+
+def check_always(url: str, resolve: Resolver | None = system_resolver) -> None:
+    """The rules no setting lifts: raise UrlRefused for a metadata or link-local target.
+    Without `resolve`, only names and address literals are checked (a spec's validation does
+    no I/O; the engine checks the resolved addresses again when it attaches)."""
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    if host in METADATA_HOSTS:
+        raise UrlRefused(f"host {host!r} is a cloud metadata service: never called")
+    if resolve is None and _literal(host) is None:
+        return
+    for addr in _addresses(host, resolve or system_resolver):
+        why = forbidden_address(addr)
+        if why is not None:
+            raise UrlRefused(f"host {host!r}: {why}; never called")
+
+
+def _entry_allows(entry: str, host: str, port: int | None, addrs: Iterable[Address]) -> bool:
+    entry = entry.strip().lower()
+    if not entry:
+        return False
+    if "/" in entry:  # a network: every address the host has must be inside it
+        try:
+            net = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            return False
+        addrs = list(addrs)
+        return bool(addrs) and all(a in net for a in addrs)
+    want_port: int | None = None
+    if entry.count(":") == 1 and not entry.startswith("["):  # host:port
+        entry, _, p = entry.partition(":")
+        if not p.isdigit():
+            return False
+        want_port = int(p)
+    if want_port is not None and port != want_port:
+        return False
+    entry = entry.strip("[]").rstrip(".")
+    if entry.startswith("."):
+        return host.endswith(entry) and len(host) > len(entry)
+    lit = _literal(entry)
+    if lit is not None:
+        return _literal(host) == lit
+    return host == entry
+
+
+def check_allowed(
+    url: str,
+    allow: Sequence[str],
+    *,
+    loopback: bool,
+    setting: str = "GATE_ENGINE_URL_ALLOW",
+    resolve: Resolver = system_resolver,
+) -> str:
+    """The cleaned URL if it may be called; UrlRefused naming the setting otherwise."""
+    clean = check_syntax(url)
+    check_always(clean, resolve)
+    parts = urlsplit(clean)
+    host = (parts.hostname or "").lower().rstrip(".")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    entries = [*allow, *(LOOPBACK if loopback else ())]
+    if entries:
+        named = [e for e in entries if "/" not in e]
+        if any(_entry_allows(e, host, port, ()) for e in named):
+            return clean
+        if any("/" in e for e in entries):
+            addrs = _addresses(host, resolve)
+            if any(_entry_allows(e, host, port, addrs) for e in entries if "/" in e):
+                return clean
+    raise UrlRefused(
+        f"host {host!r} is not on the operator's allow-list ({setting}"
+        + (f": {', '.join(allow)}" if allow else ", empty")
+        + ")"
+    )
