@@ -1,0 +1,333 @@
+"""Each attack an ordinary `run` token could make on `gate serve` with its defaults, sent
+through the real API, fails: nothing ran, nothing was written, nothing was stored; and the
+honest use of the same routes still works. One test per class (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apitools import SECRET, SIM_TEMPLATE, Recording, auth, spec_dict, write_named_spec
+from fastapi.testclient import TestClient
+
+from gate.access.tokens import create_token
+from gate.api.app import create_app
+from gate.core.settings import Settings
+from gate.integrations.signatures import sign
+from gate.spec import parse_spec
+
+
+@pytest.fixture
+def recorded(settings: Settings) -> Iterator[tuple[TestClient, Recording]]:
+    """The real app whose dispatcher records what it is handed and runs nothing."""
+    app = create_app(settings, start_workers=False)
+    recording = Recording()
+    app.state.ctx.dispatcher = recording
+    with TestClient(app) as client:
+        yield client, recording
+
+
+def _token(client: TestClient, name: str, scope: str = "run") -> str:
+    return create_token(client.app.state.ctx.factory, name, [scope])  # type: ignore[attr-defined]
+
+
+def _total(client: TestClient, token: str) -> int:
+    return int(client.get("/v1/gates", headers=auth(token)).json()["total"])
+
+
+def _paths(r: Any) -> dict[str, str]:
+    assert r.status_code == 422, r.text
+    return {p["path"]: p["message"] for p in r.json()["error"]["problems"]}
+
+
+class Listener:
+    """A TCP port that counts the connections it is made: an internal service that must never
+    hear from the gate."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    lst = Listener()
+    yield lst
+    lst.close()
+
+
+# -- program execution through a preset engine -------------------------------------------------
+
+
+def test_program_execution_through_a_request_is_refused(
+    recorded: tuple[TestClient, Recording], settings: Settings, tmp_path: Path, tag: str
+) -> None:
+    client, recording = recorded
+    token = _token(client, "ci")
+    marker = tmp_path / "written-by-the-attacker"
+    kubeconfig = tmp_path / "stolen-kubeconfig"
+    attacks: list[tuple[str, dict[str, Any]]] = [
+        # the reproduced one: python's warnings filter imports antigravity, which runs $BROWSER
+        (
+            "env",
+            {
+                "preset": "sim",
+                "env": {"PYTHONWARNINGS": "ignore::antigravity.X", "BROWSER": f"touch {marker}"},
+            },
+        ),
+        ("args", {"preset": "sim", "args": ["--truth-log", str(marker)]}),
+        ("command", {"command": ["touch", str(marker)]}),
+        ("preset", {"preset": "vllm"}),
+        ("cwd", {"url": "http://127.0.0.1:1", "cwd": str(tmp_path)}),
+        (
+            "kubernetes",
+            {
+                "kubernetes": {
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "namespace": "kube-system",
+                    "args": ["--port", "{port}"],
+                    "kubeconfig": str(kubeconfig),
+                    "service_account": "cluster-admin",
+                    "secret_env": {"T": {"secret": "other-teams-secret", "key": "token"}},
+                    "image_pull_secrets": ["other-teams-pull-secret"],
+                }
+            },
+        ),
+    ]
+    for field, engine in attacks:
+        body = spec_dict(tag)
+        body["reference"] = engine
+        paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+        assert f"reference.{field}" in paths, (field, paths)
+        assert "GATE_ENGINES" in paths[f"reference.{field}"]  # names the setting that allows
+    # a template's parameters are typed: no option, no path, no unknown parameter
+    for params, path in (
+        ({"tag": "--truth-log=/tmp/x"}, "candidate.params.tag"),
+        ({"tag": "ok", "env": {"BROWSER": "sh"}}, "candidate.params.env"),
+        ({"tag": "ok", "seed": "1 --truth-log /tmp/x"}, "candidate.params.seed"),
+    ):
+        body = spec_dict(tag)
+        body["candidate"] = {"engine": "sim", "params": params}
+        assert path in _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+    # the model name is an argv item too
+    body = {**spec_dict(tag), "model": f"--truth-log={marker}"}
+    assert "model" in _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+    # the inventory is the operator's: not read, not quoted back
+    body = {**spec_dict(tag), "inventory": str(kubeconfig)}
+    r = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+    assert "GATE_INVENTORY" in _paths(r)["inventory"] and str(kubeconfig) not in r.text
+    # the same engines through every other door
+    write_named_spec(settings, "named", spec_dict(tag, trusted=True))
+    env_attack = attacks[0][1]
+    r = client.post(
+        "/v1/gates:ensure",
+        json={"spec_name": "named", "candidate": env_attack},
+        headers=auth(token),
+    )
+    assert "candidate.env" in _paths(r)
+    flagger = {
+        "name": "llama",
+        "namespace": "serving",
+        "checksum": "c1",
+        "metadata": {"spec": "named", "token": token, "candidate": json.dumps(env_attack)},
+    }
+    assert "candidate.env" in _paths(
+        client.post("/v1/webhooks/flagger/confirm-rollout", json=flagger)
+    )
+    delivery = json.dumps(
+        {
+            "delivery_id": "d1",
+            "timestamp": time.time(),
+            "spec": {**spec_dict(tag), "reference": env_attack},
+        }
+    ).encode()
+    r = client.post(
+        "/v1/webhooks/ci",
+        content=delivery,
+        headers={"X-Hub-Signature-256": sign(SECRET, delivery), "Content-Type": "application/json"},
+    )
+    assert "reference.env" in _paths(r)
+    time.sleep(0.3)
+    assert not marker.exists()
+    assert recording.submitted == [] and _total(client, token) == 0
+
+    # honest use: the operator's template, filled with its parameters
+    r = client.post("/v1/gates", json={"spec": spec_dict(tag)}, headers=auth(token))
+    assert r.status_code == 202, r.text
+    stored = client.app.state.ctx.factory  # type: ignore[attr-defined]
+    from gate.runs import store
+
+    run = store.get_gate(stored, r.json()["id"])
+    argv = parse_spec(run.spec).reference.argv_template()
+    assert (
+        argv[: len(SIM_TEMPLATE["engine"]["command"])][:3] == SIM_TEMPLATE["engine"]["command"][:3]
+    )
+    assert argv[argv.index("--tag") + 1] == tag and argv[argv.index("--ttft-ms") + 1] == "20.0"
+    assert recording.submitted == [run.id]
+
+
+# -- gate hijack through idempotency keys --------------------------------------------------
+
+
+def test_gate_hijack_through_idempotency_keys_is_refused(
+    recorded: tuple[TestClient, Recording], settings: Settings, tag: str
+) -> None:
+    import hashlib
+
+    client, recording = recorded
+    argo, attacker = _token(client, "argo"), _token(client, "attacker")
+    honest = spec_dict(tag)
+    evil = spec_dict(tag)
+    evil["candidate"]["params"]["seed"] = 3  # the attacker's candidate, not Argo's
+    # The attacker guesses every key another system could use, under the old shared namespace:
+    spec_hash = store_key(parse_spec_via_api(client, honest, attacker))
+    guesses = [spec_hash, hashlib.sha256(b"ci:delivery-7").hexdigest(), "deploy-42"]
+    for key in guesses:
+        r = client.post(
+            "/v1/gates", json={"spec": evil}, headers={**auth(attacker), "Idempotency-Key": key}
+        )
+        assert r.status_code == 202, r.text
+    planted = {g["id"] for g in client.get("/v1/gates", headers=auth(argo)).json()["gates"]}
+    # Argo's ensure and a CI delivery get gates of their own, for their own spec
+    mine = client.post("/v1/gates:ensure", json={"spec": honest}, headers=auth(argo)).json()
+    assert mine["id"] not in planted and mine["state"] == "pending"
+    delivery = json.dumps(
+        {"delivery_id": "delivery-7", "timestamp": time.time(), "spec": honest}
+    ).encode()
+    r = client.post(
+        "/v1/webhooks/ci",
+        content=delivery,
+        headers={"X-Hub-Signature-256": sign(SECRET, delivery), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 202 and r.json()["gate"]["id"] not in planted
+    # another token with the same Idempotency-Key gets its own gate
+    r = client.post(
+        "/v1/gates", json={"spec": honest}, headers={**auth(argo), "Idempotency-Key": "deploy-42"}
+    )
+    assert r.status_code == 202 and r.json()["id"] not in planted
+    # one token's key reused for another spec is a conflict, not the old gate's verdict
+    r = client.post(
+        "/v1/gates", json={"spec": evil}, headers={**auth(argo), "Idempotency-Key": "deploy-42"}
+    )
+    assert r.status_code == 409, r.text
+    # honest retries: the same token, key and spec are the same gate
+    again = client.post(
+        "/v1/gates", json={"spec": honest}, headers={**auth(argo), "Idempotency-Key": "deploy-42"}
+    )
+    assert again.status_code == 200
+    assert (
+        client.post("/v1/gates:ensure", json={"spec": honest}, headers=auth(argo)).json()["id"]
+        == mine["id"]
+    )
+    # Flagger: another token's hook for the same canary revision is another gate
+    write_named_spec(settings, "llama", spec_dict(tag, trusted=True))
+    hook = {
+        "name": "llama",
+        "namespace": "serving",
+        "checksum": "rev-1",
+        "metadata": {"spec": "llama"},
+    }
+    theirs = client.post(
+        "/v1/webhooks/flagger/confirm-rollout",
+        json={**hook, "metadata": {**hook["metadata"], "token": attacker}},
+    ).json()["id"]
+    flagger = _token(client, "flagger")
+    ours = client.post(
+        "/v1/webhooks/flagger/confirm-rollout",
+        json={**hook, "metadata": {**hook["metadata"], "token": flagger}},
+    ).json()["id"]
+    assert ours != theirs
+    assert len(recording.submitted) == len(set(recording.submitted))
+
+
+def parse_spec_via_api(client: TestClient, body: dict[str, Any], token: str) -> Any:
+    """The spec as the service resolves it (what the old ensure key hashed)."""
+    from gate.runs.requests import resolve_spec
+
+    settings = client.app.state.ctx.settings  # type: ignore[attr-defined]
+    return resolve_spec(settings, spec=body)
+
+
+def store_key(spec: Any) -> str:
+    from gate.runs import store
+
+    return store.spec_key(spec)
+
+
+# -- SSRF ------------------------------------------------------------------------------------
+
+
+def test_ssrf_through_engine_urls_is_refused(
+    recorded: tuple[TestClient, Recording], settings: Settings, listener: Listener, tag: str
+) -> None:
+    client, recording = recorded
+    token = _token(client, "ci")
+    internal = f"http://127.0.0.1:{listener.port}"
+    for url, words in (
+        (internal, "GATE_ENGINE_URL_ALLOW"),  # closed by default: the service's own host
+        ("http://169.254.169.254/latest/meta-data", "metadata"),
+        ("http://[fd00:ec2::254]", "metadata"),
+        ("http://metadata.google.internal", "metadata"),
+        (f"{internal}?x=/admin", "query"),
+        (f"http://u:p@127.0.0.1:{listener.port}", "user info"),
+        (f"{internal}/#x", "fragment"),
+    ):
+        body = spec_dict(tag)
+        body["candidate"] = {"url": url}
+        paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+        assert words in paths.get("candidate.url", ""), (url, paths)
+    write_named_spec(settings, "llama", spec_dict(tag, trusted=True))
+    hook = {
+        "name": "llama",
+        "namespace": "serving",
+        "checksum": "c",
+        "metadata": {"spec": "llama", "token": token, "candidate_url": internal},
+    }
+    paths = _paths(client.post("/v1/webhooks/flagger/confirm-rollout", json=hook))
+    assert "GATE_ENGINE_URL_ALLOW" in paths["candidate.url"]
+    time.sleep(0.3)
+    assert listener.connections == 0 and recording.submitted == []
+
+    # honest use: the operator allows the engines' network
+    app = create_app(
+        settings.model_copy(update={"engine_url_allow": ["127.0.0.1"]}), start_workers=False
+    )
+    app.state.ctx.dispatcher = Recording()
+    with TestClient(app) as allowed:
+        t = create_token(app.state.ctx.factory, "ci", ["run"])
+        body = spec_dict(tag)
+        body["candidate"] = {"url": internal + "/"}
+        r = allowed.post("/v1/gates", json={"spec": body}, headers=auth(t))
+        assert r.status_code == 202, r.text
+        assert r.json()["candidate"] == internal
+        body["candidate"] = {"url": "http://169.254.169.254"}  # never, whatever the list says
+        assert "candidate.url" in _paths(
+            allowed.post("/v1/gates", json={"spec": body}, headers=auth(t))
+        )
