@@ -315,6 +315,9 @@ def _check_template(template: EngineTemplate, where: str) -> None:
             sample[name] = next(iter(param.choices))
         elif isinstance(param, IntParam | NumberParam):
             sample[name] = param.min
+        elif isinstance(param, ImageParam):
+            entry = param.allow[0].strip()
+            sample[name] = (entry + "sample" if entry.endswith("/") else entry) + ":v0"
     missing = [n for n in template.params if n not in sample]
     try:
         filled = _substitute(
