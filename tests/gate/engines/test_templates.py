@@ -145,3 +145,14 @@ def test_image_prefixes_match_whole_path_segments(
     assert image_allowed(image, [f"{head}/{name}{tail}"])
     assert not image_allowed(image, [f"{head}/{name}"])  # a prefix of the name is not a segment
     assert not image_allowed(image, [head])  # an exact entry is the repository itself
+
+
+def test_the_example_templates_load_and_fill() -> None:
+    root = Path(__file__).resolve().parents[3] / "examples" / "specs"
+    templates = load_templates(root, {})
+    sim = EngineSpec.model_validate(fill(templates["sim"], {"ttft_ms": 60}, "candidate"))
+    assert sim.preset == "sim" and sim.args[:2] == ["--ttft-ms", "60"]
+    k8s = fill(templates["vllm-k8s"], {"image": "vllm/vllm-openai:v0.11.1"}, "candidate")
+    assert EngineSpec.model_validate(k8s).kubernetes is not None
+    with pytest.raises(SpecError):
+        fill(templates["vllm-k8s"], {"image": "docker.io/evil/vllm-openai:v1"}, "candidate")
