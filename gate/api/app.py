@@ -13,8 +13,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
 from gate.api.deps import Ctx
+from gate.api.guards import FiniteJson, SessionGuard
+from gate.api.guards import problem as _problem
 from gate.core.errors import GateError, SpecError
 from gate.core.settings import Settings
 from gate.runs.dispatch import CeleryDispatcher, InProcessDispatcher, Reaper, make_dispatcher
@@ -36,6 +39,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         factory=factory,
         dispatcher=make_dispatcher(settings, factory),
         tokens=TokenChecker(factory),
+        sessions=SessionChecker(factory),
     )
 
     @asynccontextmanager
@@ -62,6 +66,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     )
     app.state.ctx = ctx
 
+    # Outermost last: BodyLimit bounds what the guards read; SessionGuard refuses a cross-site
+    # request before FiniteJson parses its body.
+    app.add_middleware(FiniteJson)
+    app.add_middleware(SessionGuard, settings=settings, sessions=ctx.sessions)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     @app.exception_handler(SpecError)
@@ -144,12 +152,3 @@ class BodyLimit:
 
 class _TooLarge(BaseException):
     pass
-
-
-def _problem(
-    status: int, code: str, message: str, problems: list[dict[str, str]] | None = None
-) -> JSONResponse:
-    error: dict[str, object] = {"code": code, "message": message}
-    if problems is not None:
-        error["problems"] = problems
-    return JSONResponse({"error": error}, status_code=status)

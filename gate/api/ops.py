@@ -1,4 +1,5 @@
-"""Capacity, reservations and inventory (`/v1`), and Prometheus `/metrics`."""
+"""Capacity, reservations and inventory (`/v1`), and Prometheus `/metrics` (a read token, as
+Prometheus sends it with `authorization: {credentials: <token>}`, unless GATE_OPEN_METRICS)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from gate.api.deps import Ctx, CtxDep, ReadDep
+from gate.api.deps import Ctx, CtxDep, ReadDep, get_ctx, require
 from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.api.gates import ERRORS
 from gate.core.database import transaction
@@ -214,7 +215,17 @@ class ServiceCollector(Collector):
             pass
 
 
-@metrics_router.get("/metrics")
+_read = require("read")
+
+
+async def _metrics_access(request: Request) -> None:
+    """What the gates' counts, queue and capacity tell is a read: it needs the read scope,
+    unless the operator opened /metrics (GATE_OPEN_METRICS) or every read."""
+    if not get_ctx(request).settings.open_metrics:
+        await _read(request)
+
+
+@metrics_router.get("/metrics", dependencies=[Depends(_metrics_access)])
 def metrics(ctx: CtxDep) -> Response:
     registry = CollectorRegistry()
     registry.register(ServiceCollector(ctx))

@@ -3,7 +3,7 @@
 from gate.models.base import Base
 from gate.models.gates import CheckResult, GatePhase, GateRun, SampleSet
 from gate.models.reservations import GpuLease, InventoryLock, Reservation
-from gate.models.service import ApiToken, WebhookDelivery
+from gate.models.service import ApiToken, WebhookDelivery, WebSession
 
 __all__ = [
     "ApiToken",
@@ -15,5 +15,6 @@ __all__ = [
     "InventoryLock",
     "Reservation",
     "SampleSet",
+    "WebSession",
     "WebhookDelivery",
 ]

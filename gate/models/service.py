@@ -1,4 +1,5 @@
-"""What the service keeps beside gates: API tokens (hashed) and webhook deliveries seen."""
+"""What the service keeps beside gates: API tokens (hashed), the pages' sign-in sessions
+(hashed) and webhook deliveries seen."""
 
 from __future__ import annotations
 
@@ -21,6 +22,25 @@ class ApiToken(Base):
     scopes: Mapped[str] = mapped_column(String(100))  # comma-separated: read,run,admin
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebSession(Base):
+    """A signed-in browser (gate/access/sessions.py). The cookie carries a random secret; only
+    its SHA-256 is stored. The session has at most its token's scopes (read unless the sign-in
+    asked for run) and ends when it expires, signs out, or its token is revoked."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
+    )
+    scopes: Mapped[str] = mapped_column(String(100))  # comma-separated, as ApiToken.scopes
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 

@@ -2,16 +2,22 @@
 candidate, paged), `/gates/{id}` is one gate: the same report as the file `gate run` writes
 (one renderer, gate.reports.html), or, while the gate runs, its live progress.
 
-Pages need read access like the JSON API (a bearer header or the `gate_token` cookie, or
-nobody when reads are open); without it they redirect to `/login`, which checks a token and
-sets the cookie (HttpOnly, SameSite=Strict). Every response carries a Content-Security-Policy
-whose only script is the live page's inline poller, allowed by a per-response nonce.
+Pages need read access like the JSON API (a bearer header or the sign-in session's cookie,
+or nobody when reads are open); without it they redirect to `/login`, which checks a token and
+makes a server-side session (gate.access.sessions: read only, unless the form asks for running
+and cancelling gates and the token may). The cookie (`gate_session`: HttpOnly, SameSite=Strict,
+Secure when the public URL is https) carries only the session's secret, never the token. The
+login post must come from our own origin; every other form post carries the session's CSRF
+token (`csrf_token`, also the value a script sends as `X-CSRF-Token`), checked with the Origin
+by gate.api.guards. Every response carries a Content-Security-Policy whose only script is the
+live page's inline poller, allowed by a per-response nonce.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 import threading
 from collections import OrderedDict
@@ -26,7 +32,9 @@ from markupsafe import Markup
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gate.api.deps import TOKEN_COOKIE, Ctx, authorize, get_ctx, request_token
+from gate.access.sessions import BrowserSession
+from gate.api.deps import Ctx, authorize, get_ctx, request_token
+from gate.api.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.core.database import transaction
 from gate.models import GatePhase, GateRun, SampleSet
 from gate.reports.html import environment, format_time, render_body
@@ -36,7 +44,7 @@ from gate.runs.samples import Columns
 router = APIRouter(include_in_schema=False)
 
 PER_PAGE = 25
-COOKIE_MAX_AGE_S = 12 * 3600
+LEGACY_COOKIE = "gate_token"  # the raw token the pages once kept in the browser: cleared
 CSP = (
     "default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
@@ -52,12 +60,31 @@ def _env() -> Environment:
 # --------------------------------------------------------------------------- plumbing
 
 
-def _page(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+def _session(request: Request) -> BrowserSession | None:
+    secret = request.cookies.get(SESSION_COOKIE)
+    return get_ctx(request).sessions.lookup(secret) if secret else None
+
+
+def _page(
+    request: Request,
+    template: str,
+    status: int = 200,
+    *,
+    look_up_session: bool = True,  # False from async handlers: the lookup may block
+    **ctx: Any,
+) -> HTMLResponse:
     nonce = secrets.token_urlsafe(18)
+    session = _session(request) if look_up_session else None
     html = (
         _env()
         .get_template(template)
-        .render(nonce=nonce, signed_in=TOKEN_COOKIE in request.cookies, **ctx)
+        .render(
+            nonce=nonce,
+            signed_in=session is not None,
+            csrf_field=CSRF_FIELD,
+            csrf=session.csrf if session is not None else "",
+            **ctx,
+        )
     )
     resp = HTMLResponse(html, status_code=status)
     resp.headers["Content-Security-Policy"] = CSP.format(nonce=nonce)
@@ -317,50 +344,69 @@ def login_form(request: Request, next: str = "/") -> Response:  # the query's na
     return _page(request, "login.html.j2", title="Sign in", next=safe_next(next), error=None)
 
 
+def _login_page(request: Request, status: int, target: str, error: str) -> HTMLResponse:
+    return _page(
+        request,
+        "login.html.j2",
+        status,
+        look_up_session=False,
+        title="Sign in",
+        next=target,
+        error=error,
+    )
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """A form post (application/x-www-form-urlencoded, parsed here: no multipart needed)."""
+    """A form post (application/x-www-form-urlencoded, parsed here: no multipart needed). It
+    has no session to carry a CSRF token yet, so it must come from our own origin: another
+    site must not sign a browser in (to its own token, say) behind the user's back."""
+    ctx = get_ctx(request)
+    if (wrong := origin_problem(request, ctx.settings.public_url)) is not None:
+        return _login_page(request, 403, "/", f"Sign-in refused: {wrong}.")
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
-        return _page(
-            request,
-            "login.html.j2",
-            415,
-            title="Sign in",
-            next="/",
-            error="send the form as application/x-www-form-urlencoded",
-        )
+        return _login_page(request, 415, "/", "send the form as application/x-www-form-urlencoded")
     body = (await request.body()).decode("utf-8", "replace")
     fields = parse_qs(body, keep_blank_values=True, max_num_fields=10)
     token = (fields.get("token") or [""])[0].strip()
     target = safe_next((fields.get("next") or ["/"])[0])
-    scopes = await run_in_threadpool(get_ctx(request).tokens.scopes, token) if token else None
-    if scopes is None or "read" not in scopes:
-        return _page(
-            request,
-            "login.html.j2",
-            401,
-            title="Sign in",
-            next=target,
-            error="That token is unknown or revoked." if token else "Enter a token.",
-        )
+    allow_run = (fields.get("allow_run") or [""])[0] in ("1", "on", "true", "yes")
+    max_age = ctx.settings.session_max_age_s
+    made = (
+        await run_in_threadpool(ctx.sessions.create, token, allow_run=allow_run, max_age_s=max_age)
+        if token
+        else None
+    )
+    if made is None:
+        error = "That token is unknown or revoked." if token else "Enter a token."
+        return _login_page(request, 401, target, error)
+    if (old := request.cookies.get(SESSION_COOKIE)) is not None:
+        await run_in_threadpool(ctx.sessions.revoke, old)  # a new sign-in replaces the old
     resp = RedirectResponse(target, status_code=303)
     resp.set_cookie(
-        TOKEN_COOKIE,
-        token,
-        max_age=COOKIE_MAX_AGE_S,
+        SESSION_COOKIE,
+        made.secret,
+        max_age=math.ceil(max_age),
         path="/",
         httponly=True,
         samesite="strict",
         # Behind a TLS-terminating proxy the request is http; the public URL says https.
-        secure=request.url.scheme == "https"
-        or get_ctx(request).settings.public_url.startswith("https://"),
+        secure=request.url.scheme == "https" or ctx.settings.public_url.startswith("https://"),
     )
+    if LEGACY_COOKIE in request.cookies:
+        resp.delete_cookie(LEGACY_COOKIE, path="/", httponly=True, samesite="strict")
     return resp
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    """Ends the session on the server, not only in this browser (a copied cookie dies too).
+    The CSRF token and Origin were checked before this runs (gate.api.guards)."""
+    if (secret := request.cookies.get(SESSION_COOKIE)) is not None:
+        get_ctx(request).sessions.revoke(secret)
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(TOKEN_COOKIE, path="/", httponly=True, samesite="strict")
+    resp.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+    if LEGACY_COOKIE in request.cookies:
+        resp.delete_cookie(LEGACY_COOKIE, path="/", httponly=True, samesite="strict")
     return resp

@@ -7,6 +7,7 @@ from apitools import auth
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from gate.api.app import create_app
 from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.core.settings import Settings
 from gate.runs import store
@@ -35,7 +36,7 @@ def test_capacity_and_inventory(app_client: TestClient, tokens: dict[str, str]) 
 
 
 def test_metrics_count_gates_by_state_and_verdict(
-    app_client: TestClient, settings: Settings
+    app_client: TestClient, settings: Settings, tokens: dict[str, str]
 ) -> None:
     from apitools import spec_dict
 
@@ -43,7 +44,7 @@ def test_metrics_count_gates_by_state_and_verdict(
     spec = parse_spec(spec_dict("m", trusted=True))
     run, _ = store.create_gate(factory, spec, source="api")
     store.request_cancel(factory, run.id)  # pending -> cancelled at once, hold
-    text = app_client.get("/metrics").text
+    text = app_client.get("/metrics", headers=auth(tokens["read"])).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     gates = {
         (s.labels["state"], s.labels["verdict"]): s.value for s in families["gate_gates"].samples
@@ -80,3 +81,29 @@ def test_openapi_lists_every_route(app_client: TestClient, path: str) -> None:
         "reason",
         "report_url",
     ]
+
+
+def test_metrics_needs_a_token(app_client: TestClient, tokens: dict[str, str]) -> None:
+    """Gate counts, queue depth and capacity are reads: no token, no metrics."""
+    bare = app_client.get("/metrics")
+    assert bare.status_code == 401 and "gate_gates" not in bare.text
+    assert bare.headers["www-authenticate"] == "Bearer"
+    assert app_client.get("/metrics", headers=auth("gt_unknown")).status_code == 401
+    # As Prometheus sends it: `authorization: {credentials: <token>}` is a Bearer header.
+    scraped = app_client.get("/metrics", headers={"authorization": f"Bearer {tokens['read']}"})
+    assert scraped.status_code == 200
+    assert "gate_gates" in {f.name for f in text_string_to_metric_families(scraped.text)}
+
+
+def test_open_metrics_opt_in(settings: Settings) -> None:
+    assert Settings().open_metrics is False  # closed unless the operator opens it
+    opened = settings.model_copy(update={"open_metrics": True})
+    with TestClient(create_app(opened, start_workers=False)) as client:
+        r = client.get("/metrics")
+        assert r.status_code == 200 and "gate_gates" in r.text
+        assert client.get("/v1/gates").status_code == 401  # only /metrics was opened
+
+
+def test_open_metrics_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATE_OPEN_METRICS", "true")
+    assert Settings().open_metrics is True

@@ -85,6 +85,7 @@ def _site(tmp: Path, wt: Any, **settings: Any) -> Iterator[Site]:
     s = Settings(data_dir=tmp / ".gate", lost_after_s=3600, **settings)
     app = create_app(s, start_workers=False)
     with serve(app) as server:
+        s.public_url = server.url  # where the browser is: the origin its posts must come from
         yield Site(server.url, s, wt.Seed(app.state.ctx.factory), tmp)
 
 
@@ -394,11 +395,15 @@ def test_sign_in_sets_an_httponly_cookie(closed_site: Site, browser: Any, wt: An
     pg.click("button[type=submit]")
     pg.wait_for_url(f"**/gates/{gid}")
     assert pg.locator("#verdict .word").inner_text() == "HOLD"
-    cookie = next(c for c in context.cookies() if c["name"] == "gate_token")
+    cookie = next(c for c in context.cookies() if c["name"] == "gate_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
-    assert "gate_token" not in pg.evaluate("() => document.cookie")
-    pg.click("text=Sign out")
+    assert cookie["value"] != token and token not in cookie["value"]  # a session, not the token
+    assert "gate_session" not in pg.evaluate("() => document.cookie")
+    pg.click("text=Sign out")  # a real form post: the browser's Origin and the CSRF field
     pg.wait_for_url("**/login")
+    assert not [c for c in context.cookies() if c["name"] == "gate_session"]
+    pg.goto(f"{closed_site.url}/gates/{gid}")
+    assert "/login?next=" in pg.url  # signed out on the server too
     # The failed sign-in answered 401, which Chromium reports on the console; nothing else.
     assert all("401" in e for e in watch.console_errors), watch.console_errors
     assert watch.page_errors == [] and watch.dialogs == []

@@ -182,7 +182,8 @@ def closed(tmp_path: Path, wt: Any) -> Iterator[tuple[TestClient, str, Any]]:
     app = create_app(settings, start_workers=False)
     factory = app.state.ctx.factory
     token = create_token(factory, "reader", ["read"])
-    with TestClient(app) as c:
+    # A browser on our pages says where its posts come from (the login post must).
+    with TestClient(app, headers={"Origin": settings.public_url}) as c:
         yield c, token, wt.Seed(factory)
 
 
@@ -211,15 +212,17 @@ def test_pages_need_a_token_and_login_sets_the_cookie(
     )
     assert good.status_code == 303 and good.headers["location"] == f"/gates/{gid}"
     cookie = good.headers["set-cookie"]
-    assert cookie.startswith(f"gate_token={token}")
+    assert cookie.startswith("gate_session=gs_") and token not in cookie
     for attr in ("HttpOnly", "Path=/", "SameSite=strict"):
         assert attr.lower() in cookie.lower(), cookie
     assert "secure" not in cookie.lower()  # plain http, and the public URL is http too
     page = client.get(f"/gates/{gid}")  # the client keeps the cookie
     assert page.status_code == 200 and "Sign out" in page.text
 
-    out = client.post("/logout", follow_redirects=False)
-    assert out.status_code == 303 and 'gate_token=""' in out.headers["set-cookie"]
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert csrf is not None
+    out = client.post("/logout", data={"csrf_token": csrf.group(1)}, follow_redirects=False)
+    assert out.status_code == 303 and 'gate_session=""' in out.headers["set-cookie"]
     client.cookies.clear()
     assert client.get("/", follow_redirects=False).status_code == 303
 
@@ -252,7 +255,7 @@ def test_the_cookie_is_secure_behind_a_tls_proxy(tmp_path: Path) -> None:
     )
     app = create_app(settings, start_workers=False)
     token = create_token(app.state.ctx.factory, "reader", ["read"])
-    with TestClient(app) as client:
+    with TestClient(app, headers={"Origin": "https://gate.example"}) as client:
         r = client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
     assert r.status_code == 303
     assert "secure" in [a.strip().lower() for a in r.headers["set-cookie"].split(";")]

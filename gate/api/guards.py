@@ -1,0 +1,265 @@
+"""Rules every request meets before any route runs, as ASGI middleware (so a route added later
+cannot forget them), and the app's error shape they answer in.
+
+- SessionGuard: a browser sends its cookies with requests that other sites make it send (a
+  form post, a fetch), so a state-changing request signed in by the pages' session cookie must
+  prove it comes from our own pages: its `Origin` (or, absent, `Referer`) is the origin of
+  GATE_PUBLIC_URL, and it carries the session's CSRF token (`X-CSRF-Token`, or the form field
+  `csrf_token`). A request with a bearer header is the caller's own doing (CI, Argo, Flagger,
+  curl: a browser cannot add that header cross-site) and passes untouched.
+- FiniteJson: JSON has no NaN or Infinity, but Python's parser (and pydantic's) accept them,
+  and a NaN compares false with everything: `abs(nan) > max_age` let a NaN timestamp through
+  the CI webhook's replay window. Any body that parses as JSON with a non-finite number is
+  refused (422, naming the field) before a route sees it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gate.access.sessions import SessionChecker
+from gate.core.settings import Settings
+
+SESSION_COOKIE = "gate_session"
+CSRF_HEADER = "X-CSRF-Token"
+CSRF_FIELD = "csrf_token"
+LOGIN_PATH = "/login"  # no session yet: the login handler checks the Origin itself
+UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+FORM = "application/x-www-form-urlencoded"
+
+
+def problem(
+    status: int, code: str, message: str, problems: list[dict[str, str]] | None = None
+) -> JSONResponse:
+    """The app's error shape: {"error": {"code", "message", "problems": [{"path", "message"}]}}."""
+    error: dict[str, object] = {"code": code, "message": message}
+    if problems is not None:
+        error["problems"] = problems
+    return JSONResponse({"error": error}, status_code=status)
+
+
+async def read_body(receive: Receive) -> tuple[bytes | None, Receive]:
+    """The whole body, and a `receive` that hands it to the app again. None when the client
+    went away mid-body: the app then sees the disconnect, never a truncated body as whole."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None, _once(message)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+def _once(message: Message) -> Receive:
+    async def receive() -> Message:
+        return message
+
+    return receive
+
+
+# --------------------------------------------------------------------------- same origin
+
+
+def origin_of(url: str) -> str | None:
+    """scheme://host[:port] of a URL, lower-case, default ports dropped; None if it has none."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in ("http", "https") or not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
+
+
+def origin_problem(connection: HTTPConnection, public_url: str) -> str | None:
+    """None when the request says it comes from this service's pages; else what is wrong."""
+    expected = origin_of(public_url)
+    origin = connection.headers.get("origin")
+    if origin is not None:
+        if expected is not None and origin_of(origin) == expected:
+            return None
+        return (
+            f"the Origin {origin[:200]!r} is not this service's origin {expected!r} "
+            "(GATE_PUBLIC_URL)"
+        )
+    referer = connection.headers.get("referer")
+    if referer is not None:
+        if expected is not None and origin_of(referer) == expected:
+            return None
+        return (
+            f"there is no Origin header, and the Referer {referer[:200]!r} is not on this "
+            f"service's origin {expected!r} (GATE_PUBLIC_URL)"
+        )
+    return "neither an Origin nor a Referer header says which site sent this request"
+
+
+class SessionGuard:
+    """Refuse (403, naming what is missing) a state-changing request signed in by the session
+    cookie that lacks our Origin or the session's CSRF token. A cookie that signs nothing in
+    (unknown, expired, revoked) passes: the route then answers as to no credential at all."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, sessions: SessionChecker) -> None:
+        self.app = app
+        self.settings = settings  # read per request: the public URL is the settings' own
+        self.sessions = sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in UNSAFE or scope["path"] == LOGIN_PATH:
+            await self.app(scope, receive, send)
+            return
+        conn = HTTPConnection(scope)
+        secret = conn.cookies.get(SESSION_COOKIE)
+        if not secret or conn.headers.get("authorization", "").lower().startswith("bearer "):
+            await self.app(scope, receive, send)
+            return
+        known, session = self.sessions.cached(secret)
+        if not known:
+            session = await run_in_threadpool(self.sessions.lookup, secret)
+        if session is None:
+            await self.app(scope, receive, send)
+            return
+        problems = []
+        if (wrong := origin_problem(conn, self.settings.public_url)) is not None:
+            problems.append({"path": "Origin", "message": wrong})
+        given = conn.headers.get(CSRF_HEADER)
+        where = CSRF_HEADER
+        kind = conn.headers.get("content-type", "").split(";")[0].strip().lower()
+        if given is None and kind == FORM:
+            body, receive = await read_body(receive)
+            if body is None:
+                await self.app(scope, receive, send)  # the client is gone: nothing to guard
+                return
+            fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=20)
+            values = fields.get(CSRF_FIELD)
+            given, where = (values[0] if values else None), CSRF_FIELD
+        if given is None:
+            problems.append(
+                {
+                    "path": CSRF_HEADER,
+                    "message": f"missing: send the session's CSRF token in the {CSRF_HEADER} "
+                    f"header (or the {CSRF_FIELD} form field)",
+                }
+            )
+        elif not hmac.compare_digest(given.encode(), session.csrf.encode()):
+            problems.append({"path": where, "message": "is not this session's CSRF token"})
+        if problems:
+            lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
+            refused = problem(
+                403,
+                "forbidden",
+                "refused: a state-changing request signed in by the session cookie must come "
+                f"from this service's pages: {lines}",
+                problems,
+            )
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+# --------------------------------------------------------------------------- finite JSON
+
+
+class _NonFinite:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def nonfinite_paths(body: bytes) -> list[tuple[str, str]] | None:
+    """(path, literal) of every NaN, Infinity, -Infinity or overflowing number in a JSON
+    body, paths dotted as the validation errors' (`spec.scenarios.0.rate`); None when the body
+    is not JSON at all (the route decides what to make of it)."""
+    seen = False
+
+    def mark(text: str) -> _NonFinite:
+        nonlocal seen
+        seen = True
+        return _NonFinite(text)
+
+    def number(text: str) -> float | _NonFinite:
+        value = _float(text)
+        return mark(text) if isinstance(value, _NonFinite) else value
+
+    try:
+        doc = json.loads(body, parse_constant=mark, parse_float=number)
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
+        return None
+    if not seen:
+        return []
+    found: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:  # no recursion: a deep body must not exhaust the stack here
+        path, value = stack.pop()
+        if isinstance(value, _NonFinite):
+            found.append((path or "(body)", value.text))
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value))
+    return sorted(found)
+
+
+class FiniteJson:
+    """Refuse (422) any request body that is JSON with a non-finite number in it, whatever
+    its content type says (a route may parse the raw body itself, as the CI webhook does).
+    Form posts are not JSON and pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in UNSAFE:
+            await self.app(scope, receive, send)
+            return
+        kind = HTTPConnection(scope).headers.get("content-type", "").split(";")[0].strip()
+        if kind.lower() in (FORM, "multipart/form-data"):
+            await self.app(scope, receive, send)
+            return
+        body, receive = await read_body(receive)
+        found = nonfinite_paths(body) if body else None
+        if found:
+            problems = [
+                {
+                    "path": path,
+                    "message": f"{text} is not a number JSON allows: give a finite number",
+                }
+                for path, text in found
+            ]
+            lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
+            await problem(422, "invalid_request", f"request has mistakes: {lines}", problems)(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, receive, send)
