@@ -97,12 +97,32 @@ def origin_of(url: str) -> str | None:
     return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
+def same_origin(url: str, expected: str | None) -> bool:
+    """`url`'s origin is `expected`; a loopback public URL (the default) also matches the other
+    names of loopback on the same scheme and port, so `http://localhost:8080` signs in to a
+    service configured as `http://127.0.0.1:8080`."""
+    got = origin_of(url)
+    if expected is None or got is None:
+        return False
+    if got == expected:
+        return True
+
+    g, e = urlsplit(got), urlsplit(expected)
+    return (
+        (g.scheme, g.port) == (e.scheme, e.port) and _loopback(g.hostname) and _loopback(e.hostname)
+    )
+
+
+def _loopback(host: str | None) -> bool:
+    return host is not None and (host in ("localhost", "::1") or host.startswith("127."))
+
+
 def origin_problem(connection: HTTPConnection, public_url: str) -> str | None:
     """None when the request says it comes from this service's pages; else what is wrong."""
     expected = origin_of(public_url)
     origin = connection.headers.get("origin")
     if origin is not None:
-        if expected is not None and origin_of(origin) == expected:
+        if same_origin(origin, expected):
             return None
         return (
             f"the Origin {origin[:200]!r} is not this service's origin {expected!r} "
@@ -110,7 +130,7 @@ def origin_problem(connection: HTTPConnection, public_url: str) -> str | None:
         )
     referer = connection.headers.get("referer")
     if referer is not None:
-        if expected is not None and origin_of(referer) == expected:
+        if same_origin(referer, expected):
             return None
         return (
             f"there is no Origin header, and the Referer {referer[:200]!r} is not on this "

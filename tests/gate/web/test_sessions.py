@@ -286,3 +286,23 @@ def test_origin_must_be_the_public_urls(origin: str, same: bool) -> None:
     assert (origin_of(origin) == origin_of(PUBLIC)) is same
     assert origin_of("https://[::1]:443/x") == "https://[::1]"
     assert origin_of("http://h:99999") is None
+
+
+@pytest.mark.parametrize(
+    ("origin", "same"),
+    [
+        ("http://localhost:8080", True),
+        ("http://[::1]:8080", True),
+        ("http://127.0.0.2:8080", True),
+        ("http://localhost:8081", False),  # another port is another service
+        ("https://localhost:8080", False),
+        ("http://gate.example:8080", False),
+    ],
+)
+def test_a_loopback_public_url_accepts_loopbacks_other_names(origin: str, same: bool) -> None:
+    """The default public URL (http://127.0.0.1:8080) is also reached as localhost; only the
+    names of loopback are equivalent, and only on the same scheme and port."""
+    from gate.api.guards import same_origin
+
+    assert same_origin(origin, origin_of("http://127.0.0.1:8080")) is same
+    assert not same_origin(origin, origin_of("https://gate.acme.example"))

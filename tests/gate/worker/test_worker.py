@@ -208,7 +208,7 @@ def test_the_api_queues_gates_that_workers_run(
         assert created.status_code == 202, created.text
         gid = created.json()["id"]
         assert broker_empty(str(settings.broker_url)) == (1, 0)  # queued, no worker yet
-        assert "gate_queue_depth 1.0" in api.get("/metrics").text
+        assert "gate_queue_depth 1.0" in api.get("/metrics", headers=headers).text
         assert api.get(f"/v1/gates/{gid}/verdict", headers=headers).json()["state"] == "pending"
 
         worker = start_worker()
@@ -224,7 +224,7 @@ def test_the_api_queues_gates_that_workers_run(
         assert view["worker"] == worker.name and view["attempts"] == 1
         doc = api.get(f"/v1/gates/{gid}/document", headers=headers).json()
         assert any(c["id"] == "steady.ttft.p50" for c in doc["checks"])
-        metrics = api.get("/metrics").text
+        metrics = api.get("/metrics", headers=headers).text
         assert "gate_queue_depth 0.0" in metrics
         assert 'gate_gates{state="complete",verdict="' in metrics
         for phase in ("reserved", "scenario", "judging", "released"):
