@@ -188,12 +188,11 @@ def test_the_api_queues_gates_that_workers_run(
     """The whole scale-out path: POST /v1/gates on an API configured with PostgreSQL and
     Redis queues a Celery task; /metrics shows it waiting; a `gate worker` started later runs
     it; the API serves the verdict it stored."""
+    from apitools import SIM_TEMPLATE, sim_engine
     from fastapi.testclient import TestClient
 
     from gate.access.tokens import create_token
     from gate.api.app import create_app
-
-    from apitools import SIM_TEMPLATE, sim_engine
 
     api_settings = settings.model_copy(update={"engines": {"sim": SIM_TEMPLATE}})
     body = {
