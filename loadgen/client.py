@@ -23,6 +23,12 @@ Reasoning deltas (``reasoning_content``/``reasoning``) count as tokens but are n
 Failures never raise: they come back as a record with ``error_kind`` set, so one bad request
 cannot end a load run. Only cancellation propagates.
 
+Everything an engine sends is bounded, because the engine is the thing under test: a request
+ends at ``Target.deadline_s`` however it trickles; an SSE line or event is capped by
+:mod:`loadgen.sse`; an error body is read up to :data:`MAX_ERROR_BODY_BYTES` and quoted only as
+an :func:`excerpt`; a body read whole (:func:`read_capped`, for the probes) stops at its cap.
+A response abandoned at a cap is closed, never its connection reused.
+
 Client CPU cost: with the lean transport (``loadgen.transport``, the default for http
 targets) a 64-token stream costs about 3 ms of client CPU on this two-core class of machine
 (~40 us per streamed event: JSON decoding, SSE framing, the event loop), against ~8 ms with
@@ -51,7 +57,7 @@ import httpx
 
 from loadgen.prompts import chat_messages
 from loadgen.records import ErrorKind, RequestRecord
-from loadgen.sse import DONE, ServerSentEvent, SSEParser
+from loadgen.sse import DONE, ServerSentEvent, SSELimitError, SSEParser
 from loadgen.transport import SEND_AT, LoadgenTransport, StreamTap
 
 Api = Literal["completions", "chat"]
@@ -62,6 +68,18 @@ _NONFINITE_LOGPROB = -9999.0  # vLLM's own JSON stand-in for -inf
 _KEEPALIVE_S = 30.0
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner, without json.loads' Python wrappers
 
+MAX_BODY_BYTES = 8 << 20
+"""The most of a non-streaming answer that is read (8 MiB): a probe's or a greedy check's
+completion is a few KiB, and an engine that answers without end must not fill our memory."""
+
+MAX_ERROR_BODY_BYTES = 64 << 10
+"""The most of an error answer (a non-2xx status, a JSON body where a stream was asked for)
+that is read (64 KiB): enough for any real error document; only an :func:`excerpt` of its
+message is kept."""
+
+EXCERPT_CHARS = 200
+"""The longest quote of an engine's own words that goes into a record's message."""
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -69,7 +87,9 @@ class Target:
 
     ``timeout_s`` bounds connecting, each wait between two reads and the wait for a pooled
     connection, not the whole request: a long healthy stream must not time out, a stalled one
-    must.
+    must. ``deadline_s`` bounds the whole request, from the instant its bytes leave: an engine
+    that trickles a byte just inside ``timeout_s`` would otherwise hold it (and the gate's
+    GPUs) forever. Set it above the longest healthy request a run can send.
     """
 
     name: str
@@ -77,6 +97,7 @@ class Target:
     api: Api = "completions"
     model: str = "demo-model"
     timeout_s: float = 60.0
+    deadline_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -88,6 +109,8 @@ class Target:
             raise ValueError(f"api: must be 'completions' or 'chat', got {self.api!r}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"timeout_s: must be a finite number > 0, got {self.timeout_s!r}")
+        if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
+            raise ValueError(f"deadline_s: must be a finite number > 0, got {self.deadline_s!r}")
 
     @property
     def url(self) -> str:
@@ -209,7 +232,8 @@ async def send_request(
 
     ``armed``: called ahead of ``intended_ns``; the request is built and a connection made
     ready now, and its bytes leave at ``intended_ns`` on the lean transport's precise timer
-    (other transports: after an asyncio sleep until then).
+    (other transports: after an asyncio sleep until then). ``target.deadline_s`` counts from
+    that instant.
     """
     body = request_body(target, req, history)
     state = _StreamState()
@@ -223,22 +247,31 @@ async def send_request(
     }
     got_headers = False
     extensions: dict[str, Any] = {}
+    loop = asyncio.get_running_loop()
+    leaves_at = loop.time()
     if armed:
         # httpx keeps no public handle on a client's transport; _transport is where it is.
         if isinstance(getattr(client, "_transport", None), LoadgenTransport):
             extensions[SEND_AT] = intended_ns
+            leaves_at += max(0, intended_ns - time.monotonic_ns()) / 1e9
         elif (wait_ns := intended_ns - time.monotonic_ns()) > 0:
             await asyncio.sleep(wait_ns / 1e9)
+            leaves_at = loop.time()
+    # One timer per request, none per event: the whole exchange, however it trickles.
+    deadline = asyncio.timeout_at(leaves_at + target.deadline_s)
     record.sent_ns = time.monotonic_ns()
     try:
-        async with client.stream(
-            "POST",
-            target.url,
-            json=body,
-            headers=headers,
-            timeout=target.timeout_s,
-            extensions=extensions,
-        ) as response:
+        async with (
+            deadline,
+            client.stream(
+                "POST",
+                target.url,
+                json=body,
+                headers=headers,
+                timeout=target.timeout_s,
+                extensions=extensions,
+            ) as response,
+        ):
             got_headers = True
             tap = response.extensions.get("loadgen.tap")
             if isinstance(tap, StreamTap):
@@ -254,6 +287,18 @@ async def send_request(
                 await _read_error(response, state, "protocol_error", "not an event stream")
             else:
                 await _consume(response, state, tap, target.timeout_s)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        if not state.done:  # the deadline fell in the drain after [DONE]: still a success
+            state.fail(
+                "timeout",
+                f"deadline on {target.url}: the request was not over after its "
+                f"deadline_s of {target.deadline_s:g} s",
+            )
+    except SSELimitError as exc:
+        # Raised out of the stream, so the response was closed unread: the connection is gone.
+        state.fail("protocol_error", f"{_exc_text(exc, target)}; the connection was closed")
     except httpx.PoolTimeout as exc:
         # Client-side queueing, not the engine: say so, since the kind alone cannot.
         why = f"no free connection in the client pool for {target.timeout_s:g} s"
@@ -277,14 +322,64 @@ async def send_request(
 async def _read_error(
     response: httpx.Response, state: _StreamState, kind: ErrorKind, why: str = ""
 ) -> None:
-    """Classify by status first, so a body that fails to arrive cannot hide a 5xx."""
+    """Classify by status first, so a body that fails to arrive cannot hide a 5xx.
+
+    At most :data:`MAX_ERROR_BODY_BYTES` of the body are read; a longer one is cut there (its
+    JSON then fails to parse, and the message quotes the start of its text)."""
     try:
-        payload = await response.aread()
+        payload, more = await read_capped(response, MAX_ERROR_BODY_BYTES)
     except httpx.HTTPError:
-        payload = b""
+        payload, more = b"", False
     state.end_ns = time.monotonic_ns()
     message = _error_text(payload, response)
+    if more:
+        cut = f"error body over MAX_ERROR_BODY_BYTES ({MAX_ERROR_BODY_BYTES} bytes), cut"
+        why = f"{why}; {cut}" if why else cut
     state.fail(kind, f"{message} ({why})" if why else message)
+
+
+async def read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of a streamed response's body, and whether it held more.
+
+    Reading stops at the cap: the rest is never read, and closing the response then drops
+    the connection instead of handing it back to the pool. Bodies are decoded (a compressed
+    body counts by its decoded bytes, which is what memory holds).
+    """
+    parts: list[bytes] = []
+    size = 0
+    async for piece in response.aiter_bytes():
+        size += len(piece)
+        if size > cap:
+            parts.append(piece[: len(piece) - (size - cap)])
+            return b"".join(parts), True
+        parts.append(piece)
+    return b"".join(parts), False
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """At most ``limit`` characters of an engine's words, safe to print, log or store.
+
+    Control and other non-printable characters (newlines, terminal escapes, bidirectional
+    overrides) and backslashes come out escaped as ``repr`` escapes them, so an engine cannot
+    forge log lines or drive a terminal; a cut is marked with a final ``…``. HTML needs no
+    escaping here: every page and report renders text through autoescaping templates.
+    (``gate.engines.readiness.excerpt`` is the same for the gate: loadgen imports no gate.)
+    """
+    out: list[str] = []
+    room = limit
+    for i, char in enumerate(text):
+        if i >= limit:
+            break
+        piece = char if char.isprintable() and char != "\\" else repr(char)[1:-1]
+        if len(piece) > room:
+            break
+        out.append(piece)
+        room -= len(piece)
+    else:
+        return "".join(out)
+    while out and room < 1:  # make room for the mark of the cut
+        room += len(out.pop())
+    return "".join(out) + "…"
 
 
 async def _consume(
@@ -400,7 +495,8 @@ class _StreamState:
             self.fail("protocol_error", f"event data is not a JSON object: {data[:200]!r}")
             return False
         if "error" in obj or obj.get("object") == "error":
-            self.fail("stream_error", _error_message(obj) or "error event in stream")
+            message = _error_message(obj)
+            self.fail("stream_error", excerpt(message) if message else "error event in stream")
             return False
         usage = obj.get("usage")
         completion: int | None = None
@@ -568,9 +664,9 @@ def _error_text(payload: bytes, response: httpx.Response) -> str:
         obj = None
     message = _error_message(obj) if isinstance(obj, dict) else None
     prefix = f"HTTP {response.status_code}"
-    return f"{prefix}: {message if message is not None else text.strip()[:_MAX_MESSAGE]}"
+    return f"{prefix}: {excerpt(message if message is not None else text.strip())}"
 
 
-def _exc_text(exc: httpx.HTTPError, target: Target) -> str:
+def _exc_text(exc: Exception, target: Target) -> str:
     detail = str(exc)
     return f"{type(exc).__name__} on {target.url}" + (f": {detail}" if detail else "")

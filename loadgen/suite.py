@@ -15,6 +15,10 @@ rate=40)`` one to one, and a misspelt knob is an error naming the scenario's rea
   the answer against the OpenAI schema;
 - ``correctness``: greedy probes with logprobs; :func:`run_correctness` returns per-probe
   token ids and logprobs for divergence checks between two engines.
+
+The runners read every answer with a cap (:data:`~loadgen.client.MAX_BODY_BYTES`, and
+:data:`MAX_MODELS_BODY_BYTES` for the model list) and end every request at the target's
+``deadline_s``: an engine under test cannot make them read or wait without end.
 """
 
 from __future__ import annotations
@@ -32,7 +36,14 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from loadgen.client import RequestSpec, Target, make_client
+from loadgen.client import (
+    MAX_BODY_BYTES,
+    RequestSpec,
+    Target,
+    excerpt,
+    make_client,
+    read_capped,
+)
 from loadgen.prompts import LengthDist, sample_lengths, synthetic_prompts, varied_prompts
 from loadgen.schedule import Arrival, Phase, PhasedSchedule, build_offsets, build_phased
 
@@ -430,16 +441,17 @@ async def _probe(http: httpx.AsyncClient, target: Target, probe: Probe) -> Probe
     start = time.monotonic_ns()
     result = ProbeResult(probe.name, probe.api, probe.stream, None, False, [], 0.0)
     try:
-        response = await http.post(url, json=body, timeout=target.timeout_s)
-        payload = response.content
-        result.status = response.status_code
-    except httpx.HTTPError as exc:
-        result.problems.append(f"{type(exc).__name__}: {exc}")
+        status, payload, more = await _post_capped(http, url, body, target, MAX_BODY_BYTES)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        result.problems.append(_failure(exc, target))
         result.elapsed_ms = (time.monotonic_ns() - start) / 1e6
         return result
+    result.status = status
     result.elapsed_ms = (time.monotonic_ns() - start) / 1e6
-    result.accepted = response.status_code in probe.accept
-    if response.status_code != 200:
+    result.accepted = status in probe.accept
+    if more:
+        result.problems.append(_over(MAX_BODY_BYTES, "MAX_BODY_BYTES"))
+    elif status != 200:
         result.problems.extend(_check_error(payload))
     elif probe.stream:
         result.problems.extend(_check_stream(payload, probe.api, probe.body))
@@ -447,23 +459,62 @@ async def _probe(http: httpx.AsyncClient, target: Target, probe: Probe) -> Probe
         result.problems.extend(_check_body(payload, probe.api, probe.body))
     result.well_formed = not result.problems
     if not result.accepted:
-        result.problems.insert(0, f"status {response.status_code} not in {list(probe.accept)}")
+        result.problems.insert(0, f"status {status} not in {list(probe.accept)}")
     return result
+
+
+async def _post_capped(
+    http: httpx.AsyncClient, url: str, body: Mapping[str, Any], target: Target, cap: int
+) -> tuple[int, bytes, bool]:
+    """POST ``body``; the status, at most ``cap`` bytes of the answer and whether it held
+    more, all within ``target.deadline_s`` (``TimeoutError`` past it)."""
+    async with (
+        asyncio.timeout(target.deadline_s),
+        http.stream("POST", url, json=body, timeout=target.timeout_s) as response,
+    ):
+        payload, more = await read_capped(response, cap)
+        return response.status_code, payload, more
+
+
+def _failure(exc: httpx.HTTPError | TimeoutError, target: Target) -> str:
+    """A request that got no answer, said as a problem or an error."""
+    if isinstance(exc, TimeoutError):
+        return f"deadline: the request was not over after its deadline_s of {target.deadline_s:g} s"
+    return f"{type(exc).__name__}: {excerpt(str(exc))}"
+
+
+def _over(cap: int, name: str) -> str:
+    return f"body over {name} ({cap} bytes): not read further"
 
 
 def _api_url(target: Target, api: ProbeKind) -> str:
     return dataclasses.replace(target, api=api).url
 
 
+MAX_MODELS_BODY_BYTES = 64 << 10
+"""The most of ``/v1/models`` that is read (64 KiB, as the gate's readiness check reads):
+vLLM's and SGLang's lists are a few hundred bytes a model."""
+
+
 async def _max_model_len(http: httpx.AsyncClient, target: Target) -> int | None:
+    """The context length ``/v1/models`` reports for the target's model; None when it reports
+    none, fails, or answers more than :data:`MAX_MODELS_BODY_BYTES` (the long-prompt probes
+    are then left out, as for an engine that does not say its context length)."""
     base = target.base_url.rstrip("/")
     url = (base if base.endswith("/v1") else base + "/v1") + "/models"
     try:
-        data = (await http.get(url, timeout=target.timeout_s)).json()
+        async with (
+            asyncio.timeout(target.deadline_s),
+            http.stream("GET", url, timeout=target.timeout_s) as response,
+        ):
+            payload, more = await read_capped(response, MAX_MODELS_BODY_BYTES)
+        if more:
+            return None
+        data = json.loads(payload)
         for card in data.get("data", []):
             if card.get("id") == target.model and isinstance(card.get("max_model_len"), int):
                 return int(card["max_model_len"])
-    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+    except (httpx.HTTPError, TimeoutError, ValueError, AttributeError, TypeError):
         return None
     return None
 
@@ -596,10 +647,13 @@ def _check_body(payload: bytes, api: ProbeKind, body: Mapping[str, Any]) -> list
 
 
 def _check_stream(payload: bytes, api: ProbeKind, body: Mapping[str, Any]) -> list[str]:
-    from loadgen.sse import DONE, SSEParser
+    from loadgen.sse import DONE, SSELimitError, SSEParser
 
     parser = SSEParser()
-    events = [*parser.feed(payload), *parser.close()]
+    try:
+        events = [*parser.feed(payload), *parser.close()]
+    except SSELimitError as exc:
+        return [str(exc)]
     if not events:
         return ["stream has no events"]
     problems: list[str] = []
@@ -678,26 +732,32 @@ async def _post_completion(
     target: Target,
     body: dict[str, Any],
     result: CorrectnessResult | ScoreResult,
-) -> tuple[httpx.Response | None, Any]:
-    """POST a non-streaming completion; a transport failure goes to `result.error` (and the
-    response is None), else the status to `result.status` and the parsed body is returned."""
+    cap: int = MAX_BODY_BYTES,
+) -> tuple[int | None, Any]:
+    """POST a non-streaming completion, reading at most ``cap`` bytes of the answer; a
+    transport failure, the deadline or a longer answer goes to `result.error` (and the status
+    returned is None), else the status to `result.status` and it and the parsed body are
+    returned."""
+    url = _api_url(target, "completions")
     try:
-        response = await http.post(
-            _api_url(target, "completions"), json=body, timeout=target.timeout_s
-        )
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+        status, payload, more = await _post_capped(http, url, body, target, cap)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        result.error = _failure(exc, target)
         return None, None
-    result.status = response.status_code
-    return response, _json_or_text(response)
+    result.status = status
+    if more:
+        result.error = f"HTTP {status}: " + _over(cap, "its cap")
+        return None, None
+    return status, _json_or_text(payload)
 
 
-def _json_or_text(response: httpx.Response) -> Any:
-    """The body as JSON, or its text when it is not JSON (an engine's plain 500 page)."""
+def _json_or_text(payload: bytes) -> Any:
+    """The body as JSON, or the start of its text when it is not JSON (an engine's plain 500
+    page)."""
     try:
-        return response.json()
+        return json.loads(payload)
     except ValueError:
-        return response.text[:300]
+        return payload[:2000].decode("utf-8", errors="replace")
 
 
 def _logprob(value: Any) -> float:
@@ -740,12 +800,12 @@ async def _greedy_probe(
     body.update(req.extra)
     body["stream"] = False
     result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
-    response, obj = await _post_completion(http, target, body, result)
-    if response is None:
+    status, obj = await _post_completion(http, target, body, result)
+    if status is None:
         return result
     choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
-    if response.status_code != 200 or not isinstance(choice, dict):
-        result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
+    if status != 200 or not isinstance(choice, dict):
+        result.error = f"HTTP {status}: {excerpt(str(obj))}"
         return result
     result.text = choice.get("text") or ""
     ids = choice.get("token_ids")
@@ -792,8 +852,8 @@ async def _background_load(
         }
         while True:
             try:
-                await http.post(url, json=body, timeout=target.timeout_s)
-            except httpx.HTTPError:
+                await _post_capped(http, url, body, target, MAX_BODY_BYTES)
+            except (httpx.HTTPError, TimeoutError):
                 await asyncio.sleep(0.05)  # a refusing engine is not ours to hammer
 
     tasks = [asyncio.create_task(loop(p)) for p in prompts]
@@ -821,6 +881,11 @@ class ScoreResult:
     top: list[dict[int, float]] | None = None
     error: str | None = None
     supported: bool = True
+
+
+_SCORE_BYTES_PER_ENTRY = 256
+"""Room per prompt token and top-k entry in a teacher-forced answer (vLLM writes about 60
+bytes: ``"123": {"logprob": -1.23, "rank": 1, "decoded_token": "abc"}``)."""
 
 
 async def score_continuations(
@@ -869,15 +934,16 @@ async def _score(
         "stream": False,
     }
     result = ScoreResult(request_id, None)
-    response, obj = await _post_completion(http, target, body, result)
-    if response is None:
+    # The answer scores every prompt token: its size grows with the prompt and the top-k.
+    scored = len(prompt) + len(continuation)
+    cap = MAX_BODY_BYTES + scored * (top_n + 1) * _SCORE_BYTES_PER_ENTRY
+    status, obj = await _post_completion(http, target, body, result, cap)
+    if status is None:
         return result
-    if response.status_code != 200 or not isinstance(obj, dict):
-        result.error = f"HTTP {response.status_code}: {str(obj)[:300]}"
+    if status != 200 or not isinstance(obj, dict):
+        result.error = f"HTTP {status}: {excerpt(str(obj))}"
         # A clean 400 naming the option is an engine without it, not a broken engine.
-        result.supported = not (
-            response.status_code == 400 and "prompt_logprobs" in json.dumps(obj)[:2000]
-        )
+        result.supported = not (status == 400 and "prompt_logprobs" in json.dumps(obj)[:2000])
         return result
     choice = (obj.get("choices") or [None])[0]
     entries = choice.get("prompt_logprobs") if isinstance(choice, dict) else None

@@ -44,7 +44,8 @@ import httpx
 from loadgen.clock import PreciseTimer
 
 _MAX_HEAD = 64 * 1024
-"""Refuse response heads larger than this: a server streaming garbage must not eat memory."""
+"""Refuse response heads (and trailer lines) larger than this: a server streaming garbage must
+not eat memory."""
 
 _Origin = tuple[str, int]
 _DRAIN_S = 1.0
@@ -405,6 +406,8 @@ class _Connection(asyncio.BufferedProtocol):
             elif state == _TRAILER:
                 stop = buf.find(b"\n", pos)
                 if stop < 0:
+                    if end - pos > _MAX_HEAD:
+                        raise httpx.RemoteProtocolError("trailer line too long")
                     break
                 blank = not buf[pos:stop].rstrip(b"\r")
                 pos = stop + 1

@@ -1,12 +1,24 @@
 """Readiness as the gate sees it: port open, /health 200, the model listed in /v1/models.
 
 Each step is a phase with its own timestamp, so a timeout says where an engine stuck.
+
+Bounded, because the engine is the thing under test and may be broken or hostile:
+
+- polls back off: the first wait is `POLL_S`, each poll that finds the phase not reached
+  doubles it, up to `POLL_MAX_S`, and a new phase starts again at `POLL_S`. An engine that
+  loads for ten minutes sees about one poll a second, not thirty; a phase reached is still
+  noticed within the wait then current, and an engine that comes up fast is noticed fast;
+- bodies are read up to a cap (`MAX_HEALTH_BODY_BYTES`, `MAX_MODELS_BODY_BYTES`), never whole;
+- an engine's words reach an error or a phase detail only through `excerpt`: short, with
+  control and non-printable characters escaped, so they cannot forge log lines or drive a
+  terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -17,6 +29,53 @@ from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
 from gate.engines.lifecycle import PhaseLog
 
 POLL_S = 0.05
+"""The first wait between two polls of a phase, and the shortest."""
+
+POLL_MAX_S = 1.0
+"""The longest wait between two polls: how late, at most, a phase reached is noticed."""
+
+MAX_HEALTH_BODY_BYTES = 4 << 10
+"""The most of a /health answer that is read (4 KiB): only its status counts."""
+
+MAX_MODELS_BODY_BYTES = 64 << 10
+"""The most of a /v1/models answer that is read (64 KiB): vLLM's and SGLang's lists take a
+few hundred bytes a model; a longer answer is an error naming this cap."""
+
+EXCERPT_CHARS = 200
+"""The longest quote of an engine's answer in an error or a phase detail."""
+
+
+def excerpt(text: str | bytes, limit: int = EXCERPT_CHARS) -> str:
+    """At most `limit` characters of an engine's words, safe to log, print or store.
+
+    Bytes are decoded as UTF-8 (errors replaced). Control and other non-printable characters
+    (newlines, terminal escapes, bidirectional overrides) and backslashes come out escaped as
+    `repr` escapes them; a cut is marked with a final `…`. HTML needs no escaping here: pages
+    and reports render text through autoescaping templates. (loadgen, which imports nothing
+    from gate, has the same as `loadgen.client.excerpt`.)
+    """
+    if isinstance(text, bytes):
+        text = text[: limit * 4 + 1].decode("utf-8", errors="replace")  # enough to see a cut
+    out: list[str] = []
+    room = limit
+    for i, char in enumerate(text):
+        if i >= limit:
+            break
+        piece = char if char.isprintable() and char != "\\" else repr(char)[1:-1]
+        if len(piece) > room:
+            break
+        out.append(piece)
+        room -= len(piece)
+    else:
+        return "".join(out)
+    while out and room < 1:  # make room for the mark of the cut
+        room += len(out.pop())
+    return "".join(out) + "…"
+
+
+def next_wait(wait_s: float) -> float:
+    """The wait after a poll that found its phase not reached: doubled, at most POLL_MAX_S."""
+    return min(wait_s * 2, POLL_MAX_S)
 
 
 async def _port_open(host: str, port: int) -> bool:
@@ -28,6 +87,21 @@ async def _port_open(host: str, port: int) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
+
+
+async def _get(client: httpx.AsyncClient, path: str, cap: int) -> tuple[int, bytes, bool]:
+    """GET `path`: the status, at most `cap` bytes of the body, and whether it held more
+    (the rest is not read; closing the response then drops the connection)."""
+    async with client.stream("GET", path) as resp:
+        parts: list[bytes] = []
+        size = 0
+        async for piece in resp.aiter_bytes():
+            size += len(piece)
+            if size > cap:
+                parts.append(piece[: len(piece) - (size - cap)])
+                return resp.status_code, b"".join(parts), True
+            parts.append(piece)
+        return resp.status_code, b"".join(parts), False
 
 
 async def wait_ready(
@@ -45,7 +119,7 @@ async def wait_ready(
 
     `alive` returns None while the engine process runs, else why it died; `connect_timeout_s`
     bounds the wait for the port (an attached endpoint that refuses connections is unreachable,
-    not slow).
+    not slow). Polls back off as the module says.
     """
     deadline = time.monotonic() + timeout_s
     parts = urlsplit(base_url)
@@ -65,9 +139,15 @@ async def wait_ready(
             role, phase, f"was not ready after {timeout_s:g}s: stuck in phase {phase}"
         )
 
+    async def pause(wait_s: float, until: float) -> float:
+        """Sleep before the next poll (never past `until` by more than POLL_S); the next wait."""
+        await asyncio.sleep(max(POLL_S, min(wait_s, until - time.monotonic())))
+        return next_wait(wait_s)
+
     port_deadline = deadline
     if connect_timeout_s is not None:
         port_deadline = min(deadline, time.monotonic() + connect_timeout_s)
+    wait_s = POLL_S
     while not await _port_open(host, port):
         check_alive()
         if time.monotonic() > port_deadline:
@@ -76,19 +156,20 @@ async def wait_ready(
                     role, "port_open", f"unreachable: nothing accepts connections at {base_url}"
                 )
             raise timed_out("port_open")
-        await asyncio.sleep(POLL_S)
+        wait_s = await pause(wait_s, port_deadline)
     phases.mark("port_open")
 
     timeout = httpx.Timeout(5.0)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, trust_env=False) as client:
         last = ""
+        wait_s = POLL_S
         while True:
             check_alive()
             try:
-                resp = await client.get("/health")
-                if resp.status_code == 200:
+                status, body, _ = await _get(client, "/health", MAX_HEALTH_BODY_BYTES)
+                if status == 200:
                     break
-                last = f"/health answered {resp.status_code}"
+                last = f"/health answered {status}" + (f": {excerpt(body)}" if body else "")
             except httpx.HTTPError as exc:
                 last = f"/health failed: {type(exc).__name__}"
             if time.monotonic() > deadline:
@@ -97,24 +178,33 @@ async def wait_ready(
                     "healthy",
                     f"was not ready after {timeout_s:g}s: stuck in phase healthy ({last})",
                 )
-            await asyncio.sleep(POLL_S)
+            wait_s = await pause(wait_s, deadline)
         phases.mark("healthy")
 
+        wait_s = POLL_S
         while True:
             check_alive()
             try:
-                resp = await client.get("/v1/models")
-                if resp.status_code == 200:
-                    ids = [m.get("id") for m in resp.json().get("data", [])]
+                status, body, more = await _get(client, "/v1/models", MAX_MODELS_BODY_BYTES)
+                if status == 200:
+                    if more:
+                        raise EngineError(
+                            role,
+                            "model_listed",
+                            f"/v1/models answered more than MAX_MODELS_BODY_BYTES "
+                            f"({MAX_MODELS_BODY_BYTES} bytes): {excerpt(body)}",
+                        )
+                    ids = [m.get("id") for m in json.loads(body).get("data", [])]
                     if model in ids:
                         break
+                    listed = excerpt(", ".join(str(i) for i in ids))
                     raise EngineError(
                         role,
                         "model_listed",
-                        f"does not serve model {model!r}; /v1/models lists {ids}",
+                        f"does not serve model {model!r}; /v1/models lists [{listed}]",
                     )
-                last = f"/v1/models answered {resp.status_code}"
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                last = f"/v1/models answered {status}" + (f": {excerpt(body)}" if body else "")
+            except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
                 last = f"/v1/models failed: {type(exc).__name__}"
             if time.monotonic() > deadline:
                 raise ReadinessTimeout(
@@ -122,5 +212,5 @@ async def wait_ready(
                     "model_listed",
                     f"was not ready after {timeout_s:g}s: stuck in phase model_listed ({last})",
                 )
-            await asyncio.sleep(POLL_S)
+            wait_s = await pause(wait_s, deadline)
         phases.mark("model_listed")
