@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -55,6 +55,10 @@ DEFAULT_ERROR_KINDS: tuple[str, ...] = (
     "protocol_error",
     "truncated",
 )
+
+MAX_BOOTSTRAP_RESAMPLES = 20_000
+MAX_QUANTILES = 8
+MAX_ERROR_KINDS = 32
 
 _KEY = re.compile(r"^p(\d+(?:\.\d+)?)$")
 
@@ -127,7 +131,8 @@ class LoadPolicy(BaseModel):
     )
     recovery_window_s: float = Field(
         default=5.0,
-        gt=0.0,
+        ge=0.1,
+        le=3_600.0,
         description=(
             "Width of the rolling window (by send time) for the recovery p50; it must hold "
             "enough requests for a median (at 20 requests/s, 100)."
@@ -291,12 +296,14 @@ class Policy(BaseModel):
         description=(
             "Latency quantiles to compare. 'auto' checks those of 0.5, 0.9, 0.99 that the "
             "available samples can bound on both sides; listed quantiles are required, and one "
-            "the samples cannot decide is inconclusive (hold)."
+            "the samples cannot decide is inconclusive (hold). At most 8: each is a check per "
+            "scenario and metric, with its own bootstrap."
         ),
     )
     tolerance: dict[str, float] = Field(
         default_factory=lambda: {"p50": 0.05, "p90": 0.10, "p99": 0.10},
         validate_default=True,
+        max_length=MAX_QUANTILES * 2,
         description=(
             "Allowed relative increase of the candidate over the reference per quantile, keyed "
             "'p50', 'p90', 'p99', 'p99.9'; 0.10 allows the candidate up to 1.10x. The p99 "
@@ -330,36 +337,45 @@ class Policy(BaseModel):
     )
     look_every: int = Field(
         default=500,
-        ge=1,
+        ge=10,
+        le=1_000_000,
         description=(
             "Requests per arm between looks of the sequential judge. Looks are free for "
             "validity (the confidence sequences hold at every sample size); the grid only "
-            "bounds the work, and 500 is a few seconds of load at typical rates."
+            "bounds the work, and 500 is a few seconds of load at typical rates. At least 10: "
+            "each look judges the whole prefix so far, so a look per request would cost the "
+            "square of the scenario's size."
         ),
     )
     bootstrap_resamples: int = Field(
         default=200,
         ge=20,
+        le=MAX_BOOTSTRAP_RESAMPLES,
         description=(
             "Block-bootstrap resamples behind each reported estimate interval (95%): 200 "
-            "gives interval ends to about +-10% of their width, enough for a report."
+            "gives interval ends to about +-10% of their width, enough for a report. At most "
+            "20000 (interval ends to about +-1%): the work grows with resamples x requests x "
+            "checks, and two million took 26 s and 2 GB for one gate."
         ),
     )
     bootstrap_block_s: float = Field(
         default=20.0,
-        gt=0.0,
+        ge=0.1,
+        le=86_400.0,
         description=(
             "Time-block length for the bootstrap when sample send times are known: requests "
             "within 10-30 s share batches and load swings, and resampling whole blocks keeps "
             "that dependence (statistics.md)."
         ),
     )
-    error_kinds: list[str] = Field(
+    error_kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=lambda: list(DEFAULT_ERROR_KINDS),
+        max_length=MAX_ERROR_KINDS,
         description=(
             "Error kinds that get their own count test inside the errors budget; any other "
             "kind shares one 'other' test. Fixed in the policy (not taken from the data), so "
-            "the weights of the tests do not depend on what happened."
+            "the weights of the tests do not depend on what happened. At most 32, each a test "
+            "per scenario."
         ),
     )
     error_kind_share: float = Field(
@@ -419,6 +435,7 @@ class Policy(BaseModel):
     warmup_requests: int = Field(
         default=8,
         ge=0,
+        le=100_000,
         description="Requests discarded at the start of each scenario (compilation, CUDA graph "
         "capture); the gate applies it before judging.",
     )
@@ -452,6 +469,8 @@ class Policy(BaseModel):
             return v
         if not v:
             raise ValueError("list at least one quantile, or use 'auto'")
+        if len(v) > MAX_QUANTILES:
+            raise ValueError(f"list at most {MAX_QUANTILES} quantiles, got {len(v)}")
         for q in v:
             if not 0.0 < q < 1.0:
                 raise ValueError(f"quantiles must be in (0, 1), got {q}")

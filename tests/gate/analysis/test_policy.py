@@ -92,3 +92,63 @@ def test_older_three_group_split_still_validates() -> None:
 
 def test_e2e_is_a_metric() -> None:
     assert Policy(metrics=["ttft", "itl", "e2e"]).metrics == ["ttft", "itl", "e2e"]
+
+
+def test_policy_caps_bootstrap_resamples() -> None:
+    """Two million resamples took 26 s and 2 GB for one gate: refused, naming the field, in a
+    spec as in a bare policy (the rejudge endpoint validates the same model)."""
+    from gate.core.errors import SpecError
+    from gate.spec import parse_spec
+
+    assert "bootstrap_resamples" in _error_fields({"bootstrap_resamples": 2_000_000})
+    assert Policy(bootstrap_resamples=20_000).bootstrap_resamples == 20_000
+    spec = {
+        "name": "t",
+        "model": "m",
+        "reference": {"url": "http://127.0.0.1:1"},
+        "candidate": {"url": "http://127.0.0.1:2"},
+        "scenarios": [{"name": "s", "rate": 1, "requests": 10}],
+        "policy": {"bootstrap_resamples": 2_000_000},
+    }
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert "less than or equal to 20000" in paths["policy.bootstrap_resamples"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"look_every": 1}, "look_every"),
+        ({"look_every": 10_000_000}, "look_every"),
+        ({"bootstrap_block_s": 1e-9}, "bootstrap_block_s"),
+        ({"quantiles": [i / 20 for i in range(1, 10)]}, "quantiles"),
+        ({"tolerance": {f"p{i}": 0.1 for i in range(1, 40)}}, "tolerance"),
+        ({"error_kinds": [f"k{i}" for i in range(33)]}, "error_kinds"),
+        ({"error_kinds": ["x" * 65]}, "error_kinds"),
+        ({"extend": 5.0}, "extend"),
+        ({"warmup_requests": 10**9}, "warmup_requests"),
+        ({"load": {"recovery_window_s": 1e-6}}, "load"),
+    ],
+)
+def test_every_size_that_drives_work_is_capped(kwargs: dict[str, Any], field: str) -> None:
+    assert field in _error_fields(kwargs)
+
+
+def test_caps_leave_room_for_real_policies() -> None:
+    p = Policy(
+        look_every=10,
+        quantiles=[0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999],
+        tolerance={
+            "p50": 0.05,
+            "p75": 0.05,
+            "p90": 0.1,
+            "p95": 0.1,
+            "p99": 0.1,
+            "p99.5": 0.1,
+            "p99.9": 0.2,
+            "p99.99": 0.3,
+        },
+        error_kinds=[f"k{i}" for i in range(32)],
+    )
+    assert len(p.checked_quantiles) == 8
