@@ -68,6 +68,23 @@ def synthetic_prompts(n: int, prompt_tokens: int, *, seed: int = 0) -> list[str]
     Prompts are drawn one after another from one generator, so the first ``k`` prompts for a
     seed do not depend on ``n``: a longer run replays a shorter run's prompts and extends them.
     """
+    check_synthetic_prompts(n, prompt_tokens, seed=seed)
+    vocabulary = len(WORDS)
+    rng = np.random.default_rng(seed)
+    words = np.asarray(WORDS)
+    seen: set[str] = set()
+    prompts: list[str] = []
+    while len(prompts) < n:
+        prompt = " ".join(words[rng.integers(0, vocabulary, size=prompt_tokens)].tolist())
+        if prompt not in seen:
+            seen.add(prompt)
+            prompts.append(prompt)
+    return prompts
+
+
+def check_synthetic_prompts(n: int, prompt_tokens: int, *, seed: int = 0) -> None:
+    """Raise what :func:`synthetic_prompts` would raise for these arguments, without drawing:
+    a spec is validated without building its prompts."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n: must be a non-negative integer, got {n!r}")
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
@@ -81,16 +98,6 @@ def synthetic_prompts(n: int, prompt_tokens: int, *, seed: int = 0) -> list[str]
             f"n: {n} distinct prompts of {prompt_tokens} words need a longer prompt_tokens "
             f"(vocabulary is {vocabulary} words)"
         )
-    rng = np.random.default_rng(seed)
-    words = np.asarray(WORDS)
-    seen: set[str] = set()
-    prompts: list[str] = []
-    while len(prompts) < n:
-        prompt = " ".join(words[rng.integers(0, vocabulary, size=prompt_tokens)].tolist())
-        if prompt not in seen:
-            seen.add(prompt)
-            prompts.append(prompt)
-    return prompts
 
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:

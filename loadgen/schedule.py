@@ -11,6 +11,7 @@ idle random wait; gaps follow from there.
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from collections.abc import Sequence
@@ -25,6 +26,58 @@ ARRIVALS: tuple[Arrival, ...] = ("poisson", "constant", "gamma")
 
 MAX_REQUESTS = 10_000_000
 """Refuse schedules larger than this: a typo in rate or duration should fail, not eat memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSize:
+    """How large a schedule will be, from its parameters alone, without drawing it.
+
+    ``requests`` is exact when ``exact`` (a count given, or constant arrivals); for Poisson or
+    gamma arrivals over a duration the count is random and ``requests`` is its expectation
+    rounded up (the drawn count is within a few standard deviations of it: about
+    ``sqrt(requests / min(1, burstiness))``). ``duration_s`` is the span of the send times: the
+    duration given, or ``(requests - 1) / rate`` for a count (the expected last send), or
+    ``None`` for a closed loop, which has no schedule in time.
+    """
+
+    requests: int
+    duration_s: float | None
+    exact: bool
+
+
+def plan_offsets(
+    arrival: Arrival,
+    rate: float,
+    *,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+) -> PlannedSize:
+    """Check the arguments of :func:`build_offsets` as it checks them (the same errors) and say
+    the schedule's size, in constant time: a spec can be validated without building it."""
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    rate = _positive("rate", rate)
+    _positive("burstiness", burstiness)
+    if (requests is None) == (duration_s is None):
+        raise ValueError("requests/duration_s: give exactly one of requests or duration_s")
+    if requests is not None:
+        n = _count(requests)
+        return PlannedSize(n, (n - 1) / rate, exact=True)
+    assert duration_s is not None
+    duration_s = _positive("duration_s", duration_s)
+    expected = rate * duration_s
+    if expected > MAX_REQUESTS:
+        raise ValueError(
+            f"duration_s: rate * duration_s = {expected:.0f} requests exceeds {MAX_REQUESTS}"
+        )
+    if arrival == "constant":
+        # build_offsets keeps i / rate < duration_s for i < ceil(expected) + 1; the quotient
+        # grows with i, so a bisection over the same float divisions counts them exactly.
+        n = math.ceil(expected) + 1
+        kept = bisect.bisect_left(range(n), True, key=lambda i: i / rate >= duration_s)
+        return PlannedSize(kept, duration_s, exact=True)
+    return PlannedSize(math.ceil(expected), duration_s, exact=False)
 
 
 def build_offsets(
@@ -43,13 +96,9 @@ def build_offsets(
     as in vLLM bench), ``constant`` spaces requests exactly ``1/rate`` apart. Give exactly one of
     ``requests`` (that many offsets) or ``duration_s`` (every offset strictly below it).
     """
-    if arrival not in ARRIVALS:
-        raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    plan_offsets(arrival, rate, requests=requests, duration_s=duration_s, burstiness=burstiness)
     rate = _positive("rate", rate)
     burstiness = _positive("burstiness", burstiness)
-    if (requests is None) == (duration_s is None):
-        raise ValueError("requests/duration_s: give exactly one of requests or duration_s")
-
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
@@ -60,10 +109,6 @@ def build_offsets(
     assert duration_s is not None
     duration_s = _positive("duration_s", duration_s)
     expected = rate * duration_s
-    if expected > MAX_REQUESTS:
-        raise ValueError(
-            f"duration_s: rate * duration_s = {expected:.0f} requests exceeds {MAX_REQUESTS}"
-        )
     if arrival == "constant":
         n = math.ceil(expected) + 1
         offsets = np.arange(n, dtype=np.float64) / rate
@@ -198,6 +243,40 @@ class PhasedSchedule:
         return [names[i] for i in self.phase_index.tolist()]
 
 
+def plan_phased(phases: Sequence[Phase]) -> PlannedSize:
+    """Check phases as :func:`build_phased` does (the same errors) and say the schedule's size
+    without drawing it: exact when every phase with arrivals is constant (a constant phase
+    sends ``ceil(expected)`` requests), else the expected count rounded up."""
+    if not phases:
+        raise ValueError("phases: need at least one phase")
+    names = [p.name for p in phases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"phases: names must be unique, got {names}")
+    expected = sum(p.expected_requests for p in phases)
+    if expected > MAX_REQUESTS:
+        raise ValueError(f"phases: {expected:.0f} expected requests exceeds {MAX_REQUESTS}")
+    count = 0
+    exact = True
+    for k, phase in enumerate(phases):
+        total = _phase_total(phase)
+        if total <= 0:
+            continue
+        if phase.arrival == "constant":
+            count += math.ceil(total)
+        else:
+            # A random phase: its expected arrivals, plus the one sent at 0 when it opens.
+            count += math.ceil(total) + (1 if k == 0 else 0)
+            exact = False
+    return PlannedSize(count, float(sum(p.duration_s for p in phases)), exact=exact)
+
+
+def _phase_total(phase: Phase) -> float:
+    """A phase's expected requests, computed exactly as :func:`_phase_offsets` computes it."""
+    r0 = phase.rate
+    r1 = phase.rate if phase.end_rate is None else phase.end_rate
+    return (r0 + r1) / 2 * phase.duration_s
+
+
 def build_phased(phases: Sequence[Phase], *, seed: int = 0) -> PhasedSchedule:
     """Compile phases into one sorted, seeded schedule of absolute offsets.
 
@@ -207,16 +286,9 @@ def build_phased(phases: Sequence[Phase], *, seed: int = 0) -> PhasedSchedule:
     after a random gap). Phases are drawn from one generator in order, so the same seed and
     phases give the same schedule.
     """
-    if not phases:
-        raise ValueError("phases: need at least one phase")
-    names = [p.name for p in phases]
-    if len(set(names)) != len(names):
-        raise ValueError(f"phases: names must be unique, got {names}")
+    plan_phased(phases)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
-    expected = sum(p.expected_requests for p in phases)
-    if expected > MAX_REQUESTS:
-        raise ValueError(f"phases: {expected:.0f} expected requests exceeds {MAX_REQUESTS}")
     rng = np.random.default_rng(seed)
     parts: list[npt.NDArray[np.float64]] = []
     index: list[npt.NDArray[np.int64]] = []
@@ -239,7 +311,7 @@ def _phase_offsets(
     """Offsets within one phase, in [0, duration_s)."""
     r0 = phase.rate
     r1 = phase.rate if phase.end_rate is None else phase.end_rate
-    total = (r0 + r1) / 2 * phase.duration_s  # expected requests: the phase in "Lambda" units
+    total = _phase_total(phase)  # expected requests: the phase in "Lambda" units
     if total <= 0:
         return np.zeros(0, dtype=np.float64)
     # Arrivals of a unit-rate process on [0, total), then mapped to seconds.

@@ -6,6 +6,11 @@ closed-loop concurrency, and the phases of a phased scenario). Overrides are fie
 a gate spec entry such as ``{suite: peak, rate: 40}`` maps onto ``get("peak").build(seed,
 rate=40)`` one to one, and a misspelt knob is an error naming the scenario's real knobs.
 
+``plan(**overrides)`` checks the knobs as ``build`` would (the same errors, in the same order)
+and returns the entry's :class:`~loadgen.schedule.PlannedSize` by arithmetic, in constant
+time: a service validates and caps a caller's spec without building a schedule of a hundred
+thousand requests inside the request that sent it.
+
 - ``normal``: steady Poisson at a nominal rate;
 - ``peak``: the same at a higher sustained rate;
 - ``overload``: nominal, then well beyond capacity, then nominal again;
@@ -44,8 +49,23 @@ from loadgen.client import (
     make_client,
     read_capped,
 )
-from loadgen.prompts import LengthDist, sample_lengths, synthetic_prompts, varied_prompts
-from loadgen.schedule import Arrival, Phase, PhasedSchedule, build_offsets, build_phased
+from loadgen.prompts import (
+    LengthDist,
+    check_synthetic_prompts,
+    sample_lengths,
+    synthetic_prompts,
+    varied_prompts,
+)
+from loadgen.schedule import (
+    Arrival,
+    Phase,
+    PhasedSchedule,
+    PlannedSize,
+    build_offsets,
+    build_phased,
+    plan_offsets,
+    plan_phased,
+)
 
 # --------------------------------------------------------------------------- load scenarios
 
@@ -79,6 +99,19 @@ def _requests(
     return [RequestSpec(i, p, outs[i], dict(extra)) for i, p in enumerate(prompts)]
 
 
+def _check_requests(
+    n: int,
+    prompt_tokens: int | LengthDist,
+    max_tokens: int | LengthDist,
+    extra: Mapping[str, Any],
+) -> None:
+    """Raise what :func:`_requests` would raise for ``n`` requests, without building them."""
+    if not isinstance(prompt_tokens, LengthDist):
+        check_synthetic_prompts(n, prompt_tokens)
+    if n > 0:
+        dict(extra)  # each request copies it: a knob that is not a mapping fails here too
+
+
 _DEFAULT_EXTRA: Mapping[str, Any] = {"ignore_eos": True, "temperature": 0.0}
 
 
@@ -108,6 +141,19 @@ class Steady:
             )
         reqs = _requests(len(offsets), me.prompt_tokens, me.max_tokens, me.extra, seed)
         return BuiltScenario(me.name, reqs, offsets_s=offsets)
+
+    def plan(self, **overrides: Any) -> PlannedSize:
+        """The knobs checked as ``build`` checks them, and the size it will build (module
+        docstring): ``requests``, or ``rate x duration_s`` when a duration is given."""
+        me = _replace(self, overrides)
+        if me.duration_s is not None:
+            size = plan_offsets(
+                me.arrival, me.rate, duration_s=me.duration_s, burstiness=me.burstiness
+            )
+        else:
+            size = plan_offsets(me.arrival, me.rate, requests=me.requests, burstiness=me.burstiness)
+        _check_requests(size.requests, me.prompt_tokens, me.max_tokens, me.extra)
+        return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +217,14 @@ class Overload:
         schedule = build_phased(me.phases(), seed=seed)
         reqs = _requests(len(schedule.offsets_s), me.prompt_tokens, me.max_tokens, me.extra, seed)
         return BuiltScenario(me.name, reqs, offsets_s=schedule.offsets_s, phases=schedule)
+
+    def plan(self, **overrides: Any) -> PlannedSize:
+        """The knobs checked as ``build`` checks them, and the size it will build (module
+        docstring): the phases' expected requests, their durations summed."""
+        me = _replace(self, overrides)
+        size = plan_phased(me.phases())
+        _check_requests(size.requests, me.prompt_tokens, me.max_tokens, me.extra)
+        return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +352,21 @@ class Compatibility:
     name: ClassVar[str] = "compatibility"
     max_model_len: int | None = None
 
+    def __post_init__(self) -> None:
+        value = self.max_model_len
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"max_model_len must be an integer or null, got {value!r}")
+
     def probes(self) -> list[Probe]:
         return default_probes(self.max_model_len)
+
+    def plan(self, **overrides: Any) -> PlannedSize:
+        """What ``build`` gives: the streaming completions probes, whatever the context length
+        (the long-prompt probes are not streamed), without building the long prompts."""
+        _replace(self, overrides)
+        shapes = default_probes(None)
+        count = sum(1 for p in shapes if p.stream and p.api == "completions")
+        return PlannedSize(count, None, exact=True)
 
     def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
         me = _replace(self, overrides)
@@ -365,6 +432,11 @@ class Correctness:
     def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
         me = _replace(self, overrides)
         return BuiltScenario(me.name, me.requests(seed), concurrency=1)
+
+    def plan(self, **overrides: Any) -> PlannedSize:
+        """``probes_count`` greedy probes (the knobs were checked when the entry was made)."""
+        me: Correctness = _replace(self, overrides)
+        return PlannedSize(me.probes_count, None, exact=True)
 
 
 Scenario = Normal | Peak | Overload | Recovery | Compatibility | Correctness

@@ -338,3 +338,49 @@ def test_kubernetes_engines_pair_with_each_other_on_one_cluster() -> None:
 )
 def test_every_example_spec_loads(path: Path) -> None:
     assert load_spec(path).scenarios
+
+
+def test_spec_validation_does_not_build_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller's `{suite: normal, requests: 100000}` is validated by arithmetic (suite.plan):
+    building it took 6 s inside the POST that sent it. Every builder raises here, so validation
+    that built anything would fail."""
+    import time
+
+    from loadgen import prompts, schedule, suite
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("spec validation built a schedule")
+
+    for cls in (suite.Steady, suite.Overload, suite.Compatibility, suite.Correctness):
+        monkeypatch.setattr(cls, "build", boom)
+    for module in (suite, schedule):
+        monkeypatch.setattr(module, "build_offsets", boom)
+        monkeypatch.setattr(module, "build_phased", boom)
+    for module in (suite, prompts):
+        monkeypatch.setattr(module, "synthetic_prompts", boom)
+    base = yaml_example()
+    base["scenarios"] = [
+        {"suite": "normal", "requests": 100_000},
+        {"suite": "peak", "duration_s": 3_000, "rate": 30},
+        {"suite": "recovery", "overload_rate": 500, "overload_s": 60},
+        {"suite": "compatibility", "max_model_len": 100_000},
+        {"suite": "correctness", "probes_count": 10_000},
+    ]
+    t0 = time.perf_counter()
+    spec = parse_spec(base)
+    assert time.perf_counter() - t0 < 1.0
+    assert spec.scenarios[0].settings == {"requests": 100_000}
+    # Bad knobs are still named as building them would have named them.
+    base["scenarios"] = [
+        {"suite": "normal", "rate": -2},
+        {"suite": "overload", "name": "o", "before_s": 0},
+        {"suite": "normal", "name": "n2", "requests": 400, "prompt_tokens": 1},
+    ]
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    paths = {p.path: p.message for p in info.value.problems}
+    assert paths["scenarios[0].settings"] == (
+        "suite normal rejects these settings: rate: must be a finite number > 0, got -2"
+    )
+    assert "duration_s: must be a finite number > 0" in paths["scenarios[1].settings"]
+    assert "400 distinct prompts of 1 words" in paths["scenarios[2].settings"]

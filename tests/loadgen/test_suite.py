@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loadgen import Target
+from loadgen.schedule import PlannedSize
 from loadgen.suite import (
     SUITE,
     BuiltScenario,
@@ -106,3 +110,131 @@ def test_probe_failures_are_results(stream_server: Any) -> None:
     assert refused.status == 500 and not refused.ok and refused.well_formed
     assert stream.status == 200 and not stream.well_formed
     assert any("[DONE]" in p for p in stream.problems)
+
+
+# -- planned sizes: arithmetic that must agree with what build() draws ------------------------
+
+ARRIVAL = st.sampled_from(["poisson", "constant", "gamma"])
+
+
+@st.composite
+def steady_knobs(draw: st.DrawFn) -> dict[str, Any]:
+    knobs: dict[str, Any] = {
+        "arrival": draw(ARRIVAL),
+        "rate": draw(st.floats(0.5, 200.0)),
+        "burstiness": draw(st.floats(0.2, 5.0)),
+        "prompt_tokens": draw(st.integers(2, 48)),
+        "max_tokens": draw(st.integers(1, 64)),
+    }
+    if draw(st.booleans()):
+        knobs["requests"] = draw(st.integers(1, 3_000))
+    else:
+        knobs["duration_s"] = draw(st.floats(0.05, 3_000.0 / knobs["rate"]))
+    return knobs
+
+
+@st.composite
+def phased_knobs(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "arrival": draw(ARRIVAL),
+        "rate": draw(st.floats(0.0, 40.0)),
+        "overload_rate": draw(st.floats(0.0, 120.0)),
+        "before_s": draw(st.floats(0.1, 10.0)),
+        "overload_s": draw(st.floats(0.1, 10.0)),
+        "after_s": draw(st.floats(0.1, 10.0)),
+        "ramp_s": draw(st.sampled_from([0.0, 0.5, 3.0])),
+        "prompt_tokens": draw(st.integers(2, 48)),
+    }
+
+
+def _agrees(size: PlannedSize, built: BuiltScenario, knobs: dict[str, Any]) -> None:
+    n = len(built.requests)
+    burstiness = float(knobs.get("burstiness", 1.0))
+    if size.exact:
+        assert size.requests == n
+    else:  # a random count: within six of its standard deviations (plus the first send)
+        sd = math.sqrt(max(size.requests, 1) / min(1.0, burstiness))
+        assert abs(n - size.requests) <= 6 * sd + 2, (size, n)
+    if built.offsets_s is None or not n:
+        return
+    assert size.duration_s is not None
+    last = float(built.offsets_s[-1])
+    if built.phases is not None or "duration_s" in knobs:
+        assert last < size.duration_s  # every send inside the window
+    elif knobs["arrival"] == "constant":
+        assert last == size.duration_s  # (n - 1) / rate, to the bit
+    else:  # the expected last send of a count: a sum of n - 1 random gaps
+        sd = math.sqrt(max(n - 1, 1) / min(1.0, burstiness)) / knobs["rate"]
+        assert abs(last - size.duration_s) <= 6 * sd + 1e-9, (size, last)
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(["normal", "peak"]), knobs=steady_knobs(), seed=st.integers(0, 99))
+def test_suite_size_is_arithmetic(name: str, knobs: dict[str, Any], seed: int) -> None:
+    """plan() is arithmetic on the knobs, and it is what build() draws: exactly for a count or
+    constant arrivals, within the count's own noise for a Poisson or gamma duration."""
+    size = get(name, **knobs).plan()
+    built = get(name, **knobs).build(seed)
+    _agrees(size, built, knobs)
+    if "requests" in knobs:
+        assert size.exact and size.requests == knobs["requests"]
+    elif knobs["arrival"] == "constant":
+        assert size.exact
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["overload", "recovery"]), knobs=phased_knobs(), seed=st.integers(0, 99)
+)
+def test_phased_suite_size_is_arithmetic(name: str, knobs: dict[str, Any], seed: int) -> None:
+    size = get(name, **knobs).plan()
+    built = get(name, **knobs).build(seed)
+    assert built.phases is not None
+    _agrees(size, built, knobs)
+    assert size.duration_s == pytest.approx(built.phases.duration_s)
+    if knobs["arrival"] == "constant":
+        assert size.exact
+
+
+@pytest.mark.parametrize(
+    ("name", "knobs"),
+    [("compatibility", {}), ("compatibility", {"max_model_len": 64}), ("correctness", {})]
+    + [("correctness", {"probes_count": n}) for n in (1, 7, 40)],
+)
+def test_probe_suite_sizes_are_what_build_gives(name: str, knobs: dict[str, Any]) -> None:
+    size = get(name, **knobs).plan()
+    assert size.exact and size.duration_s is None
+    assert size.requests == len(get(name, **knobs).build(0).requests)
+
+
+KNOB_VALUES: dict[str, list[Any]] = {
+    "rate": [-1.0, 0.0, float("nan"), "fast", True, 5.0, 50.0],
+    "requests": [0, -3, 1.5, None, 1, 40, 10**8],
+    "duration_s": [None, None, -1.0, 0.0, 2.0],
+    "arrival": ["poisson", "constant", "bogus"],
+    "burstiness": [0.0, 0.5, 1.0],
+    "prompt_tokens": [0, 2, 16, "long", 1.5],
+    "extra": [{}, {"seed": 1}, "not-a-mapping", 5],
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    knobs=st.fixed_dictionaries(
+        {}, optional={k: st.sampled_from(v) for k, v in KNOB_VALUES.items()}
+    )
+)
+def test_plan_refuses_exactly_what_build_refuses(knobs: dict[str, Any]) -> None:
+    """Bad knobs give the same error from plan() as from build(), so validating a spec by
+    arithmetic says what building it would have said."""
+
+    def outcome(call: Any) -> str:
+        try:
+            call()
+        except (ValueError, TypeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
+
+    planned = outcome(lambda: get("normal", **knobs).plan())
+    built = outcome(lambda: get("normal", **knobs).build(0))
+    assert planned == built
