@@ -146,12 +146,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(spec, settings, args)
         return 0 if code in (0, 1) else code
     try:
+        from gate.core.limits import Limits, spec_limit_problems
         from gate.runs.requests import command_line_url_problems
         from gate.spec import load_spec
 
         spec = load_spec(args.spec)
         if problems := command_line_url_problems(spec, settings):
             raise SpecError(problems, str(args.spec))
+        # The operator's caps bind a spec file as they bind one sent to the API.
+        if over := spec_limit_problems(spec, Limits.from_settings(settings)):
+            raise SpecError(over, str(args.spec))
     except SpecError as exc:
         return _spec_error(exc, args.json)
     return _run(spec, settings, args)

@@ -520,6 +520,14 @@ class GateSpec(_Strict):
     )
     policy: Policy = Field(default_factory=Policy)
     seed: int = Field(default=0, ge=0)
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86_400,
+        description="seconds the whole gate may take, from its start (waiting for capacity, "
+        "launching, every scenario, judging); past it the gate stops and holds naming it. "
+        "Default: the operator's GATE_DEADLINE_S; at most GATE_MAX_DEADLINE_S.",
+    )
 
     @model_validator(mode="after")
     def _unique_scenarios(self) -> GateSpec:

@@ -433,3 +433,27 @@ def test_correctness_suite_settings_are_validated(tmp_path: Path) -> None:
     out = gate(tmp_path, "run", str(p))
     assert out.returncode == 2
     assert "scenarios[0].probes" in out.stderr and "probes_count" in out.stderr
+
+
+def test_run_refuses_a_spec_over_the_operators_caps(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gate run` obeys the same caps as the API (GATE_MAX_...): refused before anything is
+    reserved or launched, each over-cap field named with the cap and its setting."""
+    monkeypatch.setenv("GATE_MAX_SCENARIO_REQUESTS", "100")
+    p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=400, deadline_s=1e5)
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["state"] == "invalid" and doc["verdict"] == "hold"
+    reasons = {r["check"]: r["message"] for r in doc["reasons"]}
+    assert reasons == {
+        "spec.scenarios[0].requests": "400 is above the cap of 100 requests per scenario "
+        "(GATE_MAX_SCENARIO_REQUESTS)",
+        "spec.deadline_s": "100000 is above the cap of 14400 seconds per gate "
+        "(GATE_MAX_DEADLINE_S)",
+    }
+    assert (
+        not (tmp_path / "g.db").exists()
+        or db_rows(tmp_path, "select count(*) from gates")[0][0] == 0
+    )

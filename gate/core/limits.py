@@ -1,0 +1,319 @@
+"""Caps on what one gate spec may make the gate spend: requests, seconds, tokens, probes.
+
+A spec is a caller's document, and the gate turns it into GPU time, HTTP requests, memory and
+CPU. The field bounds of `gate/spec.py` only keep a spec meaningful (a rate above zero); these
+caps keep it affordable, and they belong to the operator, not to the spec's author: each is a
+setting (`GATE_MAX_...`, `gate/core/settings.py`) read by the API (`gate/runs/requests.py`),
+by `gate run`, and by the runner itself before it reserves anything (a stored spec is checked
+again under the settings of the worker that runs it).
+
+Sizes are the planned ones, computed by arithmetic from the spec (`loadgen.suite` entries'
+`plan()`, `loadgen.schedule.plan_offsets`), never by building a schedule: for a Poisson or
+gamma duration the count is random and its expectation is what is capped (the drawn count is
+within a few standard deviations of it). A closed loop run for a duration has no planned
+count; the runner stops it at the per-scenario cap.
+
+| setting (GATE_...)          | default | what it bounds                                          |
+|-----------------------------|---------|---------------------------------------------------------|
+| max_scenario_requests       |  20000  | planned requests per arm of one scenario (a suite's too)|
+| max_gate_requests           | 100000  | planned requests per arm of all scenarios, extensions in|
+| max_scenario_duration_s     |   3600  | planned seconds of load of one scenario                 |
+| max_scenarios               |     20  | scenarios in one spec                                   |
+| max_prompt_tokens           |  32768  | prompt_tokens, and a compatibility suite's max_model_len|
+| max_output_tokens           |   8192  | max_tokens (and max_tokens-like keys of a suite's extra)|
+| max_probes                  |    256  | a correctness suite's probes_count                      |
+| max_envelope_load           |    256  | a correctness suite's envelope_load (background streams)|
+| max_concurrency             |   1024  | concurrency of a closed-loop scenario                   |
+| max_rate                    |   2000  | requests/s of any scenario or phase (overload_rate too) |
+| max_wait_s                  |   3600  | shape.wait_s, the wait for capacity                     |
+| max_readiness_timeout_s     |   3600  | each engine's readiness_timeout_s                       |
+| max_deadline_s              |  14400  | deadline_s, the whole gate's deadline a spec may ask for|
+| deadline_s                  |   3600  | the gate's deadline when the spec gives none            |
+| scenario_deadline_factor    |      2  | a scenario's deadline: planned seconds x this ...       |
+| scenario_deadline_slack_s   |    300  | ... plus this (the last requests finishing, the looks)  |
+
+The last three are not caps but the deadlines the runner enforces (`gate/runs/service.py`):
+past the gate's deadline the gate stops, wherever it is, and holds naming it; a scenario past
+its own deadline is stopped and the gate holds naming it. A scenario without planned seconds
+(a closed loop of a number of requests, the probe suites) gets max_scenario_duration_s as its
+planned seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gate.core.errors import FieldProblem
+
+if TYPE_CHECKING:
+    from gate.core.settings import Settings
+    from gate.spec import GateSpec, ScenarioSpec
+
+__all__ = ["Limits", "ScenarioSize", "scenario_deadline_s", "scenario_size", "spec_limit_problems"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The operator's caps (module docstring); field names are the settings' names."""
+
+    max_scenario_requests: int = 20_000
+    max_gate_requests: int = 100_000
+    max_scenario_duration_s: float = 3_600.0
+    max_scenarios: int = 20
+    max_prompt_tokens: int = 32_768
+    max_output_tokens: int = 8_192
+    max_probes: int = 256
+    max_envelope_load: int = 256
+    max_concurrency: int = 1_024
+    max_rate: float = 2_000.0
+    max_wait_s: float = 3_600.0
+    max_readiness_timeout_s: float = 3_600.0
+    max_deadline_s: float = 14_400.0
+    deadline_s: float = 3_600.0
+    scenario_deadline_factor: float = 2.0
+    scenario_deadline_slack_s: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+    def gate_deadline_s(self, spec: GateSpec) -> float:
+        """The spec's deadline, or the default; never above the cap."""
+        asked = spec.deadline_s if spec.deadline_s is not None else self.deadline_s
+        return min(asked, self.max_deadline_s)
+
+
+def _env(name: str) -> str:
+    return f"GATE_{name.upper()}"
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioSize:
+    """A scenario's planned size: requests per arm (None: a closed loop for a duration) and
+    seconds of load (None: not planned in time)."""
+
+    requests: int | None
+    duration_s: float | None
+    exact: bool
+    driver: str  # the field the count follows: requests or duration_s; "" for phases, probes
+    rate: float | None  # requests/s of a steady open loop
+    load: bool  # load scenarios count toward the gate's total; probe suites do not
+    extendable: bool  # steady open loop: policy `extend` may run it on past its plan
+
+
+def scenario_size(sc: ScenarioSpec) -> ScenarioSize:
+    """By arithmetic, never by building (module docstring); `sc` was validated, so the
+    arithmetic cannot fail here."""
+    from loadgen import suite as catalogue
+    from loadgen.schedule import plan_offsets
+
+    if sc.suite is not None:
+        entry = catalogue.get(sc.suite, **sc.settings)
+        size = entry.plan()
+        if isinstance(entry, catalogue.Steady):
+            driver = "duration_s" if entry.duration_s is not None else "requests"
+            rate: float | None = entry.rate
+        else:
+            driver, rate = "", None
+        return ScenarioSize(
+            size.requests,
+            size.duration_s,
+            size.exact,
+            driver,
+            rate,
+            load=not sc.is_probe,
+            extendable=sc.suite == "normal" and size.requests >= 2,
+        )
+    if sc.arrival == "concurrency":
+        driver = "requests" if sc.requests is not None else "duration_s"
+        return ScenarioSize(sc.requests, sc.duration_s, True, driver, None, True, False)
+    assert sc.rate is not None
+    size = plan_offsets(
+        sc.arrival,
+        sc.rate,
+        requests=sc.requests,
+        duration_s=sc.duration_s,
+        burstiness=sc.burstiness,
+    )
+    driver = "requests" if sc.requests is not None else "duration_s"
+    return ScenarioSize(
+        size.requests, size.duration_s, size.exact, driver, sc.rate, True, size.requests >= 2
+    )
+
+
+def scenario_deadline_s(planned_s: float | None, limits: Limits) -> float:
+    """How long a scenario may run: its planned seconds (or, unplanned, the cap on them) times
+    the factor, plus the slack."""
+    base = limits.max_scenario_duration_s if planned_s is None else planned_s
+    return base * limits.scenario_deadline_factor + limits.scenario_deadline_slack_s
+
+
+def _cap(
+    path: str, value: float, limits: Limits, cap_name: str, what: str, text: str = ""
+) -> list[FieldProblem]:
+    """[the problem] when `value` is above the cap `cap_name`; `text` says the value in words."""
+    cap = getattr(limits, cap_name)
+    if value <= cap:
+        return []
+    said = text or _num(value)
+    return [FieldProblem(path, f"{said} is above the cap of {_num(cap)} {what} ({_env(cap_name)})")]
+
+
+def _requests_text(sc: ScenarioSpec, size: ScenarioSize) -> str:
+    if size.driver == "requests":
+        return str(size.requests)
+    if size.driver == "duration_s":
+        return (
+            f"{_num(size.duration_s or 0.0)} s at {_num(size.rate or 0.0)} requests/s plan "
+            f"{'' if size.exact else 'about '}{size.requests} requests, which"
+        )
+    return f"the {sc.suite} suite plans about {size.requests} requests, which"
+
+
+def spec_limit_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:
+    """Every way `spec` asks for more than `limits` allow, each naming the field path, the
+    value and the cap with its setting. Pure: no schedule is built, nothing is read."""
+    out = _cap(
+        "scenarios",
+        len(spec.scenarios),
+        limits,
+        "max_scenarios",
+        "scenarios per gate",
+        f"{len(spec.scenarios)} scenarios",
+    )
+    total = 0
+    planned_s = 0.0
+    for i, sc in enumerate(spec.scenarios):
+        at = f"scenarios[{i}]"
+        size = scenario_size(sc)
+        if size.load and size.requests is not None:
+            path = f"{at}.{size.driver}" if size.driver else at
+            out += _cap(
+                path,
+                size.requests,
+                limits,
+                "max_scenario_requests",
+                "requests per scenario",
+                _requests_text(sc, size),
+            )
+            extend = spec.policy.extend if size.extendable else 0.0
+            total += size.requests + math.ceil(size.requests * extend)
+        elif size.load:  # a closed loop for a duration: the runner stops it at the cap
+            total += limits.max_scenario_requests
+        if size.load and size.duration_s is not None:
+            planned_s += size.duration_s
+            by_field = size.driver == "duration_s"
+            out += _cap(
+                f"{at}.duration_s" if by_field else at,
+                size.duration_s,
+                limits,
+                "max_scenario_duration_s",
+                "seconds per scenario",
+                "" if by_field else f"{size.duration_s:.0f} s of planned load",
+            )
+        out += _scenario_knob_problems(at, sc, limits)
+    out += _cap(
+        "scenarios",
+        total,
+        limits,
+        "max_gate_requests",
+        "requests per gate",
+        f"{total} planned requests per arm in all (extensions included)",
+    )
+    out += _cap("shape.wait_s", spec.shape.wait_s, limits, "max_wait_s", "seconds of waiting")
+    for role in ("reference", "candidate"):
+        timeout = getattr(spec, role).readiness_timeout_s
+        out += _cap(
+            f"{role}.readiness_timeout_s",
+            timeout,
+            limits,
+            "max_readiness_timeout_s",
+            "seconds to become ready",
+        )
+    if spec.deadline_s is not None:
+        out += _cap("deadline_s", spec.deadline_s, limits, "max_deadline_s", "seconds per gate")
+    deadline = limits.gate_deadline_s(spec)
+    if planned_s > deadline:
+        out.append(
+            FieldProblem(
+                "deadline_s",
+                f"the scenarios plan {planned_s:.0f} s of load, more than the gate deadline of "
+                f"{_num(deadline)} s: give a longer deadline_s (the cap is "
+                f"{_num(limits.max_deadline_s)} s, {_env('max_deadline_s')}) or shorter scenarios",
+            )
+        )
+    return out
+
+
+_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "min_tokens")
+_FAN_OUT_KEYS = ("n", "best_of")
+
+
+def _scenario_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[FieldProblem]:
+    """Rates, concurrency, tokens and probe settings of one scenario (explicit or a suite's
+    knobs, which a spec writes beside `suite:` and which are named that way)."""
+    out: list[FieldProblem] = []
+    fields: dict[str, Any]
+    if sc.suite is None:
+        fields = {
+            "rate": sc.rate,
+            "concurrency": sc.concurrency,
+            "prompt_tokens": sc.prompt_tokens,
+            "max_tokens": sc.max_tokens,
+        }
+    else:
+        from loadgen import suite as catalogue
+
+        entry = catalogue.get(sc.suite, **sc.settings)
+        fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
+    caps = {
+        "rate": ("max_rate", "requests/s"),
+        "overload_rate": ("max_rate", "requests/s"),
+        "concurrency": ("max_concurrency", "requests in flight"),
+        "prompt_tokens": ("max_prompt_tokens", "prompt tokens"),
+        "max_model_len": ("max_prompt_tokens", "prompt tokens"),
+        "max_tokens": ("max_output_tokens", "output tokens"),
+        "probes_count": ("max_probes", "probes"),
+        "envelope_load": ("max_envelope_load", "background requests"),
+    }
+    for key, (cap_name, what) in caps.items():
+        value = _largest(fields.get(key))
+        if value is not None:
+            out += _cap(f"{at}.{key}", value, limits, cap_name, what)
+    extra = fields.get("extra")
+    if isinstance(extra, Mapping):
+        for key in _OUTPUT_KEYS:
+            value = _largest(extra.get(key))
+            if value is not None:
+                out += _cap(
+                    f"{at}.extra.{key}", value, limits, "max_output_tokens", "output tokens"
+                )
+        for key in _FAN_OUT_KEYS:
+            value = _largest(extra.get(key))
+            if value is not None and value > 1:
+                out.append(
+                    FieldProblem(
+                        f"{at}.extra.{key}",
+                        f"{_num(value)} completions per request: the gate sends and judges one "
+                        "per request, so more would be work nobody judges (at most 1)",
+                    )
+                )
+    return out
+
+
+def _largest(value: Any) -> float | None:
+    """A number knob's value, a length distribution's maximum; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    maximum = getattr(value, "maximum", None)
+    return maximum if isinstance(maximum, int) else None
