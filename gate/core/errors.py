@@ -81,3 +81,11 @@ class GateCancelled(GateError):
 
     status_code = 409
     code = "cancelled"
+
+
+class DeadlinePassed(GateError):
+    """The gate, or one of its scenarios, ran past its deadline (gate/core/limits.py): it was
+    stopped there and holds, its engines torn down and its GPUs released."""
+
+    status_code = 504
+    code = "deadline"

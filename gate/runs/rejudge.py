@@ -88,7 +88,10 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
             by_scenario.setdefault(row.scenario, {})[row.role] = Columns.from_bytes(row.columns)
     warm = policy.warmup_requests
     doc = run.document
-    spec = parse_spec(run.spec, source=f"gate {gate_id}")
+    # The stored policy is replaced by `policy` (validated under the same caps by its model),
+    # so a stored one the caps now refuse does not stop its samples from being judged again.
+    stored = {k: v for k, v in run.spec.items() if k != "policy"}
+    spec = parse_spec(stored, source=f"gate {gate_id}")
     specs = {sc.name: sc for sc in spec.scenarios}
     ran = {sc["name"]: sc for sc in doc.get("scenarios") or []}
     scenarios: list[ScenarioSamples] = []

@@ -13,11 +13,11 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,7 +30,8 @@ from gate.analysis.plan import Plan
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
-from gate.core.errors import EngineError, GateCancelled, GateError
+from gate.core.errors import DeadlinePassed, EngineError, GateCancelled, GateError, SpecError
+from gate.core.limits import Limits, scenario_deadline_s, spec_limit_problems
 from gate.core.settings import Settings
 from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import Clock, CrashInfo, PhaseLog
@@ -69,9 +70,10 @@ from loadgen.schedule import PhasedSchedule, build_offsets
 ROLES = ("reference", "candidate")
 ENGINE_WARMUP_REQUESTS = 4
 CRASH_POLL_S = 0.1
-CLOSED_LOOP_CAP = 10_000_000
 
 EXIT_CONTINUE, EXIT_HOLD, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -174,6 +176,7 @@ class ScenarioResult:
     planned: int | None = None  # requests per arm after the warm-up, when the plan has it
     early_stop: EarlyStop | None = None  # judged on the prefix its last look saw
     looks: int = 0
+    overran: str | None = None  # why it was stopped at its deadline, when it was
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,18 @@ class _Schedule:
     offsets: np.ndarray | None
     concurrency: int | None
     phases: PhasedSchedule | None
-    n: int
+    n: int  # an open-ended closed loop: the most it may send (the per-scenario cap)
+    open_ended: bool = False  # a closed loop for a duration: its size is not known in advance
+
+    @property
+    def planned_s(self) -> float | None:
+        """Seconds of load it plans (the last send; a phased schedule's phases), or None
+        when that is not known in advance (a closed loop of a number of requests)."""
+        if self.phases is not None:
+            return self.phases.duration_s
+        if self.offsets is not None:
+            return float(self.offsets[-1]) if self.offsets.size else 0.0
+        return None
 
 
 class _LiveProgress:
@@ -247,6 +261,10 @@ class GateRunner:
         self.run_notes: list[str] = []  # the run's own notes for the verdict document
         self.correctness: list[CorrectnessRun] = []
         self.divergence: list[DivergenceSamples] = []
+        self.limits = Limits.from_settings(self.settings)
+        self.stage = "the start"  # where the gate is, for a deadline's message
+        self.deadline_reason: str | None = None  # set when the gate's deadline passed
+        self._stopping = threading.Lock()  # one of cancel and deadline stops the run, not both
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -305,36 +323,54 @@ class GateRunner:
             daemon=True,
         )
         liveness.start()
+        deadline_s = self.limits.gate_deadline_s(self.spec)
+        deadline = asyncio.get_running_loop().call_later(deadline_s, self._deadline, me, deadline_s)
         try:
+            # A stored spec is checked again under the caps of the worker that runs it.
+            if over := spec_limit_problems(self.spec, self.limits):
+                raise SpecError(over, f"gate {self.gate_id}")
+            self.stage = "the reservation"
             self.grant = await self._reserve_or_wait()
             if self.grant is not None:
                 self.gate_phase("reserved", self.grant.describe())
                 heartbeat = asyncio.create_task(self._heartbeat())
             else:
                 self.gate_phase("reserved", "nothing to reserve: both engines are attached")
+            self.stage = "the launch"
             await self._launch_all()
+            self.stage = "the warm-up"
             await self._warm_up()
             for scenario in self.spec.scenarios:
+                self.stage = f"scenario {scenario.name}"
                 if scenario.suite == "compatibility":
-                    await self._run_probes(scenario)
+                    await self._bounded(scenario, self._run_probes(scenario))
                 else:
-                    self.results.append(await self._run_scenario(scenario))
+                    result = await self._run_scenario(scenario)
+                    self.results.append(result)
+                    if result.overran is not None:
+                        raise DeadlinePassed(result.overran)
                 if self.crashes:
                     break
+            self.stage = "judging"
             self.gate_phase("judging")
-            verdict = self._judge()
+            # Off the event loop, so the heartbeat and a cancel or the deadline still act.
+            verdict = await _in_daemon_thread(self._judge, f"gate-judge-{self.gate_id[:8]}")
         except GateError as exc:
             error, state = exc, "error"
         except asyncio.CancelledError:
-            if self.cancel_reason is not None and me is not None:
-                me.uncancel()  # our own cancel (from the API), handled here
-            error, state = (
-                GateCancelled(
-                    self.cancel_reason or "the gate was interrupted before it could decide"
-                ),
-                "cancelled",
-            )
+            if (self.cancel_reason or self.deadline_reason) is not None and me is not None:
+                me.uncancel()  # our own cancel (from the API, or the deadline), handled here
+            if self.deadline_reason is not None and self.cancel_reason is None:
+                error, state = DeadlinePassed(self.deadline_reason), "error"
+            else:
+                error, state = (
+                    GateCancelled(
+                        self.cancel_reason or "the gate was interrupted before it could decide"
+                    ),
+                    "cancelled",
+                )
         finally:
+            deadline.cancel()
             stop_beating.set()
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -346,6 +382,16 @@ class GateRunner:
         engine.dispose()
         return self.outcome
 
+    def _deadline(self, main: asyncio.Task[Any] | None, deadline_s: float) -> None:
+        """The gate's deadline passed: stop the run where it is (the `finally` of `run` tears
+        down and releases), unless a cancel is already stopping it."""
+        with self._stopping:
+            if main is None or self.cancel_reason is not None or self.deadline_reason is not None:
+                return
+            self.deadline_reason = f"gate deadline of {deadline_s:g} s passed during {self.stage}"
+        self.gate_phase("deadline", self.deadline_reason)
+        main.cancel()
+
     async def _reserve_or_wait(self) -> leases.Grant | None:
         """Reserve now, or, when the block is one that waiting can lift and the shape allows
         it (`shape.wait_s`), retry until the deadline; the last blocked reason ends the gate."""
@@ -353,8 +399,15 @@ class GateRunner:
         delay = 1.0
         announced = False
         while True:
+            attempt = asyncio.ensure_future(asyncio.to_thread(self._reserve))
             try:
-                return await asyncio.to_thread(self._reserve)
+                return await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                # Stopped (a cancel, the deadline) while the thread reserves: a grant it still
+                # gets is ours to release, in the run's teardown.
+                with contextlib.suppress(Exception):
+                    self.grant = await attempt
+                raise
             except leases.BlockedReservation as exc:
                 self.blocked = exc.blocked
                 if not exc.blocked.retryable or time.monotonic() + delay > deadline:
@@ -417,7 +470,10 @@ class GateRunner:
             except Exception:  # a database hiccup must not kill the run; the next beat retries
                 continue
             if cancel is not None and self.cancel_reason is None and main is not None:
-                self.cancel_reason = cancel
+                with self._stopping:
+                    if self.deadline_reason is not None:
+                        return  # the deadline is stopping it already
+                    self.cancel_reason = cancel
                 loop.call_soon_threadsafe(main.cancel)
                 return
 
@@ -583,6 +639,24 @@ class GateRunner:
                 return
             await asyncio.sleep(CRASH_POLL_S)
 
+    async def _bounded(self, sc: ScenarioSpec, work: Coroutine[Any, Any, _T]) -> _T:
+        """A probe suite under its deadline: probes have no planned duration, so the deadline
+        is reckoned from the cap on one (gate/core/limits.py); past it the probes are
+        cancelled and the gate holds naming the deadline."""
+        limit_s = scenario_deadline_s(None, self.limits)
+        task = asyncio.ensure_future(work)
+        try:
+            finished, _ = await asyncio.wait({task}, timeout=limit_s)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if task in finished:
+            return task.result()
+        why = _planned_words(None, self.limits)
+        raise DeadlinePassed(f"scenario {sc.name} passed its deadline of {limit_s:g} s ({why})")
+
     async def _run_probes(self, sc: ScenarioSpec) -> None:
         """The compatibility suite: the same fixed probe set to both engines, one probe at a
         time; a probe the reference answers well and the candidate does not fails a check."""
@@ -615,6 +689,7 @@ class GateRunner:
         concurrency: int | None = None
         phases: PhasedSchedule | None = None
         reqs: Sequence[RequestSpec]
+        open_ended = False
         if sc.suite is not None:
             built = suite_catalogue.get(sc.suite, **sc.settings).build(seed=seed)
             reqs, offsets, concurrency, phases = (
@@ -626,7 +701,9 @@ class GateRunner:
             n = len(reqs)
         elif sc.arrival == "concurrency":
             concurrency = sc.concurrency
-            n = sc.requests if sc.requests is not None else CLOSED_LOOP_CAP
+            open_ended = sc.requests is None
+            # A closed loop for a duration ends at its duration or at the cap, what comes first.
+            n = self.limits.max_scenario_requests if sc.requests is None else sc.requests
         else:
             assert sc.rate is not None
             offsets = build_offsets(
@@ -640,7 +717,7 @@ class GateRunner:
             n = int(offsets.size)
         if sc.suite is None:
             reqs = LazyRequests(sc, seed=seed, length=n)
-        out = _Schedule(reqs, offsets, concurrency, phases, n)
+        out = _Schedule(reqs, offsets, concurrency, phases, n, open_ended)
         self.schedules[sc.name] = out
         return out
 
@@ -657,8 +734,9 @@ class GateRunner:
         for sc in self.spec.scenarios:
             if sc.is_probe:
                 continue
-            n = self._schedule(sc).n
-            if n >= CLOSED_LOOP_CAP:
+            sched = self._schedule(sc)
+            n = sched.n
+            if sched.open_ended:
                 self.run_notes.append(
                     f"No early stop in this gate: {sc.name} runs closed loop for a duration, so "
                     "its size is not known in advance; each scenario was judged once, at its end."
@@ -737,12 +815,15 @@ class GateRunner:
 
     async def _run_scenario(self, sc: ScenarioSpec) -> ScenarioResult:
         if sc.suite == "correctness":
-            return await self._run_correctness(sc)
+            return await self._bounded(sc, self._run_correctness(sc))
         self._fix_plan()
         sched = self._schedule(sc)
         n, phases = sched.n, sched.phases
-        total = n if n < CLOSED_LOOP_CAP else 0
-        detail = f"{n if total else 'open-ended'} requests"
+        total = 0 if sched.open_ended else n
+        if sched.open_ended:
+            detail = f"up to {n} requests in {sc.duration_s:g} s"
+        else:
+            detail = f"{n} requests"
         pause: Pause | None = None
         if self.plan is not None and sc.name in self.plan.requests:
             extra = self.plan.limit(sc.name) - self.plan.requests[sc.name]
@@ -773,9 +854,22 @@ class GateRunner:
                 looks.add(rec)
 
         watcher = asyncio.create_task(self._watch(stop))
+        loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
         if sc.arrival == "concurrency" and sc.duration_s is not None:
-            timer = asyncio.get_running_loop().call_later(sc.duration_s, stop.set)
+            timer = loop.call_later(sc.duration_s, stop.set)
+        # Its deadline (gate/core/limits.py), from what it plans after any extension: past it
+        # the scenario stops like a crash stops it, keeping what finished, and the gate holds.
+        planned_s = sc.duration_s if sched.open_ended else sched.planned_s
+        limit_s = scenario_deadline_s(planned_s, self.limits)
+        overran: list[str] = []
+
+        def overrun() -> None:
+            why = _planned_words(planned_s, self.limits)
+            overran.append(f"scenario {sc.name} passed its deadline of {limit_s:g} s ({why})")
+            stop.set()
+
+        overdue = loop.call_later(limit_s, overrun)
         t0 = time.monotonic()
         try:
             result = await run_paired(
@@ -788,7 +882,8 @@ class GateRunner:
                 pause=pause,
             )
         finally:
-            aborted = stop.is_set() and bool(self.crashes)
+            aborted = stop.is_set() and (bool(self.crashes) or bool(overran))
+            overdue.cancel()
             stop.set()
             if timer is not None:
                 timer.cancel()
@@ -819,6 +914,7 @@ class GateRunner:
             planned=self.plan.requests.get(sc.name) if self.plan is not None else None,
             early_stop=looks.stopped if looks is not None else None,
             looks=looks.looks if looks is not None else 0,
+            overran=overran[0] if overran else None,
         )
 
     async def _run_correctness(self, sc: ScenarioSpec) -> ScenarioResult:
@@ -1152,6 +1248,47 @@ class GateRunner:
                             message=c.message,
                         )
                     )
+
+
+def _planned_words(planned_s: float | None, limits: Limits) -> str:
+    """How a scenario's deadline was reckoned, for its message."""
+    base = (
+        f"{planned_s:.3g} s planned"
+        if planned_s is not None
+        else f"no planned duration, so the cap of {limits.max_scenario_duration_s:g} s"
+    )
+    return f"{base} x {limits.scenario_deadline_factor:g} + {limits.scenario_deadline_slack_s:g} s"
+
+
+async def _in_daemon_thread(fn: Callable[[], _T], name: str) -> _T:
+    """`fn()` on a thread of its own, awaited without blocking the event loop.
+
+    Not `asyncio.to_thread`: a cancelled await leaves a to_thread call running in the loop's
+    default executor, which `asyncio.run` joins at its end, so a gate cancelled while judging
+    would still hold its process until the judge finished. A daemon thread is abandoned
+    instead: the cancel ends the gate at once (teardown, release), and its result, if it ever
+    comes, is dropped."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, exc: BaseException | None) -> None:
+        if done.done():
+            return  # cancelled meanwhile
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result, exc = fn(), None
+        except BaseException as e:  # handed to the awaiting task
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await done
 
 
 def _ready_s(eng: Engine) -> float | None:
