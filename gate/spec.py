@@ -274,9 +274,14 @@ class EngineSpec(_Strict):
     def _url_ok(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", v):
-            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
-        return v.rstrip("/")
+        from gate.access.network import UrlRefused, check_always, check_syntax
+
+        try:
+            clean = check_syntax(v)
+            check_always(clean, resolve=None)  # names resolve when the engine attaches
+        except UrlRefused as exc:
+            raise ValueError(str(exc)) from None
+        return clean
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSpec:
@@ -510,7 +515,13 @@ class ShapeSpec(_Strict):
 
 class GateSpec(_Strict):
     name: Name
-    model: str = Field(min_length=1, max_length=500)
+    model: str = Field(
+        min_length=1,
+        max_length=500,
+        pattern=r"^[^-\s][^\s]*$",
+        description="the served model name (also `{model}` in argv: never starting with '-', "
+        "no spaces, so it cannot read as an option)",
+    )
     reference: EngineSpec
     candidate: EngineSpec
     scenarios: list[ScenarioSpec] = Field(min_length=1, max_length=100)
@@ -519,7 +530,7 @@ class GateSpec(_Strict):
         default=None, description="inventory YAML; default: settings, then the local example"
     )
     policy: Policy = Field(default_factory=Policy)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     deadline_s: float | None = Field(
         default=None,
         gt=0,

@@ -15,6 +15,7 @@ from typing import Any
 
 from gate.access.network import UrlRefused, check_allowed
 from gate.core.errors import FieldProblem, SpecError
+from gate.core.limits import Limits, spec_limit_problems
 from gate.core.settings import Settings
 from gate.engines.templates import EngineTemplate, fill, image_allowed, image_repository
 from gate.spec import NAME_RE, GateSpec, load_spec, parse_spec, spec_to_dict
@@ -106,6 +107,7 @@ def resolve_spec(
             p for p in exc.problems if not any(p.path == s or p.path.startswith(s) for s in seen)
         ]
         raise SpecError(problems, where) from None
+    problems += spec_limit_problems(parsed, Limits.from_settings(settings))
     if problems:
         raise SpecError(problems, where)
     return parsed

@@ -63,7 +63,7 @@ def scoped_key(source: str, caller: str, *parts: str) -> str:
     """An idempotency key in the namespace of one source and one caller: the same words from
     another system, or from another token, never name the same gate (`Idempotency-Key: x`
     from CI job A is not Argo's `x`, nor job B's)."""
-    raw = "\0".join((source, caller, *parts))
+    raw = json.dumps([source, caller, *parts])  # unambiguous: no part can shift another
     return hashlib.sha256(raw.encode()).hexdigest()
 
 

@@ -331,3 +331,101 @@ def test_ssrf_through_engine_urls_is_refused(
         assert "candidate.url" in _paths(
             allowed.post("/v1/gates", json={"spec": body}, headers=auth(t))
         )
+
+
+# -- unbounded work ----------------------------------------------------------------------------
+
+
+class HostileEngine:
+    """An OpenAI-style server that is ready at once and answers every completion with an SSE
+    line that never ends (64 MiB offered): what it managed to send is recorded per request."""
+
+    OFFER = 64 * 2**20
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.sent: list[int] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _json(self, body: dict[str, Any]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self) -> None:
+                if self.path.startswith("/v1/models"):
+                    self._json(
+                        {"object": "list", "data": [{"id": "demo-model", "object": "model"}]}
+                    )
+                else:
+                    self._json({})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                sent, chunk = 0, b"data: " + b"A" * 65_530
+                try:
+                    while sent < outer.OFFER:
+                        self.wfile.write(chunk)
+                        sent += len(chunk)
+                except OSError:
+                    pass
+                outer.sent.append(sent)
+                self.close_connection = True
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_unbounded_work_is_refused_or_capped(settings: Settings, tag: str) -> None:
+    """A spec that asks for unbounded judging or schedules is refused by field; an engine that
+    streams an endless line costs the gate at most its cap per request, and the gate holds."""
+    hostile = HostileEngine()
+    app = create_app(settings.model_copy(update={"engine_url_allow": ["127.0.0.1"]}))
+    try:
+        with TestClient(app) as client:
+            token = create_token(app.state.ctx.factory, "ci", ["run"])
+            body = {**spec_dict(tag), "policy": {"bootstrap_resamples": 2_000_000}}
+            paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+            assert "policy.bootstrap_resamples" in paths
+            body = {**spec_dict(tag), "scenarios": [{"suite": "normal", "requests": 10**7}]}
+            paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+            assert any(p.startswith("scenarios[0]") for p in paths), paths
+            assert _total(client, token) == 0
+
+            body = spec_dict(tag, requests=12, rate=20)
+            body["candidate"] = {"url": hostile.url}
+            created = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+            assert created.status_code == 202, created.text
+            from apitools import poll_finished
+
+            done = poll_finished(client, created.json()["id"], token, timeout=120)
+            assert done["verdict"] == "hold", done
+            doc = client.get(f"/v1/gates/{done['id']}/document", headers=auth(token)).json()
+    finally:
+        hostile.close()
+    assert hostile.sent, "the hostile engine was never called"
+    # the gate stopped reading each endless line at its cap (1 MiB), well before the offer
+    # (kernel socket buffers on loopback account for the rest)
+    assert max(hostile.sent) < HostileEngine.OFFER // 4, hostile.sent
+    errors = next(c for c in doc["checks"] if c["id"].endswith(".errors"))
+    assert errors["decision"] == "fail", errors
+    assert "MAX_SSE" in json.dumps(doc) or "protocol" in json.dumps(doc)

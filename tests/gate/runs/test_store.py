@@ -49,11 +49,24 @@ def test_key_is_the_same_for_the_same_spec_however_written() -> None:
 
 def test_create_with_a_key_is_idempotent(factory: sessionmaker[Session]) -> None:
     a, created_a = store.create_gate(factory, small_spec(), idempotency_key="k")
-    b, created_b = store.create_gate(factory, small_spec("other"), idempotency_key="k")
+    b, created_b = store.create_gate(factory, small_spec(), idempotency_key="k")
     assert (created_a, created_b) == (True, False)
     assert a.id == b.id
     assert a.state == "pending"
     assert a.candidate_label == "sim --ttft-ms 20"
+
+
+def test_a_key_never_hands_its_gate_to_another_spec_or_source(
+    factory: sessionmaker[Session],
+) -> None:
+    store.create_gate(factory, small_spec(), idempotency_key="k")
+    with pytest.raises(store.GateConflict, match="another spec"):
+        store.create_gate(factory, small_spec("other"), idempotency_key="k")
+    with pytest.raises(store.GateConflict):
+        store.create_gate(factory, small_spec(), source="ci", idempotency_key="k")
+    assert store.scoped_key("api", "a", "k") != store.scoped_key("api", "b", "k")
+    assert store.scoped_key("api", "a", "k") != store.scoped_key("argo", "a", "k")
+    assert store.scoped_key("api", "a\0k") != store.scoped_key("api", "a", "k")
 
 
 def test_claim_runs_a_gate_once(factory: sessionmaker[Session]) -> None:
