@@ -15,6 +15,7 @@ rule of thumb for English with BPE vocabularies. The caller learns which was use
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,8 +24,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from loadgen.client import Target
+from loadgen.client import Target, read_capped
 from loadgen.prompts import WORDS
+
+# A /tokenize answer lists one id per token of a prompt we sent (at most the prompt cap): more
+# than this is an engine that answers with something else, and is not read.
+TOKENIZE_BODY_BYTES = 4 << 20
 
 CountSource = Literal["engine", "estimate"]
 _WORD_SET = frozenset(WORDS)
@@ -75,15 +80,19 @@ class TokenCounter:
     async def _engine_count(self, text: str) -> int | None:
         self.calls += 1
         try:
-            response = await self.client.post(
+            async with self.client.stream(
+                "POST",
                 tokenize_url(self.target),
                 json={"model": self.target.model, "prompt": text},
                 timeout=self.target.timeout_s,
-            )
-            data = response.json()
+            ) as response:
+                if response.status_code != 200:
+                    return None
+                body, over = await read_capped(response, TOKENIZE_BODY_BYTES)
+            data = None if over else json.loads(body)
         except (httpx.HTTPError, ValueError):
             return None
-        if response.status_code != 200 or not isinstance(data, dict):
+        if not isinstance(data, dict):
             return None
         count = data.get("count")
         if isinstance(count, int) and not isinstance(count, bool):

@@ -66,3 +66,47 @@ def test_fit_rejects_bad_lengths(n: int) -> None:
     counter = Doubling(Target("t", "http://h:1"), None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tokens"):
         asyncio.run(fit_prompt(["a"], n, counter))
+
+
+def test_an_endless_tokenize_answer_is_not_read_whole() -> None:
+    """An engine whose /tokenize streams without end costs at most the cap: the counter
+    falls back to the estimate instead of reading it all."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from loadgen.tokens import TOKENIZE_BODY_BYTES
+
+    sent: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            n, chunk = 0, b'{"tokens": [' + b"1," * 32_000
+            try:
+                while n < 16 * TOKENIZE_BODY_BYTES:
+                    self.wfile.write(chunk)
+                    n += len(chunk)
+            except OSError:
+                pass
+            sent.append(n)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def main() -> str:
+        target = Target("t", f"http://127.0.0.1:{server.server_address[1]}")
+        async with make_client(target, 1) as client:
+            return (await TokenCounter.connect(target, client)).source
+
+    try:
+        assert asyncio.run(main()) == "estimate"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sent and max(sent) < 8 * TOKENIZE_BODY_BYTES  # read to the cap, then dropped
