@@ -196,12 +196,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def image_allow(doc: Path) -> str:
+    """The `GATE_IMAGE_ALLOW=[...]` setting the doc tells the operator to make, as written."""
+    m = re.search(r"`GATE_IMAGE_ALLOW=(\[[^`]*\])`", doc.read_text())
+    assert m, f"{doc.name} does not say which images to allow"
+    return m.group(1)
+
+
 @contextlib.contextmanager
-def gate_server(tmp_path: Path, allow: list[str]) -> Iterator[str]:
-    """A real `gate serve` with the CI webhook on, callbacks allowed to `allow`."""
+def gate_server(tmp_path: Path, allow: list[str], doc: Path) -> Iterator[str]:
+    """A real `gate serve` with the CI webhook on, callbacks allowed to `allow`, and the
+    image allow-list the doc `doc` prescribes."""
     port = free_port()
     env = {
         **os.environ,
+        "GATE_IMAGE_ALLOW": image_allow(doc),
         "GATE_DATA_DIR": str(tmp_path / ".gate"),
         "GATE_SPEC_DIR": str(named_specs(tmp_path)),
         "GATE_WEBHOOK_SECRET": SECRET_FOR_DOCS,
@@ -259,7 +268,7 @@ def test_github_actions_step_as_written(tmp_path: Path, receiver: Any) -> None:
         assert shutil.which(tool), f"{tool} is needed to run the documented step"
     workflow = yaml_blocks(DOCS / "github-actions.md")[0]
     step = workflow["jobs"]["gate"]["steps"][0]
-    with gate_server(tmp_path, [f"{receiver.url}/repos/acme/"]) as base:
+    with gate_server(tmp_path, [f"{receiver.url}/repos/acme/"], DOCS / "github-actions.md") as base:
         step_env = {
             k: str(v)
             .replace("${{ secrets.GATE_WEBHOOK_SECRET }}", SECRET_FOR_DOCS)
@@ -303,7 +312,7 @@ def test_gitlab_ci_job_as_written(tmp_path: Path, receiver: Any) -> None:
         "CI_API_V4_URL": f"{receiver.url}/api/v4",
         "GATE_WEBHOOK_SECRET": SECRET_FOR_DOCS,  # a masked CI/CD variable
     }
-    with gate_server(tmp_path, [f"{receiver.url}/api/v4/projects/"]) as base:
+    with gate_server(tmp_path, [f"{receiver.url}/api/v4/projects/"], DOCS / "gitlab-ci.md") as base:
         # GitLab expands the job's variables with its predefined ones before the script runs
         variables = {k: str(v) for k, v in job["variables"].items()}
         for name, value in variables.items():
