@@ -48,6 +48,7 @@ METADATA_ADDRESSES = frozenset(
 )
 LOOPBACK = ("127.0.0.0/8", "::1/128", "localhost")
 _PATH_RE = re.compile(r"^(/[A-Za-z0-9._~-]+)*/?$")
+_HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
 
 
 class UrlRefused(ValueError):
@@ -75,6 +76,11 @@ def check_syntax(url: str) -> str:
         raise UrlRefused("port 0 is not a port")
     if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
         raise UrlRefused("must not contain spaces or control characters")
+    host = parts.hostname
+    if _literal(host) is None and not _HOST_RE.match(host):
+        raise UrlRefused(
+            "its host may hold only letters, digits, '-' and '.' (IDNA-encode other names)"
+        )
     return url.rstrip("/")
 
 
@@ -85,10 +91,28 @@ def _literal(host: str) -> Address | None:
         return None
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_v4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, the old compatible form)."""
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr in _NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if int(addr) >> 32 == 0 and int(addr) > 1:  # ::a.b.c.d (deprecated, still routable)
+        return ipaddress.IPv4Address(int(addr))
+    return None
+
+
 def forbidden_address(addr: Address) -> str | None:
     """Why an address is never called, or None."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address) and (v4 := _embedded_v4(addr)) is not None:
+        why = forbidden_address(v4)
+        if why is not None:
+            return f"{addr} carries {why}"
     if addr in METADATA_ADDRESSES:
         return f"{addr} is a cloud metadata address"
     if addr.is_link_local:
@@ -177,19 +201,25 @@ def check_allowed(
 ) -> str:
     """The cleaned URL if it may be called; UrlRefused naming the setting otherwise."""
     clean = check_syntax(url)
-    check_always(clean, resolve)
+    check_always(clean, resolve=None)  # names and literals first: no I/O for a refusal
     parts = urlsplit(clean)
     host = (parts.hostname or "").lower().rstrip(".")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     entries = [*allow, *(LOOPBACK if loopback else ())]
-    if entries:
-        named = [e for e in entries if "/" not in e]
-        if any(_entry_allows(e, host, port, ()) for e in named):
+    named = [e for e in entries if "/" not in e]
+    networks = [e for e in entries if "/" in e]
+    # The allow-list decides before any name is resolved: with no entry that could admit it, a
+    # caller's name is never looked up (no DNS oracle, no blind lookups of the caller's own
+    # domains). A name is resolved only once an entry admits it, or when the operator allows a
+    # network (its addresses decide); then every address it has must be callable.
+    if any(_entry_allows(e, host, port, ()) for e in named):
+        check_always(clean, resolve)
+        return clean
+    if networks:
+        addrs = _addresses(host, resolve)
+        if any(_entry_allows(e, host, port, addrs) for e in networks):
+            check_always(clean, resolve)
             return clean
-        if any("/" in e for e in entries):
-            addrs = _addresses(host, resolve)
-            if any(_entry_allows(e, host, port, addrs) for e in entries if "/" in e):
-                return clean
     raise UrlRefused(
         f"host {host!r} is not on the operator's allow-list ({setting}"
         + (f": {', '.join(allow)}" if allow else ", empty")

@@ -7,6 +7,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from sqlalchemy import select, update
@@ -69,7 +70,9 @@ class TokenChecker:
 
     def __init__(self, factory: sessionmaker[Session]) -> None:
         self.factory = factory
-        self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
+        self._cache: OrderedDict[str, tuple[float, frozenset[str] | None, int | None]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def cached(self, token: str) -> tuple[bool, frozenset[str] | None]:
@@ -82,6 +85,13 @@ class TokenChecker:
             return True, hit[1]
         return False, None
 
+    def token_id(self, token: str) -> int | None:
+        """The id of the token's row (who asked, for owning gates and scoping keys)."""
+        self.scopes(token)
+        with self._lock:
+            hit = self._cache.get(digest(token))
+        return hit[2] if hit is not None else None
+
     def scopes(self, token: str) -> frozenset[str] | None:
         known, scopes = self.cached(token)
         if known:
@@ -93,10 +103,14 @@ class TokenChecker:
                 select(ApiToken).where(ApiToken.token_hash == h, ApiToken.revoked_at.is_(None))
             ).first()
             scopes = frozenset(row.scopes.split(",")) if row is not None else None
+            token_id = row.id if row is not None else None
             if row is not None:
                 row.last_used_at = now()
         with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[h] = (t, scopes)
+            # least recently stored first out: a flood of made-up tokens evicts old entries
+            # one by one instead of emptying the cache of every poller's token
+            self._cache.pop(h, None)
+            while len(self._cache) >= 10_000:
+                self._cache.popitem(last=False)
+            self._cache[h] = (t, scopes, token_id)
         return scopes

@@ -4,6 +4,7 @@ object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -11,11 +12,10 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gate.access.tokens import digest
 from gate.analysis.policy import Policy
-from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep, request_token
+from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
 from gate.api.documents import RejudgeResult, VerdictDocument
-from gate.core.errors import FieldProblem, SpecError
+from gate.core.errors import FieldProblem, GateError, SpecError
 from gate.core.settings import Settings
 from gate.models import GateRun
 from gate.runs import store
@@ -24,6 +24,15 @@ from gate.runs.requests import resolve_spec
 from gate.spec import GateSpec
 
 router = APIRouter(tags=["gates"])
+
+REJUDGE_CONCURRENCY = 2  # whole judges on request, per API process (each bounded by Policy)
+_REJUDGES = threading.BoundedSemaphore(REJUDGE_CONCURRENCY)
+
+
+class TooBusy(GateError):
+    status_code = 429
+    code = "too_busy"
+
 
 State = Literal["pending", "running", "complete", "error", "cancelled"]
 
@@ -196,11 +205,18 @@ def view(run: GateRun) -> GateView:
     )
 
 
-def caller_of(request: Request, token: str | None = None) -> str:
-    """Who asked, for scoping idempotency keys: the SHA-256 of the credential presented (a
-    bearer token, or the pages' session), never the credential itself."""
-    credential = token or request_token(request) or ""
-    return digest(credential) if credential else "anonymous"
+def caller_of(ctx: Ctx, request: Request, token: str | None = None) -> str:
+    """Who asked: `token:<id>` of the API token presented (a bearer token, or the token a
+    page session was made from), for owning gates and scoping idempotency keys; `anonymous`
+    when reads are open and nobody signed in."""
+    credential = token or request_token(request)
+    token_id: int | None = None
+    if isinstance(credential, SessionSecret):
+        session = ctx.sessions.lookup(credential)
+        token_id = session.token_id if session is not None else None
+    elif credential:
+        token_id = ctx.tokens.token_id(credential)
+    return f"token:{token_id}" if token_id is not None else "anonymous"
 
 
 def submit(
@@ -209,10 +225,12 @@ def submit(
     source: str,
     key: str | None,
     callback: dict[str, Any] | None = None,
+    *,
+    owner: str,
 ) -> tuple[GateRun, bool]:
     """Store the gate (or find the key's) and, when it is new, hand it to the workers."""
     run, created = store.create_gate(
-        ctx.factory, spec, source=source, idempotency_key=key, callback=callback
+        ctx.factory, spec, source=source, idempotency_key=key, callback=callback, owner=owner
     )
     if created:
         ctx.dispatcher.submit(run.id)
@@ -237,10 +255,11 @@ def create(
     """Queue a gate; 202 with its id and links. With an `Idempotency-Key` header, a repeat
     returns the first gate (200) instead of starting another. Keys are per token: another
     token's key never names this gate; the same key with another spec is 409."""
+    caller = caller_of(ctx, request)
     key = None
     if idempotency_key is not None:
-        key = store.scoped_key("api", caller_of(request), idempotency_key)
-    run, created = submit(ctx, body.resolve(ctx.settings), "api", key)
+        key = store.scoped_key("api", caller, idempotency_key)
+    run, created = submit(ctx, body.resolve(ctx.settings), "api", key, owner=caller)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/gates/{run.id}"
@@ -261,8 +280,9 @@ def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep, request: Request) -> Verdic
     parts = [store.spec_key(spec)]
     if body.key is not None:  # another run of the same spec, never another spec's gate
         parts.append(body.key)
-    key = store.scoped_key("argo", caller_of(request), *parts)
-    run = submit(ctx, spec, "argo", key)[0]
+    caller = caller_of(ctx, request)
+    key = store.scoped_key("argo", caller, *parts)
+    run = submit(ctx, spec, "argo", key, owner=caller)[0]
     return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
 
 
@@ -364,8 +384,10 @@ def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
     responses={**ERRORS, **NOT_FOUND, **CONFLICT},
     summary="Cancel a gate (pending: at once; running: torn down at its next heartbeat)",
 )
-def cancel(gate_id: str, ctx: CtxDep, _: RunDep) -> GateView:
-    return view(store.request_cancel(ctx.factory, gate_id))
+def cancel(gate_id: str, ctx: CtxDep, scopes: RunDep, request: Request) -> GateView:
+    """Only the token that started the gate (or an admin token) may cancel it."""
+    caller = caller_of(ctx, request)
+    return view(store.request_cancel(ctx.factory, gate_id, caller=caller, admin="admin" in scopes))
 
 
 @router.post(
@@ -378,6 +400,18 @@ def rejudge_(gate_id: str, body: Rejudge, ctx: CtxDep, _: RunDep) -> dict[str, A
     `policy` (the fields and defaults of a spec's `policy` section). Needs `run`: a whole
     judge over up to millions of stored requests is work the service does on request, which
     open reads (GATE_OPEN_READS) must not hand to anyone."""
+    if not _REJUDGES.acquire(blocking=False):
+        raise TooBusy(
+            f"{REJUDGE_CONCURRENCY} re-judges are running; retry in a few seconds (a re-judge "
+            "is a whole judge of a stored gate, so the service runs few at once)"
+        )
+    try:
+        return _rejudge(gate_id, body, ctx)
+    finally:
+        _REJUDGES.release()
+
+
+def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
     try:
         policy = Policy.model_validate(body.policy)
     except ValidationError as exc:

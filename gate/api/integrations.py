@@ -50,12 +50,7 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook, caller: str) -> GateRun:
     if md.get("candidate_url"):
         candidate = {"url": md["candidate_url"]}
     elif md.get("candidate"):
-        try:
-            candidate = json.loads(md["candidate"])
-        except json.JSONDecodeError as exc:
-            raise SpecError(
-                [FieldProblem("metadata.candidate", f"not JSON: {exc.msg}")], "flagger"
-            ) from None
+        candidate = _engine_json(md["candidate"])
     reference = {"url": md["reference_url"]} if md.get("reference_url") else None
     if not md.get("spec"):
         raise SpecError(
@@ -74,8 +69,32 @@ def _flagger_gate(ctx: CtxDep, hook: FlaggerHook, caller: str) -> GateRun:
     key = store.scoped_key(
         "flagger", caller, f"{hook.namespace}/{hook.name}", revision, store.spec_key(spec)
     )
-    run = submit(ctx, spec, "flagger", key)[0]
+    run = submit(ctx, spec, "flagger", key, owner=caller)[0]
     return run
+
+
+def _engine_json(text: str) -> dict[str, Any]:
+    """`metadata.candidate`: a JSON object of finite numbers, shallow (an engine template and
+    its parameters), or a 422 naming the field; never a 500 for a hostile string."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not a number")
+
+    problem: str | None = None
+    if len(text) > 20_000:
+        problem = f"{len(text)} characters; an engine is at most 20000"
+    elif text.count("[") + text.count("{") > 200:
+        problem = "nested or repeated too deeply for an engine"
+    else:
+        try:
+            value = json.loads(text, parse_constant=refuse)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            problem = f"not JSON: {getattr(exc, 'msg', str(exc))[:200]}"
+        else:
+            if isinstance(value, dict):
+                return value
+            problem = 'must be a JSON object, e.g. {"engine": "vllm-k8s", "params": {...}}'
+    raise SpecError([FieldProblem("metadata.candidate", problem)], "flagger")
 
 
 def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> str:
@@ -84,7 +103,7 @@ def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> str:
     Returns who asked (the token's digest), which scopes the gate's key."""
     token = request_token(request) or hook.metadata.get("token")
     authorize(ctx, token, "run")
-    return caller_of(request, token)
+    return caller_of(ctx, request, token)
 
 
 @router.post(
@@ -192,6 +211,7 @@ async def ci_webhook(
         "ci",
         hashlib.sha256(delivery_key.encode()).hexdigest(),
         delivery.callback.model_dump() if delivery.callback else None,
+        owner="ci",
     )
     try:
         with transaction(ctx.factory) as s:

@@ -31,13 +31,24 @@ class FieldProblem:
         return f"{self.path}: {self.message}"
 
 
+MAX_PROBLEMS = 50  # a document with more mistakes than this is named by its first ones
+
+
 class SpecError(GateError):
-    """A gate spec that cannot be used; names every mistake, not only the first."""
+    """A gate spec that cannot be used; names every mistake, not only the first (up to
+    MAX_PROBLEMS: an answer stays small whatever the request)."""
 
     status_code = 422
     code = "invalid_spec"
 
     def __init__(self, problems: list[FieldProblem], source: str = "spec") -> None:
+        self.all_problems = problems  # every one, for a caller that merges them with others
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [
+                *problems[:MAX_PROBLEMS],
+                FieldProblem("(spec)", f"and {more} more mistake{'s' if more > 1 else ''}"),
+            ]
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
         count = len(problems)

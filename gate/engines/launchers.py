@@ -29,6 +29,7 @@ TERM_GRACE_S = 5.0
 PORT_ATTEMPTS = 3
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 ATTACH_CONNECT_TIMEOUT_S = 5.0
+SERVICE_ENV_PREFIX = "GATE_"
 
 
 class Engine(Protocol):
@@ -123,7 +124,10 @@ class ProcessEngine:
         return render_argv(self.argv_template, values)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The worker's environment without the gate's own settings (`GATE_*`: the database
+        URL, the webhook secret, the callback token are the service's, never an engine's),
+        plus the spec's `env`, CUDA_VISIBLE_DEVICES from the reservation."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SERVICE_ENV_PREFIX)}
         env.update(self.env or {})
         if self.placement is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.placement.cuda_visible_devices

@@ -104,6 +104,11 @@ class StringParam(_Param):
             return None, f"is {len(value)} characters; at most {self.max_length}"
         if value.startswith("-"):
             return None, "must not start with '-' (it would read as an option)"
+        if any(ch in value for ch in "{}$\\") or ".." in value or not value.isprintable():
+            return None, (
+                "must not contain '{', '}', '$', '\\', '..' or control characters (they would be "
+                "read again as placeholders, variables or paths)"
+            )
         if re.fullmatch(self.pattern, value) is None:
             return None, f"must match {self.pattern}"
         return value, None
@@ -223,7 +228,10 @@ def fill(template: EngineTemplate, given: Mapping[str, Any], path: str) -> dict[
             values[name] = value
     if problems:
         raise SpecError(problems, "request")
-    filled = _substitute(template.engine, values)
+    try:
+        filled = _substitute(template.engine, values)
+    except ValueError as exc:
+        raise SpecError([FieldProblem(f"{path}.params", str(exc))], "request") from None
     assert isinstance(filled, dict)
     return filled
 
@@ -305,10 +313,22 @@ def load_templates(spec_dir: Path | None, inline: Mapping[str, Any]) -> dict[str
 
 
 def _check_template(template: EngineTemplate, where: str) -> None:
+    """Fill with a sample of every parameter, then once more per further choice of each
+    choice parameter: every value a caller can pick must make a valid engine."""
+    _check_sample(template, where, {})
+    for name, param in template.params.items():
+        if isinstance(param, ChoiceParam):
+            for label in param.choices:
+                _check_sample(template, where, {name: label})
+
+
+def _check_sample(template: EngineTemplate, where: str, pick: Mapping[str, Any]) -> None:
     from gate.spec import EngineSpec
 
-    sample: dict[str, Any] = {}
+    sample: dict[str, Any] = dict(pick)
     for name, param in template.params.items():
+        if name in sample:
+            continue
         if param.default is not None:
             sample[name] = param.default
         elif isinstance(param, ChoiceParam):

@@ -41,6 +41,9 @@ class GateRun(Base):
     # The service's bookkeeping (all optional for a gate run from the command line).
     source: Mapped[str] = mapped_column(String(16), default="cli")  # cli|api|argo|flagger|ci
     idempotency_key: Mapped[str | None] = mapped_column(String(64), unique=True)
+    # who started it: `token:<api_tokens.id>`, `ci` (the signed webhook), None (the CLI);
+    # only the owner or an admin token may cancel it
+    owner: Mapped[str | None] = mapped_column(String(64))
     reference_label: Mapped[str | None] = mapped_column(String(500))
     candidate_label: Mapped[str | None] = mapped_column(String(500), index=True)
     worker: Mapped[str | None] = mapped_column(String(200))

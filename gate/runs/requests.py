@@ -29,6 +29,10 @@ NOT_FROM_A_REQUEST = (
 # What a refused engine is replaced by while the rest of the spec is checked: its problems are
 # already named, and the spec's own rules should not repeat them in other words.
 _STAND_IN = {"url": "http://127.0.0.1"}
+MODEL_NOT_A_PATH = (
+    "a request names a model, not a path on the worker's host (no leading '/' or '.', no "
+    "'..'); an engine template may pin the weights it serves"
+)
 INVENTORY_IS_THE_OPERATORS = (
     "a request may not choose the inventory: the operator sets it (GATE_INVENTORY)"
 )
@@ -62,6 +66,9 @@ def resolve_spec(
         where = source
         if data.get("inventory") is not None:
             problems.append(FieldProblem("inventory", INVENTORY_IS_THE_OPERATORS))
+        model = data.get("model")
+        if isinstance(model, str) and (model.startswith(("/", ".")) or ".." in model):
+            problems.append(FieldProblem("model", MODEL_NOT_A_PATH))
         for role in ("reference", "candidate"):
             if role in data:
                 data[role] = callers.engine(role, data[role], problems)
@@ -102,15 +109,20 @@ def resolve_spec(
     try:
         parsed = parse_spec(data, where)
     except SpecError as exc:  # every mistake at once: the allow-list's and the spec's
-        seen = [p.path for p in problems]
-        problems += [
-            p for p in exc.problems if not any(p.path == s or p.path.startswith(s) for s in seen)
-        ]
+        seen = {p.path for p in problems}
+        problems += [p for p in exc.all_problems if not any(a in seen for a in _ancestors(p.path))]
         raise SpecError(problems, where) from None
     problems += spec_limit_problems(parsed, Limits.from_settings(settings))
     if problems:
         raise SpecError(problems, where)
     return parsed
+
+
+def _ancestors(path: str) -> list[str]:
+    """`a.b[0].c` -> [`a`, `a.b`, `a.b[0]`, `a.b[0].c`]: the paths a problem lies under."""
+    out = [path[:i] for i, ch in enumerate(path) if ch in ".[" and i > 0]
+    out.append(path)
+    return out
 
 
 class _CallerEngines:
@@ -182,7 +194,7 @@ class _CallerEngines:
         try:
             return fill(template, params, role)
         except SpecError as exc:
-            problems.extend(exc.problems)
+            problems.extend(exc.all_problems)
             return dict(_STAND_IN)
 
 

@@ -85,6 +85,7 @@ def create_gate(
     source: str = "api",
     idempotency_key: str | None = None,
     callback: dict[str, Any] | None = None,
+    owner: str | None = None,
 ) -> tuple[GateRun, bool]:
     """A pending gate for `spec`; with a key, the gate already made under it if there is
     one, which must be a gate of the same source for the same spec (else GateConflict: a key
@@ -103,6 +104,7 @@ def create_gate(
         phase="queued",
         source=source,
         idempotency_key=idempotency_key,
+        owner=owner,
         reference_label=spec.reference.label,
         candidate_label=spec.candidate.label,
         callback=callback,
@@ -192,16 +194,32 @@ def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[Gate
         return list(rows), int(total)
 
 
+class GateForbidden(GateError):
+    status_code = 403
+    code = "forbidden"
+
+
 def request_cancel(
-    factory: sessionmaker[Session], gate_id: str, reason: str | None = None
+    factory: sessionmaker[Session],
+    gate_id: str,
+    reason: str | None = None,
+    *,
+    caller: str | None = None,
+    admin: bool = True,
 ) -> GateRun:
     """A pending gate is cancelled at once (it holds nothing); a running one is asked to stop
     and its runner tears down and releases at its next heartbeat, ending with `reason`; a
-    finished one cannot be."""
+    finished one cannot be. Only the gate's owner (`caller`) or an admin may: a CI job's
+    token cannot hold another system's rollout by cancelling its gate."""
     with transaction(factory) as s:
         run = s.get(GateRun, gate_id, with_for_update=True)
         if run is None:
             raise GateNotFound(gate_id)
+        if not admin and (run.owner is None or run.owner != caller):
+            raise GateForbidden(
+                f"gate {gate_id} was started by another token (or by the {run.source} "
+                "integration); only that token or an admin token may cancel it"
+            )
         if run.state in FINISHED:
             raise GateConflict(f"gate {gate_id} already finished ({run.state}); nothing to cancel")
         run.cancel_requested = True

@@ -95,3 +95,39 @@ def test_userinfo_and_queries_never_pass(user: str, query: str) -> None:
     for url in (f"http://{user}@127.0.0.1:8000", f"http://127.0.0.1:8000/v1?{query}"):
         with pytest.raises(UrlRefused):
             check_allowed(url, ["0.0.0.0/0", "127.0.0.1"], loopback=True)
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::", "::a9fe:a9fe", "::ffff:a9fe:a9fe"],
+)
+def test_metadata_inside_ipv6_forms_is_refused(address: str) -> None:
+    """NAT64, 6to4, the old compatible form and mapped addresses all carry 169.254.169.254."""
+    with pytest.raises(UrlRefused, match="never called"):
+        check_allowed(f"http://[{address}]:80", ["::/0"], loopback=False)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://evil.com\\.corp.example", "http://evil.com;.corp.example", "http://a_b.corp.example"],
+)
+def test_host_names_are_plain_labels(url: str) -> None:
+    with pytest.raises(UrlRefused):
+        check_allowed(url, [".corp.example"], loopback=False)
+
+
+def test_a_refused_name_is_never_resolved() -> None:
+    """Closed by default, and no DNS lookup (an oracle, a blind ping) for a name no entry
+    could admit."""
+    looked_up: list[str] = []
+
+    def resolve(host: str) -> list[str]:
+        looked_up.append(host)
+        return ["10.0.0.1"]
+
+    for allow in ([], ["engines.internal"], [".corp.example"]):
+        with pytest.raises(UrlRefused, match="allow-list"):
+            check_allowed("http://attacker.example:8000", allow, loopback=False, resolve=resolve)
+    assert looked_up == []
+    check_allowed("http://vllm.corp.example", [".corp.example"], loopback=False, resolve=resolve)
+    assert looked_up == ["vllm.corp.example"]  # admitted by name, then its addresses checked

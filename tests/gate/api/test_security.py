@@ -429,3 +429,93 @@ def test_unbounded_work_is_refused_or_capped(settings: Settings, tag: str) -> No
     errors = next(c for c in doc["checks"] if c["id"].endswith(".errors"))
     assert errors["decision"] == "fail", errors
     assert "MAX_SSE" in json.dumps(doc) or "protocol" in json.dumps(doc)
+
+
+def test_a_gate_is_cancelled_only_by_its_owner_or_an_admin(
+    recorded: tuple[TestClient, Recording], tag: str
+) -> None:
+    """Another token holding `run` cannot hold Argo's rollout by cancelling its gate."""
+    client, _ = recorded
+    argo, ci, admin = (
+        _token(client, "argo"),
+        _token(client, "ci-job"),
+        _token(client, "ops", "admin"),
+    )
+    first = client.post("/v1/gates:ensure", json={"spec": spec_dict(tag)}, headers=auth(argo))
+    gid = first.json()["id"]
+    r = client.post(f"/v1/gates/{gid}:cancel", headers=auth(ci))
+    assert r.status_code == 403 and "another token" in r.json()["error"]["message"]
+    again = client.post("/v1/gates:ensure", json={"spec": spec_dict(tag)}, headers=auth(argo))
+    assert again.json()["state"] == "pending" and again.json()["verdict"] is None
+    assert client.post(f"/v1/gates/{gid}:cancel", headers=auth(argo)).status_code == 202
+    other = client.post("/v1/gates", json={"spec": spec_dict(tag)}, headers=auth(ci)).json()["id"]
+    assert client.post(f"/v1/gates/{other}:cancel", headers=auth(admin)).status_code == 202
+    delivery = json.dumps({"delivery_id": "d-9", "timestamp": time.time(), "spec": spec_dict(tag)})
+    body = delivery.encode()
+    r = client.post(
+        "/v1/webhooks/ci",
+        content=body,
+        headers={"X-Hub-Signature-256": sign(SECRET, body), "Content-Type": "application/json"},
+    )
+    ci_gate = r.json()["gate"]["id"]
+    assert client.post(f"/v1/gates/{ci_gate}:cancel", headers=auth(ci)).status_code == 403
+    assert client.post(f"/v1/gates/{ci_gate}:cancel", headers=auth(admin)).status_code == 202
+
+
+def test_rejudges_run_few_at_once(recorded: tuple[TestClient, Recording]) -> None:
+    """A re-judge is a whole judge on request: past the few the service runs at once, a caller
+    is told to come back (429), it does not queue work in the shared thread pool."""
+    from gate.api import gates
+
+    client, _ = recorded
+    token = _token(client, "ci")
+    held = [gates._REJUDGES.acquire(blocking=False) for _ in range(gates.REJUDGE_CONCURRENCY)]
+    try:
+        assert all(held)  # stands for re-judges in flight
+        r = client.post("/v1/gates/whatever:rejudge", json={"policy": {}}, headers=auth(token))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_busy"
+    finally:
+        for _ in held:
+            gates._REJUDGES.release()
+    r = client.post("/v1/gates/whatever:rejudge", json={"policy": {}}, headers=auth(token))
+    assert r.status_code == 404  # a free slot: the request is served (no such gate)
+
+
+def test_a_spec_of_many_mistakes_gets_a_small_answer(
+    recorded: tuple[TestClient, Recording], settings: Settings, tag: str
+) -> None:
+    """75,000 unknown fields in a body under the size limit once took minutes and answered
+    16 MB; the first mistakes are named and the rest counted."""
+    client, recording = recorded
+    token = _token(client, "ci")
+    body = {**spec_dict(tag), **{f"x{i}": 0 for i in range(30_000)}}
+    r = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+    problems = _paths(r)
+    assert len(problems) <= 51 and len(r.content) < 20_000
+    assert any("more mistakes" in m for m in problems.values())
+    params = {f"p{i}": 1 for i in range(30_000)}
+    body = spec_dict(tag)
+    body["candidate"] = {"engine": "sim", "params": {**params, "tag": "ok"}}
+    r = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+    assert len(_paths(r)) <= 51 and len(r.content) < 20_000
+    # a hostile JSON string where Flagger carries an engine: refused, never a 500
+    write_named_spec(settings, "llama", spec_dict(tag, trusted=True))
+    for text in ("[" * 50_000, '{"engine": "sim", "params": {"tag": NaN}}', "1" * 5000, "[]"):
+        hook = {
+            "name": "llama",
+            "namespace": "serving",
+            "checksum": "c",
+            "metadata": {"spec": "llama", "token": token, "candidate": text},
+        }
+        r = client.post("/v1/webhooks/flagger/confirm-rollout", json=hook)
+        assert "metadata.candidate" in _paths(r), text[:20]
+    # values Kubernetes or a second substitution would read again
+    for model in ("$(HF_TOKEN)", "/root/.ssh/id_rsa", "../../etc/passwd", "-x"):
+        body = {**spec_dict(tag), "model": model}
+        assert "model" in _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+    for value in ("{model}", "$(HF_TOKEN)", "a..b"):
+        body = spec_dict(tag)
+        body["candidate"] = {"engine": "sim", "params": {"tag": value}}
+        paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+        assert "candidate.params.tag" in paths, value
+    assert recording.submitted == []

@@ -59,7 +59,8 @@ _RECORD_THEN_SIM = (
     "import json, os, runpy, sys; "
     "out, gpus, tp = sys.argv[1:4]; "
     "json.dump({'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
-    "'mark': os.environ.get('GATE_TEST_MARK'), 'cwd': os.getcwd(), 'gpus': gpus, 'tp': tp}, "
+    "'mark': os.environ.get('GATE_TEST_MARK'), 'secret': os.environ.get('GATE_WEBHOOK_SECRET'), "
+    "'cwd': os.getcwd(), 'gpus': gpus, 'tp': tp}, "
     "open(out, 'w')); "
     "sys.argv = ['sim', *sys.argv[4:]]; "
     "runpy.run_module('gate.engines.sim', run_name='__main__')"
@@ -67,8 +68,11 @@ _RECORD_THEN_SIM = (
 
 
 def test_process_engine_walks_every_phase_and_sets_gpus(
-    tmp_path: Path, find_processes: Callable[[str], list[int]]
+    tmp_path: Path, find_processes: Callable[[str], list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(
+        "GATE_WEBHOOK_SECRET", "the-service-secret"
+    )  # the worker's, not the engine's
     tag = uuid.uuid4().hex
     placement = EnginePlacement("candidate", (("h0", (2, 3)),), "H200", "h0")
     record = tmp_path / "child.json"
@@ -97,7 +101,8 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
     child = json.loads(record.read_text())
     assert child == {
         "cuda": "2,3",
-        "mark": "m1",
+        "mark": "m1",  # the spec's env, even named GATE_*
+        "secret": None,  # the service's settings never reach an engine
         "cwd": str(workdir),
         "gpus": "2,3",
         "tp": "2",

@@ -138,6 +138,14 @@ def test_session_is_read_only_unless_asked(site: Site) -> None:
 
     csrf = sign_in(site, "admin", allow_run=True)  # asked, and the token may: run, never admin
     assert session_rows(site)[-1].scopes == "read,run"
+    # run, not admin: the session may cancel only its token's gates (issue 14)
+    r = site.client.post(f"/v1/gates/{pending}:cancel", headers={**OURS, "X-CSRF-Token": csrf})
+    assert r.status_code == 403 and "another token" in r.text
+    owner = f"token:{session_rows(site)[-1].token_id}"
+    with transaction(site.factory) as s:
+        row = s.get(GateRun, pending)
+        assert row is not None
+        row.owner = owner
     r = site.client.post(f"/v1/gates/{pending}:cancel", headers={**OURS, "X-CSRF-Token": csrf})
     assert r.status_code == 202, r.text
     assert gate_row(site, pending)[0] == "cancelled"
@@ -226,22 +234,23 @@ def test_cross_site_post_with_cookie_is_refused(site: Site) -> None:
     created = site.client.post("/v1/gates", json=body, headers=ours)
     assert created.status_code == 202, created.text
     assert gate_count(site) == before + 1 and len(site.dispatcher.submitted) == 1
-    referer = {"Referer": f"{PUBLIC}/gates/{pending}", "X-CSRF-Token": csrf}  # Origin absent
-    assert site.client.post(f"/v1/gates/{pending}:cancel", headers=referer).status_code == 202
-    assert gate_row(site, pending)[0] == "cancelled"
+    mine = created.json()["id"]  # the session's token owns it, so may cancel it
+    referer = {"Referer": f"{PUBLIC}/gates/{mine}", "X-CSRF-Token": csrf}  # Origin absent
+    assert site.client.post(f"/v1/gates/{mine}:cancel", headers=referer).status_code == 202
+    assert gate_row(site, mine)[0] == "cancelled"
 
 
 def test_bearer_requests_need_no_csrf(site: Site) -> None:
     """CI, Argo, Flagger and curl send a bearer header: no Origin, no CSRF token, and a
     browser cannot add that header to a cross-site request."""
-    pending = site.seed.live(state="pending", phase="queued")
     sign_in(site, "read")  # a cookie in the jar changes nothing for a bearer request
-    r = site.client.post(f"/v1/gates/{pending}:cancel", headers=auth(site.tokens["run"]))
-    assert r.status_code == 202, r.text
     created = site.client.post(
         "/v1/gates", json=new_gate_body(site), headers=auth(site.tokens["run"])
     )
     assert created.status_code == 202, created.text
+    mine = created.json()["id"]
+    r = site.client.post(f"/v1/gates/{mine}:cancel", headers=auth(site.tokens["run"]))
+    assert r.status_code == 202, r.text
 
 
 def test_cross_site_login_is_refused(site: Site) -> None:
