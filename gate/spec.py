@@ -372,23 +372,51 @@ SUITE_OWN_KEYS = ("name", "suite", "api", "settings")
 
 
 def suite_knob_problems(suite: str, knobs: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, message) for each knob the suite does not have, then for values it rejects."""
+    """(key, message) for each knob the suite does not have; else for each knob nested too
+    deep and each value the suite refuses by type or bound (the key names the knob, `extra.n`
+    for a key of its `extra`); else for the settings taken together (`settings`)."""
     from loadgen import suite as catalogue
 
     known = catalogue.knobs(suite)
     out = [
-        (k, f"not a setting of suite {suite} (its settings: {', '.join(known)})")
+        (_knob_name(k), f"not a setting of suite {suite} (its settings: {', '.join(known)})")
         for k in knobs
         if k not in known
+    ]
+    if out:
+        return out
+    limit = catalogue.MAX_SETTINGS_DEPTH - 1  # the settings themselves are the first level
+    shallow: dict[str, Any] = {}
+    for k, v in knobs.items():
+        if catalogue.nesting_depth(v, limit) > limit:
+            out.append(
+                (
+                    k,
+                    f"nested too deep: a suite's settings are at most "
+                    f"{catalogue.MAX_SETTINGS_DEPTH} levels of objects and lists, the settings "
+                    "counted (settings.extra.stop is 3)",
+                )
+            )
+        else:
+            shallow[k] = v
+    out += [
+        (knob, f"suite {suite} rejects {knob}: {why}")
+        for knob, why in catalogue.knob_problems(suite, shallow)
     ]
     if out:
         return out
     try:
         # By arithmetic: the schedule is built by the gate that runs it, not by its validation.
         catalogue.get(suite, **knobs).plan()
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ArithmeticError) as exc:
         return [("settings", f"suite {suite} rejects these settings: {exc}")]
     return []
+
+
+def _knob_name(key: Any) -> str:
+    """A caller's knob name as a field path shows it: at most 40 characters."""
+    text = str(key)
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 class ScenarioSpec(_Strict):

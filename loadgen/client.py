@@ -123,8 +123,9 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
-    """What to send; ``extra`` is merged into the body last (ignore_eos, temperature, seed,
-    logprobs, return_token_ids ...), except that ``stream`` is always true.
+    """What to send; ``extra`` is merged into the body (ignore_eos, temperature, seed,
+    logprobs, return_token_ids ...), except the keys the load generator sets itself
+    (:data:`GATE_SET_KEYS`: model, prompt/messages, stream, stream_options, max_tokens).
 
     ``messages`` replaces the single user message built from ``prompt`` (chat history from a
     trace or a dataset); on the completions API they are flattened into one prompt. ``parent``
@@ -151,7 +152,8 @@ def make_client(target: Target, max_connections: int, *, lean: bool = True) -> h
     connection inside httpx where no timestamp can see it. ``trust_env=False`` keeps proxy
     variables from routing engine traffic through a proxy that would add its own latency. The
     client is for this target only: certificates are verified for https targets and not loaded
-    at all for plain http ones.
+    at all for plain http ones. Every request asks for an uncompressed answer
+    (:data:`IDENTITY_HEADERS`).
     """
     if max_connections < 1:
         raise ValueError(f"max_connections: must be >= 1, got {max_connections}")
@@ -163,6 +165,7 @@ def make_client(target: Target, max_connections: int, *, lean: bool = True) -> h
             keepalive_expiry=_KEEPALIVE_S,
         ),
         timeout=httpx.Timeout(target.timeout_s),
+        headers=IDENTITY_HEADERS,
         trust_env=False,
         # Loading the CA bundle costs ~0.1 s of CPU per client; only https targets need it.
         verify=https,
@@ -172,10 +175,25 @@ def make_client(target: Target, max_connections: int, *, lean: bool = True) -> h
     )
 
 
+GATE_SET_KEYS = frozenset(
+    {"model", "prompt", "messages", "stream", "stream_options", "max_tokens"}
+    | {"max_completion_tokens"}  # an engine reads it before max_tokens
+)
+"""Body keys the load generator sets and ``RequestSpec.extra`` never replaces: what is measured
+(the model, the prompt, the stream and its usage reports, the output length) is not the
+caller's to change through sampling parameters."""
+
+IDENTITY_HEADERS: Mapping[str, str] = {"accept-encoding": "identity"}
+"""Sent on every request to an engine (:func:`make_client`'s default, and explicitly by the
+probes): answers are capped by their decoded bytes, so an engine must not send them
+compressed, where a small body read decodes to a large one."""
+
+
 def request_body(
     target: Target, req: RequestSpec, history: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
-    """The JSON body; ``history`` is the conversation so far (for a follow-up turn)."""
+    """The JSON body; ``history`` is the conversation so far (for a follow-up turn).
+    ``req.extra`` is merged in except for :data:`GATE_SET_KEYS`."""
     body: dict[str, Any] = {"model": target.model}
     messages = conversation(req, history)
     if target.api == "chat":
@@ -186,7 +204,10 @@ def request_body(
         body["prompt"] = flatten(messages)
     body["max_tokens"] = req.max_tokens
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    body.update(req.extra)
+    extra = req.extra
+    if not GATE_SET_KEYS.isdisjoint(extra):  # one C-level check on the hot path
+        extra = {k: v for k, v in extra.items() if k not in GATE_SET_KEYS}
+    body.update(extra)
     body["stream"] = True
     return body
 

@@ -285,11 +285,18 @@ def _scenario_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[F
         "envelope_load": ("max_envelope_load", "background requests"),
     }
     for key, (cap_name, what) in caps.items():
-        value = _largest(fields.get(key))
+        given = fields.get(key)
+        value = _largest(given)
         if value is not None:
             out += _cap(f"{at}.{key}", value, limits, cap_name, what)
+        elif given is not None:  # fail closed: a value no cap can read is not let through
+            out.append(FieldProblem(f"{at}.{key}", _UNCHECKABLE))
     extra = fields.get("extra")
+    if extra is not None and not isinstance(extra, Mapping):
+        out.append(FieldProblem(f"{at}.extra", _UNCHECKABLE))
     if isinstance(extra, Mapping):
+        # The suite admits none of these keys (loadgen.suite.EXTRA_REFUSED); capped here too,
+        # so a caller's extra cannot raise the output or the fan-out past the caps either way.
         for key in _OUTPUT_KEYS:
             value = _largest(extra.get(key))
             if value is not None:
@@ -309,11 +316,18 @@ def _scenario_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[F
     return out
 
 
+_UNCHECKABLE = "not a value the operator's caps can check (a number, or a length distribution)"
+
+
 def _largest(value: Any) -> float | None:
-    """A number knob's value, a length distribution's maximum; None for anything else."""
-    if isinstance(value, bool):
+    """A number knob's value, a length distribution's maximum; None for anything else (a NaN
+    too: no cap can hold it)."""
+    from loadgen.prompts import LengthDist
+
+    if isinstance(value, LengthDist):
+        value = value.maximum
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if isinstance(value, int | float):
-        return value
-    maximum = getattr(value, "maximum", None)
-    return maximum if isinstance(maximum, int) else None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

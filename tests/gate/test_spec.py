@@ -184,9 +184,11 @@ def test_correctness_and_peak_knobs_are_validated() -> None:
     with pytest.raises(SpecError) as info:
         parse_spec(base)
     paths = {p.path: p.message for p in info.value.problems}
-    assert "top_logprobs must be an integer from 1 to 20" in paths["scenarios[0].settings"]
+    assert paths["scenarios[0].top_logprobs"] == (
+        "suite correctness rejects top_logprobs: must be an integer from 1 to 20, got 50"
+    )
     assert "probes_count" in paths["scenarios[1].probes"]  # the real knobs are named
-    assert "slo_ttft_ms must be a positive number" in paths["scenarios[2].settings"]
+    assert "slo_ttft_ms: must be a finite number > 0, got -5" in paths["scenarios[2].slo_ttft_ms"]
     assert not any(p.startswith("scenarios[3]") for p in paths)
 
 
@@ -379,8 +381,183 @@ def test_spec_validation_does_not_build_schedules(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(SpecError) as info:
         parse_spec(base)
     paths = {p.path: p.message for p in info.value.problems}
-    assert paths["scenarios[0].settings"] == (
-        "suite normal rejects these settings: rate: must be a finite number > 0, got -2"
+    assert paths["scenarios[0].rate"] == (
+        "suite normal rejects rate: must be a finite number > 0, got -2"
     )
-    assert "duration_s: must be a finite number > 0" in paths["scenarios[1].settings"]
+    assert "before_s: must be a finite number > 0" in paths["scenarios[1].before_s"]
+    # A rule of the settings together is said of them all.
     assert "400 distinct prompts of 1 words" in paths["scenarios[2].settings"]
+
+
+# -- a caller's suite scenario: strict knobs, an allow-listed extra, bounded nesting -----------
+# (the security review: each class of bypass refused naming the field, never a 500)
+
+REPRO = {
+    "name": "a",
+    "suite": "normal",
+    "rate": "1e9",
+    "requests": 20000,
+    "max_tokens": "1000000",
+    "extra": [
+        ["max_tokens", 1000000000],
+        ["min_tokens", 1000000000],
+        ["n", 64],
+        ["prompt", "x " * 100000],
+    ],
+}
+
+
+def suite_problems(*scenarios: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    base = yaml_example()
+    base["scenarios"] = list(scenarios)
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    return {p.path: p.message for p in info.value.problems}
+
+
+def test_the_review_repro_is_refused_naming_each_bad_field() -> None:
+    paths = suite_problems(REPRO)
+    assert paths["scenarios[0].rate"] == "suite normal rejects rate: must be a number, got '1e9'"
+    assert paths["scenarios[0].max_tokens"].startswith(
+        "suite normal rejects max_tokens: must be an integer from 1 to 1000000"
+    )
+    assert "must be an object of sampling parameters" in paths["scenarios[0].extra"]
+    assert set(paths) == {"scenarios[0].rate", "scenarios[0].max_tokens", "scenarios[0].extra"}
+    assert all(len(m) < 400 for m in paths.values())  # the 200 kB prompt is not quoted back
+
+
+@pytest.mark.parametrize("value", ["10", "1e9", True, None, [1], {"a": 1}])
+def test_numbers_are_real_numbers_not_strings_or_booleans(value: object) -> None:
+    paths = suite_problems(
+        {"suite": "normal", "rate": value},
+        {"suite": "normal", "name": "n2", "requests": value},
+        {"suite": "overload", "overload_rate": value},
+        {"suite": "peak", "slo_ttft_ms": value},
+        {"suite": "correctness", "probes_count": value},
+    )
+    optional = value is None  # requests and slo_ttft_ms may be null
+    assert "scenarios[0].rate" in paths
+    assert ("scenarios[1].requests" in paths) is not optional
+    assert "scenarios[2].overload_rate" in paths
+    assert ("scenarios[3].slo_ttft_ms" in paths) is not optional
+    assert "scenarios[4].probes_count" in paths
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "says"),
+    [
+        ("rate", 10**4000, "rate: must be at most 100000 requests/s, got an integer of"),
+        ("rate", -(10**4000), "rate: must be a finite number > 0"),
+        ("rate", float("nan"), "rate: must be a finite number > 0, got nan"),
+        ("rate", float("inf"), "rate: must be at most 100000 requests/s, got inf"),
+        ("duration_s", 10**4000, "duration_s: must be at most 86400 s"),
+        ("requests", 10**4200, "requests: must be an integer from 1 to 10000000, got an integer"),
+        ("requests", 20.0, "requests: must be an integer from 1 to 10000000, got 20.0"),
+        ("burstiness", 1e-300, "burstiness: must be a finite number >= 0.05, got 1e-300"),
+        ("burstiness", 1e300, "burstiness: must be at most 1000"),
+        ("max_tokens", [1, 2], "max_tokens: must be an integer from 1 to 1000000"),
+        ("max_tokens", 128.0, "max_tokens: must be an integer from 1 to 1000000"),
+        ("prompt_tokens", 0, "prompt_tokens: must be an integer from 1 to 1000000"),
+        ("arrival", "x" * 100_000, "arrival: must be one of poisson, constant, gamma"),
+    ],
+)
+def test_numeric_knobs_are_finite_and_bounded(knob: str, value: object, says: str) -> None:
+    paths = suite_problems({"suite": "normal", knob: value})
+    assert says in paths[f"scenarios[0].{knob}"]
+    assert len(paths[f"scenarios[0].{knob}"]) < 300
+
+
+def test_every_knob_of_every_suite_refuses_hostile_values_by_name() -> None:
+    """No knob can take a string, a boolean, a NaN, an infinity or a 4000-digit integer where
+    a number is meant (or a number where a flag is): each is a 422 naming it, never a crash."""
+    from loadgen import suite as catalogue
+
+    hostile = ["1", "1e9", float("nan"), float("inf"), 10**4000, -(10**4000), [1], {"a": 1}]
+    for name, rules in catalogue.RULES.items():
+        for knob in rules:
+            for value in [*hostile, *([] if knob == "teacher_forced" else [True])]:
+                paths = suite_problems({"suite": name, knob: value})
+                # the knob, or (extra's {"a": 1}) the key inside it
+                assert any(p.startswith(f"scenarios[0].{knob}") for p in paths), (knob, paths)
+
+
+@pytest.mark.parametrize("key", ["model", "prompt", "messages", "stream", "stream_options", "n",
+                                 "best_of", "max_tokens", "max_completion_tokens", "min_tokens",
+                                 "prompt_logprobs", "use_beam_search"])  # fmt: skip
+def test_extra_refuses_what_the_gate_sets_or_the_caps_do_not_count(key: str) -> None:
+    paths = suite_problems({"suite": "normal", "extra": {key: 1, "temperature": 0.5}})
+    assert list(paths) == [f"scenarios[0].extra.{key}"]
+    assert paths[f"scenarios[0].extra.{key}"].startswith(
+        f"suite normal rejects extra.{key}: not allowed: "
+    )
+
+
+@pytest.mark.parametrize(
+    "key", ["logit_bias", "response_format", "guided_json", "tools", "echo", "x" * 1000]
+)
+def test_extra_refuses_keys_off_its_allow_list(key: str) -> None:
+    paths = suite_problems({"suite": "recovery", "extra": {key: 1}})
+    ((path, message),) = paths.items()
+    assert path == f"scenarios[0].extra.{key[:40]}" + ("…" if len(key) > 40 else "")
+    assert "not an allowed sampling parameter (allowed: temperature, top_p" in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "path", "says"),
+    [
+        ([["temperature", 0.0]], "extra", "must be an object of sampling parameters"),
+        ("temperature=0", "extra", "must be an object of sampling parameters"),
+        ({"temperature": "0.5"}, "extra.temperature", "must be a number, got '0.5'"),
+        ({"temperature": float("nan")}, "extra.temperature", "must be a finite number >= 0"),
+        ({"seed": 2**70}, "extra.seed", "must be an integer from"),
+        ({"logprobs": 21}, "extra.logprobs", "must be an integer from 0 to 20"),
+        ({"top_logprobs": 50}, "extra.top_logprobs", "must be an integer from 0 to 20"),
+        ({"stop": ["s"] * 9}, "extra.stop", "a list of at most 8 such strings"),
+        ({"stop": "x" * 101}, "extra.stop", "a string of at most 100 characters"),
+        ({"stop": [["nested"]]}, "extra.stop", "a list of at most 8 such strings"),
+        ({"ignore_eos": 1}, "extra.ignore_eos", "must be true or false, got 1"),
+        ({"top_k": 1.5}, "extra.top_k", "must be an integer from -1 to 100000"),
+    ],
+)
+def test_extra_values_are_simple_and_bounded(extra: object, path: str, says: str) -> None:
+    paths = suite_problems({"suite": "peak", "extra": extra})
+    assert says in paths[f"scenarios[0].{path}"], paths
+
+
+def test_an_honest_extra_is_accepted_and_round_trips() -> None:
+    from gate.spec import spec_to_dict
+
+    extra = {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 7,
+        "stop": ["\n\n", "###"], "ignore_eos": True, "repetition_penalty": 1.1,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "logprobs": 20, "top_logprobs": 20,
+    }  # fmt: skip
+    base = yaml_example()
+    base["scenarios"] = [
+        {"suite": "normal", "rate": 5, "requests": 20, "extra": extra, "burstiness": 0.05},
+        {"suite": "overload", "rate": 0, "overload_rate": 50, "ramp_s": 0, "extra": {}},
+        {"suite": "peak", "arrival": "gamma", "slo_ttft_ms": 500, "max_tokens": 64},
+    ]
+    spec = parse_spec(base)
+    assert spec.scenarios[0].settings["extra"] == extra
+    assert parse_spec(spec_to_dict(spec)) == spec
+
+
+def test_settings_nested_too_deep_are_refused_naming_the_field() -> None:
+    """A value nested past the cap is a 422 naming the knob, not the serializer's 500 when the
+    spec is stored; iteratively counted, so 100k levels cost no recursion."""
+    deep: object = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    shallow_enough = {"stop": ["a", "b"]}  # settings > extra > stop: 3 levels
+    paths = suite_problems(
+        {"suite": "normal", "extra": {"stop": deep}},
+        {"suite": "normal", "name": "n2", "extra": {"temperature": {"a": {"b": {"c": 1}}}}},
+        {"suite": "normal", "name": "n3", "settings": {"extra": {"stop": [[[[1]]]]}}},
+        {"suite": "normal", "name": "n4", "extra": shallow_enough},
+    )
+    assert "nested too deep" in paths["scenarios[0].extra"]
+    assert "at most 4 levels" in paths["scenarios[1].extra"]
+    # given under `settings:` the knob is found by the model's own check, at the scenario
+    assert "nested too deep" in paths["scenarios[2]"]
+    assert not any(p.startswith("scenarios[3]") for p in paths)

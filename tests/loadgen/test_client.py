@@ -435,3 +435,104 @@ def test_an_armed_request_cancelled_before_its_instant_never_leaves(stream_serve
 
     server = asyncio.run(main())
     assert server.received == []
+
+
+# -- the gate-set keys of a body; an uncompressed answer asked for on every request ------------
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_extra_never_replaces_the_keys_the_load_generator_sets(api: str) -> None:
+    target = Target("t", "http://h:1", api=api, model="m")  # type: ignore[arg-type]
+    hostile = {
+        "model": "other",
+        "prompt": "x " * 1000,
+        "messages": [{"role": "system", "content": "y"}],
+        "stream": False,
+        "stream_options": {"include_usage": False},
+        "max_tokens": 10**9,
+        "max_completion_tokens": 10**9,
+        "temperature": 0.5,
+    }
+    body = request_body(target, RequestSpec(0, "hi", 3, hostile))
+    assert body["model"] == "m"
+    assert body["max_tokens"] == 3
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert "max_completion_tokens" not in body
+    if api == "chat":
+        assert body["messages"] == [{"role": "user", "content": "hi"}]
+        assert "prompt" not in body
+    else:
+        assert body["prompt"] == "hi"
+        assert "messages" not in body
+    assert body["temperature"] == 0.5  # a sampling parameter still goes through
+
+
+class HeaderServer:
+    """A loopback HTTP/1.1 server that records each request's headers and answers with an
+    empty event stream (or an empty model list)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    async def __aenter__(self) -> HeaderServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, *fields = head.decode("latin-1").split("\r\n")
+                headers = {}
+                for f in fields:
+                    if ":" in f:
+                        name, value = f.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                await reader.readexactly(int(headers.get("content-length", "0")))
+                method, path, _ = line.split(" ", 2)
+                self.seen.append((f"{method} {path}", headers))
+                if method == "GET":
+                    payload, kind = b'{"data": []}', b"application/json"
+                else:
+                    payload, kind = b"data: [DONE]\n\n", b"text/event-stream"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\n"
+                    b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_every_request_to_an_engine_asks_for_an_uncompressed_answer() -> None:
+    """Bodies are capped by their decoded bytes, so no engine may be invited to compress: the
+    load path (lean transport), httpx's own transport, and the probes on a caller's client
+    that would otherwise offer gzip all send `Accept-Encoding: identity`."""
+    from loadgen.suite import run_probes
+
+    async def main() -> HeaderServer:
+        async with HeaderServer() as server:
+            target = Target("t", server.url)
+            for lean in (True, False):
+                async with make_client(target, 2, lean=lean) as client:
+                    await send_request(client, target, RequestSpec(0, "hi", 2), time.monotonic_ns())
+            async with make_client(target, 2, lean=False) as client:  # the tokenizer's kind
+                await client.post(server.url + "/tokenize", json={"prompt": "hi"})
+            async with httpx.AsyncClient(trust_env=False) as plain:  # offers gzip by default
+                await run_probes(target, client=plain)
+            return server
+
+    server = asyncio.run(main())
+    assert len(server.seen) >= 4 + 14  # the sends, the tokenizer, the model list, the probes
+    assert any(what.startswith("GET") for what, _ in server.seen)
+    for what, headers in server.seen:
+        assert headers.get("accept-encoding") == "identity", (what, headers)

@@ -238,3 +238,64 @@ def test_plan_refuses_exactly_what_build_refuses(knobs: dict[str, Any]) -> None:
     planned = outcome(lambda: get("normal", **knobs).plan())
     built = outcome(lambda: get("normal", **knobs).build(0))
     assert planned == built
+
+
+# -- knob checks: every knob of every entry has a type and a bound -----------------------------
+
+
+def test_every_knob_of_every_entry_has_a_check() -> None:
+    from loadgen.suite import RULES
+
+    assert set(RULES) == set(SUITE)
+    for name in SUITE:
+        assert set(RULES[name]) == set(knobs(name)), name
+
+
+def test_entries_refuse_bad_knobs_by_name() -> None:
+    from loadgen.prompts import LengthDist
+    from loadgen.suite import KnobError
+
+    with pytest.raises(KnobError, match=r"^rate: must be a number, got '1e9'$") as info:
+        get("normal", rate="1e9")
+    assert info.value.knob == "rate"
+    with pytest.raises(KnobError, match=r"burstiness: must be a finite number >= 0\.05"):
+        get("peak").build(0, burstiness=1e-300)
+    with pytest.raises(KnobError, match=r"extra\.n: not allowed"):
+        get("overload").plan(extra={"n": 2})
+    with pytest.raises(KnobError, match="max_model_len: must be an integer from 1"):
+        get("compatibility", max_model_len=-3)
+    with pytest.raises(KnobError, match="teacher_forced: must be true or false"):
+        Correctness(teacher_forced=1)  # type: ignore[arg-type]
+    # From Python, a length distribution is a token knob's other form; its maximum is bounded.
+    dist = LengthDist("lognormal", 64, 0.5, 1, 256)
+    built = get("normal", requests=20, max_tokens=dist, prompt_tokens=dist).build(0)
+    assert all(1 <= r.max_tokens <= 256 for r in built.requests)
+    with pytest.raises(KnobError, match="maximum must be an integer <= 1000000"):
+        get("normal", max_tokens=LengthDist("fixed", 8, 0, 1, 10**7))
+    # the defaults pass their own checks
+    for name in SUITE:
+        get(name)
+
+
+def test_a_knob_is_quoted_short_whatever_it_is() -> None:
+    from loadgen.suite import KnobError
+
+    deep: Any = 1
+    for _ in range(10_000):
+        deep = [deep]
+    for value in ["x" * 100_000, 10**5000, deep, {str(i): i for i in range(10_000)}]:
+        with pytest.raises(KnobError) as info:
+            get("normal", rate=value)
+        assert len(str(info.value)) < 120
+
+
+def test_nesting_depth_is_counted_without_recursion() -> None:
+    from loadgen.suite import nesting_depth
+
+    assert nesting_depth("x", 4) == 0
+    assert nesting_depth({"stop": ["a"]}, 4) == 2
+    assert nesting_depth([{}, [[[]]]], 4) == 4
+    deep: Any = 0
+    for _ in range(200_000):
+        deep = {"a": deep}
+    assert nesting_depth(deep, 4) == 5  # stops counting past the limit

@@ -112,14 +112,9 @@ def test_defaults_refuse_nothing_in_the_examples() -> None:
             "1000000 is above the cap of 32768 prompt tokens",
         ),
         (
-            {"scenarios": [{"suite": "normal", "extra": {"max_tokens": 100_000, "n": 64}}]},
-            "scenarios[0].extra.max_tokens",
-            "100000 is above the cap of 8192 output tokens",
-        ),
-        (
-            {"scenarios": [{"suite": "normal", "extra": {"n": 64}}]},
-            "scenarios[0].extra.n",
-            "64 completions per request",
+            {"scenarios": [{"suite": "normal", "max_tokens": 9_000, "requests": 10}]},
+            "scenarios[0].max_tokens",
+            "9000 is above the cap of 8192 output tokens",
         ),
         (
             {
@@ -237,3 +232,64 @@ def test_deadlines() -> None:
     assert limits.gate_deadline_s(spec) == 3_600
     assert limits.gate_deadline_s(parse_spec(BASE | {"deadline_s": 7_200})) == 7_200
     assert limits.gate_deadline_s(parse_spec(BASE | {"deadline_s": 99_999})) == 14_400
+
+
+# -- the caps fail closed: a suite knob no cap can read is refused, never let through -----------
+
+
+def _unchecked_suite(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Any:
+    """A stored suite scenario whose knobs the suite's own checks let through (as if its
+    allow-list had a hole): the caps must still hold."""
+    from gate.spec import GateSpec, ScenarioSpec
+    from loadgen import suite
+
+    monkeypatch.setattr(suite, "_check_knobs", lambda entry: None)
+    spec = parse_spec(BASE)
+    sc = ScenarioSpec.model_construct(
+        name="a", suite="normal", settings=settings, api="completions"
+    )
+    return GateSpec.model_construct(**{**dict(spec), "scenarios": [sc]})
+
+
+def test_caps_refuse_what_they_cannot_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _unchecked_suite(
+        monkeypatch,
+        rate=50.0,
+        requests=10,
+        max_tokens="1000000",
+        extra=[["max_tokens", 10**9], ["n", 64]],
+    )
+    found = {p.path: p.message for p in spec_limit_problems(spec, Limits())}
+    assert "not a value the operator's caps can check" in found["scenarios[0].max_tokens"]
+    assert "not a value the operator's caps can check" in found["scenarios[0].extra"]
+
+
+def test_caps_hold_on_output_and_fan_out_keys_of_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _unchecked_suite(
+        monkeypatch,
+        rate=50.0,
+        requests=10,
+        max_tokens=float("nan"),
+        extra={"max_tokens": 100_000, "min_tokens": 10**9, "n": 64, "best_of": 4},
+    )
+    found = {p.path: p.message for p in spec_limit_problems(spec, Limits())}
+    assert "not a value the operator's caps can check" in found["scenarios[0].max_tokens"]
+    assert "100000 is above the cap of 8192" in found["scenarios[0].extra.max_tokens"]
+    assert "above the cap of 8192" in found["scenarios[0].extra.min_tokens"]
+    assert "64 completions per request" in found["scenarios[0].extra.n"]
+    assert "4 completions per request" in found["scenarios[0].extra.best_of"]
+
+
+def test_a_length_distribution_is_capped_by_its_maximum() -> None:
+    from gate.spec import ScenarioSpec
+    from loadgen.prompts import LengthDist
+
+    sc = ScenarioSpec.model_construct(
+        name="a",
+        suite="normal",
+        settings={"requests": 10, "max_tokens": LengthDist("lognormal", 256, 0.6, 1, 50_000)},
+        api="completions",
+    )
+    found = limits_module._scenario_knob_problems("s", sc, Limits())
+    assert [p.path for p in found] == ["s.max_tokens"]
+    assert "50000 is above the cap of 8192 output tokens" in found[0].message
