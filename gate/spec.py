@@ -546,9 +546,10 @@ class GateSpec(_Strict):
     model: str = Field(
         min_length=1,
         max_length=500,
-        pattern=r"^[^-\s][^\s]*$",
-        description="the served model name (also `{model}` in argv: never starting with '-', "
-        "no spaces, so it cannot read as an option)",
+        pattern=r"^[A-Za-z0-9_./][A-Za-z0-9_./:@+=-]*$",
+        description="the served model name, also `{model}` in argv: letters, digits and "
+        "`_./:@+=-`, never starting with '-' (it would read as an option), no `$` (Kubernetes "
+        "would expand `$(VAR)`), no spaces",
     )
     reference: EngineSpec
     candidate: EngineSpec
@@ -625,14 +626,15 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     try:
         spec = GateSpec.model_validate(dict(data))
     except ValidationError as exc:
+        # A cross-field rule fails on the model (path without the field); the raw pass above
+        # already named the exact field, so skip the model-level duplicate. Indexed by message
+        # so a spec with thousands of mistakes costs linear time, not quadratic.
+        raw: dict[str, list[str]] = {}
+        for p in problems:
+            raw.setdefault(p.message, []).append(p.path)
         for err in exc.errors():
-            loc = tuple(err["loc"])
-            problem = FieldProblem(_format_loc(loc), _message(err))
-            # A cross-field rule fails on the model (path without the field); the raw pass
-            # above already named the exact field, so skip the model-level duplicate.
-            if any(
-                p.message == problem.message and p.path.startswith(problem.path) for p in problems
-            ):
+            problem = FieldProblem(_format_loc(tuple(err["loc"])), _message(err))
+            if any(path.startswith(problem.path) for path in raw.get(problem.message, ())):
                 continue
             problems.append(problem)
         raise SpecError(problems, source) from None
@@ -663,6 +665,9 @@ def parse_spec_text(text: str, source: str = "spec", *, json_only: bool = False)
     except json.JSONDecodeError as exc:
         msg = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         raise SpecError([FieldProblem("(file)", msg)], source) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        problem = FieldProblem("(file)", f"not a spec: {str(exc)[:200]}")
+        raise SpecError([problem], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

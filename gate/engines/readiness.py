@@ -160,7 +160,12 @@ async def wait_ready(
     phases.mark("port_open")
 
     timeout = httpx.Timeout(5.0)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, trust_env=False) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url,
+        timeout=timeout,
+        trust_env=False,
+        headers={"Accept-Encoding": "identity"},  # caps count the bytes that arrive
+    ) as client:
         last = ""
         wait_s = POLL_S
         while True:

@@ -561,3 +561,13 @@ def test_settings_nested_too_deep_are_refused_naming_the_field() -> None:
     # given under `settings:` the knob is found by the model's own check, at the scenario
     assert "nested too deep" in paths["scenarios[2]"]
     assert not any(p.startswith("scenarios[3]") for p in paths)
+
+
+def test_a_json_spec_file_with_a_giant_integer_is_a_named_mistake(tmp_path: Path) -> None:
+    """Python refuses to parse integers of more than 4300 digits; that is a spec mistake,
+    not a crash of `gate run`."""
+    p = tmp_path / "giant.json"
+    p.write_text('{"name": "x", "seed": ' + "9" * 5000 + "}")
+    with pytest.raises(SpecError) as err:
+        load_spec(p)
+    assert err.value.problems[0].path == "(file)"
