@@ -519,3 +519,47 @@ def test_a_spec_of_many_mistakes_gets_a_small_answer(
         paths = _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
         assert "candidate.params.tag" in paths, value
     assert recording.submitted == []
+
+
+# -- web session -------------------------------------------------------------------------------
+
+
+def test_web_session_attacks_are_refused(
+    recorded: tuple[TestClient, Recording], settings: Settings, tag: str
+) -> None:
+    """The three reproduced: the sign-in cookie was the raw token with all its scopes and
+    passed any POST; /metrics needed no token; a signed CI body with a NaN timestamp passed
+    the replay window. (Each in depth: tests/gate/web/test_sessions.py, test_nonfinite.py.)"""
+    client, recording = recorded
+    token = _token(client, "dev", "admin")
+    ours = {"Origin": "http://gate.test"}  # the fixture's GATE_PUBLIC_URL
+    r = client.post(
+        "/login",
+        data={"token": token, "next": "/", "allow_run": "1"},
+        headers=ours,
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    cookie = client.cookies["gate_session"]
+    assert token not in cookie and token not in r.headers["set-cookie"]
+    # a cross-site POST riding the cookie: no CSRF token, a foreign Origin
+    for headers in ({}, {"Origin": "https://evil.example"}, ours):
+        r = client.post("/v1/gates", json={"spec": spec_dict(tag)}, headers=headers)
+        assert r.status_code == 403, (headers, r.text)
+    page = client.get("/").text
+    csrf = page.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    r = client.post(
+        "/v1/gates", json={"spec": spec_dict(tag)}, headers={**ours, "X-CSRF-Token": csrf}
+    )
+    assert r.status_code == 202  # the honest page request, with its token
+    client.cookies.clear()
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=auth(token)).status_code == 200
+    body = b'{"delivery_id": "d-nan", "timestamp": NaN, "spec_name": "x"}'
+    r = client.post(
+        "/v1/webhooks/ci",
+        content=body,
+        headers={"X-Hub-Signature-256": sign(SECRET, body), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422 and "timestamp" in r.text
+    assert len(recording.submitted) == 1  # only the honest one
