@@ -666,8 +666,8 @@ def parse_spec_text(text: str, source: str = "spec", *, json_only: bool = False)
         msg = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         raise SpecError([FieldProblem("(file)", msg)], source) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
-        problem = FieldProblem("(file)", f"not a spec: {str(exc)[:200]}")
-        raise SpecError([problem], source) from None
+        unreadable = FieldProblem("(file)", f"not a spec: {str(exc)[:200]}")
+        raise SpecError([unreadable], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -384,7 +384,7 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     overrides) and backslashes come out escaped as ``repr`` escapes them, so an engine cannot
     forge log lines or drive a terminal; a cut is marked with a final ``…``. HTML needs no
     escaping here: every page and report renders text through autoescaping templates.
-    (``gate.engines.readiness.excerpt`` is the same for the gate: loadgen imports no gate.)
+    (``gate.engines.readiness.excerpt`` uses it for the gate's readiness answers.)
     """
     out: list[str] = []
     room = limit

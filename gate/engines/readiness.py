@@ -27,6 +27,7 @@ import httpx
 
 from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
 from gate.engines.lifecycle import PhaseLog
+from loadgen.client import excerpt as _excerpt
 
 POLL_S = 0.05
 """The first wait between two polls of a phase, and the shortest."""
@@ -46,31 +47,12 @@ EXCERPT_CHARS = 200
 
 
 def excerpt(text: str | bytes, limit: int = EXCERPT_CHARS) -> str:
-    """At most `limit` characters of an engine's words, safe to log, print or store.
-
-    Bytes are decoded as UTF-8 (errors replaced). Control and other non-printable characters
-    (newlines, terminal escapes, bidirectional overrides) and backslashes come out escaped as
-    `repr` escapes them; a cut is marked with a final `…`. HTML needs no escaping here: pages
-    and reports render text through autoescaping templates. (loadgen, which imports nothing
-    from gate, has the same as `loadgen.client.excerpt`.)
-    """
+    """At most `limit` characters of an engine's answer, safe to print, log or store: the
+    load generator's `excerpt` (control and non-printable characters escaped, a cut marked
+    with `…`), which also takes the raw bytes of a body (decoded as UTF-8, errors replaced)."""
     if isinstance(text, bytes):
         text = text[: limit * 4 + 1].decode("utf-8", errors="replace")  # enough to see a cut
-    out: list[str] = []
-    room = limit
-    for i, char in enumerate(text):
-        if i >= limit:
-            break
-        piece = char if char.isprintable() and char != "\\" else repr(char)[1:-1]
-        if len(piece) > room:
-            break
-        out.append(piece)
-        room -= len(piece)
-    else:
-        return "".join(out)
-    while out and room < 1:  # make room for the mark of the cut
-        room += len(out.pop())
-    return "".join(out) + "…"
+    return _excerpt(text, limit)
 
 
 def next_wait(wait_s: float) -> float:

@@ -15,24 +15,11 @@ from gate.core.settings import Settings
 SECRET = "test-webhook-secret"
 
 
+SIM_ARGV = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
 SIM_TEMPLATE: dict[str, Any] = {
     "description": "the simulated engine, as an operator would offer it to API callers",
     "engine": {
-        "command": [
-            sys.executable,
-            "-m",
-            "gate.engines.sim",
-            "--port",
-            "{port}",
-            "--model",
-            "{model}",
-            "--tag",
-            "{tag}",
-            "--seed",
-            "{seed}",
-            "--ttft-ms",
-            "{ttft_ms}",
-        ]
+        "command": [*SIM_ARGV, "--tag", "{tag}", "--seed", "{seed}", "--ttft-ms", "{ttft_ms}"]
     },
     "params": {
         "tag": {"type": "string", "pattern": "[a-z0-9-]{1,40}"},
@@ -55,20 +42,7 @@ def sim_engine(tag: str, *flags: str) -> dict[str, Any]:
 
 def sim(tag: str, *flags: str) -> dict[str, Any]:
     """An operator's engine (a named spec or the command line): the argv as written."""
-    return {
-        "command": [
-            sys.executable,
-            "-m",
-            "gate.engines.sim",
-            "--port",
-            "{port}",
-            "--model",
-            "{model}",
-            "--tag",
-            tag,
-            *flags,
-        ]
-    }
+    return {"command": [*SIM_ARGV, "--tag", tag, *flags]}
 
 
 def spec_dict(
