@@ -765,22 +765,33 @@ def _extra(body: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- probe runners
 
 
+# The longest context the default probes are sized to (the gate passes its operator's
+# prompt cap): prompts of about 110 bytes a token are built and held for the probe.
+MAX_PROBE_CONTEXT = 32_768
+
+
 async def run_probes(
     target: Target,
     probes: Sequence[Probe] | None = None,
     *,
     client: httpx.AsyncClient | None = None,
+    max_context: int = MAX_PROBE_CONTEXT,
 ) -> list[ProbeResult]:
     """Send every probe (one at a time) and check each answer against the OpenAI schema.
 
     ``target.api`` is ignored: each probe names its own API. Without ``probes`` the default
     set is used, sized to the context length the engine reports in ``/v1/models`` (vLLM's
-    ``max_model_len``) when it reports one. Never raises for an engine's answer: a refused
-    connection is a probe result with status ``None``.
+    ``max_model_len``) when it reports one, up to ``max_context`` tokens: an engine that
+    reports more (a real 1M context, or a hostile answer) gets no long-prompt probes, as one
+    that reports none, instead of prompts the gate would build and hold in memory. Never
+    raises for an engine's answer: a refused connection is a probe result with status ``None``.
     """
     async with _client_for(target, client) as http:
         if probes is None:
-            probes = default_probes(await _max_model_len(http, target))
+            reported = await _max_model_len(http, target)
+            if reported is not None and reported > max_context:
+                reported = None
+            probes = default_probes(reported)
         return [await _probe(http, target, p) for p in probes]
 
 

@@ -44,11 +44,12 @@ METADATA_ADDRESSES = frozenset(
         "fd00:ec2::254",  # AWS IMDS over IPv6
         "100.100.100.200",  # Alibaba Cloud
         "192.0.0.192",  # Oracle Cloud (classic)
+        "168.63.129.16",  # Azure WireServer
     )
 )
 LOOPBACK = ("127.0.0.0/8", "::1/128", "localhost")
 _PATH_RE = re.compile(r"^(/[A-Za-z0-9._~-]+)*/?$")
-_HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+_HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?)+$")
 
 
 class UrlRefused(ValueError):
@@ -77,21 +78,27 @@ def check_syntax(url: str) -> str:
     if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
         raise UrlRefused("must not contain spaces or control characters")
     host = parts.hostname
+    if "%" in host:  # an IPv6 zone id: equal-comparison with the refused addresses would miss
+        raise UrlRefused("must not carry an IPv6 zone id (%...)")
     if _literal(host) is None and not _HOST_RE.match(host):
         raise UrlRefused(
-            "its host may hold only letters, digits, '-' and '.' (IDNA-encode other names)"
+            "its host may hold only letters, digits, '-', '_' and '.' (IDNA-encode other names)"
         )
     return url.rstrip("/")
 
 
 def _literal(host: str) -> Address | None:
     try:
-        return ipaddress.ip_address(host.strip("[]"))
+        addr = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
+        addr = ipaddress.IPv6Address(str(addr).split("%", 1)[0])  # resolvers may add a zone
+    return addr
 
 
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT's IPv4-translated form
 
 
 def _embedded_v4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -100,8 +107,10 @@ def _embedded_v4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
         return addr.ipv4_mapped
     if addr.sixtofour is not None:
         return addr.sixtofour
-    if addr in _NAT64:
+    if any(addr in net for net in _NAT64) or addr in _TRANSLATED:
         return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr.teredo is not None:
+        return addr.teredo[1]
     if int(addr) >> 32 == 0 and int(addr) > 1:  # ::a.b.c.d (deprecated, still routable)
         return ipaddress.IPv4Address(int(addr))
     return None

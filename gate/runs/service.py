@@ -662,7 +662,10 @@ class GateRunner:
         time; a probe the reference answers well and the candidate does not fails a check."""
         self.gate_phase(f"scenario:{sc.name}", "compatibility probes")
         targets = self._targets(sc.api)
-        ref, cand = await asyncio.gather(*(suite_catalogue.run_probes(t) for t in targets))
+        cap = self.limits.max_prompt_tokens  # the operator's, not the engine's, context
+        ref, cand = await asyncio.gather(
+            *(suite_catalogue.run_probes(t, max_context=cap) for t in targets)
+        )
         self._check_crashes()
         by_name = {p.name: p for p in cand}
         for r in ref:

@@ -96,6 +96,23 @@ def test_probes_and_correctness_against_the_sim(sim: Any) -> None:
         assert first_divergence(c, d) is None  # greedy: the same engine agrees with itself
 
 
+def test_a_context_beyond_the_cap_gets_no_long_prompt_probes(sim: Any) -> None:
+    """The long prompts are sized to what the engine reports, up to the caller's cap: the sim
+    reports 4096 tokens, so with a cap of 1024 no prompt of its size is built or sent."""
+
+    async def main(url: str) -> tuple[set[str], set[str]]:
+        target = Target("t", url)
+        capped = await run_probes(target, max_context=1024)
+        full = await run_probes(target, max_context=8192)
+        return {p.name for p in capped}, {p.name for p in full}
+
+    with sim("--max-model-len", "4096") as url:
+        capped, full = asyncio.run(main(url))
+    assert {"long_prompt", "over_context"} <= full
+    assert not {"long_prompt", "over_context"} & capped
+    assert "completions" in capped
+
+
 def test_probe_failures_are_results(stream_server: Any) -> None:
     async def main() -> Any:
         async with stream_server() as server:

@@ -99,7 +99,14 @@ def test_userinfo_and_queries_never_pass(user: str, query: str) -> None:
 
 @pytest.mark.parametrize(
     "address",
-    ["64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::", "::a9fe:a9fe", "::ffff:a9fe:a9fe"],
+    [
+        "64:ff9b::a9fe:a9fe",
+        "64:ff9b:1::a9fe:a9fe",
+        "2002:a9fe:a9fe::",
+        "::a9fe:a9fe",
+        "::ffff:a9fe:a9fe",
+        "::ffff:0:a9fe:a9fe",
+    ],
 )
 def test_metadata_inside_ipv6_forms_is_refused(address: str) -> None:
     """NAT64, 6to4, the old compatible form and mapped addresses all carry 169.254.169.254."""
@@ -109,7 +116,7 @@ def test_metadata_inside_ipv6_forms_is_refused(address: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://evil.com\\.corp.example", "http://evil.com;.corp.example", "http://a_b.corp.example"],
+    ["http://evil.com\\.corp.example", "http://evil.com;.corp.example", "http://a!b.corp.example"],
 )
 def test_host_names_are_plain_labels(url: str) -> None:
     with pytest.raises(UrlRefused):
@@ -131,3 +138,18 @@ def test_a_refused_name_is_never_resolved() -> None:
     assert looked_up == []
     check_allowed("http://vllm.corp.example", [".corp.example"], loopback=False, resolve=resolve)
     assert looked_up == ["vllm.corp.example"]  # admitted by name, then its addresses checked
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://[fd00:ec2::254%1]:80", "http://[fd00:ec2::254%eth0]/latest", "http://[::1%1]:8000"],
+)
+def test_ipv6_zone_ids_are_refused(url: str) -> None:
+    """A zone id made the metadata address compare unequal to the refused one."""
+    with pytest.raises(UrlRefused):
+        check_allowed(url, ["::/0", "fd00::/8"], loopback=True)
+
+
+def test_azure_wireserver_is_metadata() -> None:
+    with pytest.raises(UrlRefused, match="metadata"):
+        check_allowed("http://168.63.129.16", ["0.0.0.0/0"], loopback=False)
