@@ -69,7 +69,7 @@ DNS_LABEL_MESSAGE = (
 
 def check_image(v: str) -> str:
     """An image reference a kubelet can pull, pinned by a tag or a digest."""
-    m = IMAGE_RE.match(v) if len(v) <= 512 else None
+    m = IMAGE_RE.fullmatch(v) if len(v) <= 512 and v.isprintable() else None
     if not m or len(v.split("@")[0].rsplit(":", 1)[0]) > 255:
         raise ValueError(
             "not an image reference; use [registry/]repository:tag or @sha256:<digest>, "

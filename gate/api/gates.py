@@ -8,7 +8,7 @@ import threading
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -207,8 +207,9 @@ def view(run: GateRun) -> GateView:
 
 def caller_of(ctx: Ctx, request: Request, token: str | None = None) -> str:
     """Who asked: `token:<id>` of the API token presented (a bearer token, or the token a
-    page session was made from), for owning gates and scoping idempotency keys; `anonymous`
-    when reads are open and nobody signed in."""
+    page session was made from), for owning gates and scoping idempotency keys; 401 when the
+    credential names no live token (revoked since the route's check), never a shared
+    anonymous identity."""
     credential = token or request_token(request)
     token_id: int | None = None
     if isinstance(credential, SessionSecret):
@@ -216,7 +217,9 @@ def caller_of(ctx: Ctx, request: Request, token: str | None = None) -> str:
         token_id = session.token_id if session is not None else None
     elif credential:
         token_id = ctx.tokens.token_id(credential)
-    return f"token:{token_id}" if token_id is not None else "anonymous"
+    if token_id is None:  # the route let it through, but it names no live token now
+        raise HTTPException(401, detail="unknown or revoked token")
+    return f"token:{token_id}"
 
 
 def submit(
@@ -228,7 +231,15 @@ def submit(
     *,
     owner: str,
 ) -> tuple[GateRun, bool]:
-    """Store the gate (or find the key's) and, when it is new, hand it to the workers."""
+    """Store the gate (or find the key's) and, when it is new, hand it to the workers. A new
+    gate past the owner's share of active gates is refused (429)."""
+    if key is None or store.find_by_key(ctx.factory, key) is None:
+        cap = ctx.settings.max_active_gates_per_token
+        if store.active_gates(ctx.factory, owner) >= cap:
+            raise TooBusy(
+                f"this caller already has {cap} pending or running gates "
+                "(GATE_MAX_ACTIVE_GATES_PER_TOKEN); wait for one to finish"
+            )
     run, created = store.create_gate(
         ctx.factory, spec, source=source, idempotency_key=key, callback=callback, owner=owner
     )

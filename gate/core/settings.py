@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         "in a named spec's kubernetes engine (`candidate_image`); the spec's own repository "
         "is always allowed (another tag or digest of the image the operator named).",
     )
+    max_active_gates_per_token: int = Field(
+        default=20,
+        ge=1,
+        le=100_000,
+        description="Pending and running gates one token (or the CI webhook) may have at once: "
+        "past it, a new gate is refused (429) so that one caller cannot take every GPU and "
+        "hold everyone else's rollouts by starving them.",
+    )
     open_reads: bool = Field(
         default=False, description="Let requests without a token read gates and verdicts."
     )

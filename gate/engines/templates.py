@@ -75,8 +75,9 @@ class NumberParam(_Param):
     def check(self, value: Any) -> tuple[str | list[str] | None, str | None]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None, "must be a number"
-        if not math.isfinite(value) or not self.min <= value <= self.max:
-            return None, f"must be between {self.min:g} and {self.max:g}, got {value!r}"
+        if not self.min <= value <= self.max or not math.isfinite(value):  # bounds first: a
+            # 400-digit int compares fine but overflows isfinite's float
+            return None, f"must be between {self.min:g} and {self.max:g}, got {str(value)[:40]}"
         return repr(float(value)) if isinstance(value, float) else str(value), None
 
 
@@ -233,7 +234,31 @@ def fill(template: EngineTemplate, given: Mapping[str, Any], path: str) -> dict[
     except ValueError as exc:
         raise SpecError([FieldProblem(f"{path}.params", str(exc))], "request") from None
     assert isinstance(filled, dict)
+    if values and (bad := _assembled_problem(filled, template.engine)) is not None:
+        raise SpecError([FieldProblem(f"{path}.params", bad)], "request")
     return filled
+
+
+def _assembled_problem(filled: Any, written: Any) -> str | None:
+    """Values are checked one by one; two of them side by side (`{a}{b}` with `.` and `.`)
+    could still make a `..` segment or a `$(`: every string a parameter went into is checked
+    as assembled."""
+    if isinstance(filled, dict):
+        for k, v in filled.items():
+            if (
+                bad := _assembled_problem(v, written.get(k) if isinstance(written, dict) else None)
+            ) is not None:
+                return bad
+        return None
+    if isinstance(filled, list):
+        for v in filled:
+            if (bad := _assembled_problem(v, None)) is not None:
+                return bad
+        return None
+    segments = filled.replace("\\", "/").split("/") if isinstance(filled, str) else []
+    if filled != written and (".." in segments or "$(" in str(filled)):
+        return f"together the parameters make {str(filled)[:80]!r}, which has a '..' or '$('"
+    return None
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")

@@ -43,7 +43,7 @@ class GateRun(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(64), unique=True)
     # who started it: `token:<api_tokens.id>`, `ci` (the signed webhook), None (the CLI);
     # only the owner or an admin token may cancel it
-    owner: Mapped[str | None] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)
     reference_label: Mapped[str | None] = mapped_column(String(500))
     candidate_label: Mapped[str | None] = mapped_column(String(500), index=True)
     worker: Mapped[str | None] = mapped_column(String(200))

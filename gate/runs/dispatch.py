@@ -98,6 +98,7 @@ class InProcessDispatcher:
                     self.factory,
                     gid,
                     f"the service ({self.worker}) was stopped before the gate could decide",
+                    admin=True,  # the service itself
                 )
             except Exception:  # it finished meanwhile
                 log.debug("gate %s finished before the shutdown cancel", gid)

@@ -10,6 +10,7 @@ operator's. Anything else is refused with its field path and the setting that wo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,9 +30,13 @@ NOT_FROM_A_REQUEST = (
 # What a refused engine is replaced by while the rest of the spec is checked: its problems are
 # already named, and the spec's own rules should not repeat them in other words.
 _STAND_IN = {"url": "http://127.0.0.1"}
+# A repository id (`org/name`, `name`), as Hugging Face names models: never a path on the
+# worker's host (relative ones resolve against the engine's directory) nor an object-store URI
+# (fetched with the host's credentials).
+CALLER_MODEL_RE = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 MODEL_NOT_A_PATH = (
-    "a request names a model, not a path on the worker's host (no leading '/' or '.', no "
-    "'..'); an engine template may pin the weights it serves"
+    "a request names a model as a repository id (`org/name`), not a path or a URI on the "
+    "worker's host; an engine template may pin the weights it serves"
 )
 INVENTORY_IS_THE_OPERATORS = (
     "a request may not choose the inventory: the operator sets it (GATE_INVENTORY)"
@@ -67,7 +72,7 @@ def resolve_spec(
         if data.get("inventory") is not None:
             problems.append(FieldProblem("inventory", INVENTORY_IS_THE_OPERATORS))
         model = data.get("model")
-        if isinstance(model, str) and (model.startswith(("/", ".")) or ".." in model):
+        if isinstance(model, str) and not CALLER_MODEL_RE.fullmatch(model):
             problems.append(FieldProblem("model", MODEL_NOT_A_PATH))
         for role in ("reference", "candidate"):
             if role in data:

@@ -134,6 +134,19 @@ def _reused(existing: GateRun, spec: GateSpec, source: str) -> GateRun:
     return existing
 
 
+def active_gates(factory: sessionmaker[Session], owner: str) -> int:
+    """How many pending or running gates `owner` has."""
+    with reading(factory) as s:
+        return int(
+            s.scalar(
+                select(func.count())
+                .select_from(GateRun)
+                .where(GateRun.owner == owner, GateRun.state.in_(("pending", "running")))
+            )
+            or 0
+        )
+
+
 def find_by_key(factory: sessionmaker[Session], key: str) -> GateRun | None:
     with reading(factory) as s:
         return s.scalars(select(GateRun).where(GateRun.idempotency_key == key)).first()
@@ -205,7 +218,7 @@ def request_cancel(
     reason: str | None = None,
     *,
     caller: str | None = None,
-    admin: bool = True,
+    admin: bool = False,
 ) -> GateRun:
     """A pending gate is cancelled at once (it holds nothing); a running one is asked to stop
     and its runner tears down and releases at its next heartbeat, ending with `reason`; a

@@ -17,8 +17,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("gates") as batch:
         batch.add_column(sa.Column("owner", sa.String(length=64), nullable=True))
+        batch.create_index(batch.f("ix_gates_owner"), ["owner"], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table("gates") as batch:
+        batch.drop_index(batch.f("ix_gates_owner"))
         batch.drop_column("owner")

@@ -43,7 +43,7 @@ def test_metrics_count_gates_by_state_and_verdict(
     factory = app_client.app.state.ctx.factory  # type: ignore[attr-defined]
     spec = parse_spec(spec_dict("m", trusted=True))
     run, _ = store.create_gate(factory, spec, source="api")
-    store.request_cancel(factory, run.id)  # pending -> cancelled at once, hold
+    store.request_cancel(factory, run.id, admin=True)  # pending -> cancelled at once, hold
     text = app_client.get("/metrics", headers=auth(tokens["read"])).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     gates = {

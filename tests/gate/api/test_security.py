@@ -563,3 +563,47 @@ def test_web_session_attacks_are_refused(
     )
     assert r.status_code == 422 and "timestamp" in r.text
     assert len(recording.submitted) == 1  # only the honest one
+
+
+def test_one_token_cannot_take_every_gate(settings: Settings, tag: str) -> None:
+    """Past its share of active gates a token is told to wait (429); another token is not
+    affected, and polling an existing gate is never refused."""
+    app = create_app(
+        settings.model_copy(update={"max_active_gates_per_token": 2}), start_workers=False
+    )
+    app.state.ctx.dispatcher = Recording()
+    with TestClient(app) as client:
+        greedy = create_token(app.state.ctx.factory, "greedy", ["run"])
+        other = create_token(app.state.ctx.factory, "other", ["run"])
+        ids = []
+        for seed in (1, 2):
+            body = spec_dict(tag)
+            body["candidate"]["params"]["seed"] = seed + 10
+            ids.append(client.post("/v1/gates", json={"spec": body}, headers=auth(greedy)).json())
+        body = spec_dict(tag)
+        body["candidate"]["params"]["seed"] = 99
+        r = client.post("/v1/gates", json={"spec": body}, headers=auth(greedy))
+        assert r.status_code == 429 and "GATE_MAX_ACTIVE_GATES_PER_TOKEN" in r.text
+        assert client.post("/v1/gates", json={"spec": body}, headers=auth(other)).status_code == 202
+        assert (
+            client.post(f"/v1/gates/{ids[0]['id']}:cancel", headers=auth(greedy)).status_code == 202
+        )
+        assert (
+            client.post("/v1/gates", json={"spec": body}, headers=auth(greedy)).status_code == 202
+        )
+
+
+def test_assembled_template_values_and_odd_inputs_are_refused(
+    recorded: tuple[TestClient, Recording], tag: str
+) -> None:
+    client, recording = recorded
+    token = _token(client, "ci")
+    for model in ("home/ubuntu/models/unreleased-70b", "s3://bucket/m", "gs://b/m"):
+        body = {**spec_dict(tag), "model": model}
+        assert "model" in _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+    body = spec_dict(tag)
+    body["candidate"] = {"engine": "sim", "params": {"tag": "ok", "ttft_ms": 10**400}}
+    assert "candidate.params.ttft_ms" in _paths(
+        client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+    )
+    assert recording.submitted == []

@@ -156,3 +156,26 @@ def test_the_example_templates_load_and_fill() -> None:
     assert EngineSpec.model_validate(k8s).kubernetes is not None
     with pytest.raises(SpecError):
         fill(templates["vllm-k8s"], {"image": "docker.io/evil/vllm-openai:v1"}, "candidate")
+
+
+def test_values_are_checked_as_assembled_too() -> None:
+    """`.` and `.` are each fine; side by side in one path they are `..`."""
+    template = EngineTemplate.model_validate(
+        {
+            "engine": {"preset": "vllm", "binary": "/opt/venvs/{a}{b}/bin/vllm"},
+            "params": {
+                "a": {"type": "string", "pattern": "[a-z0-9.]+"},
+                "b": {"type": "string", "pattern": "[a-z0-9.]+"},
+            },
+        }
+    )
+    assert fill(template, {"a": "v0", "b": ".11"}, "c")["binary"] == "/opt/venvs/v0.11/bin/vllm"
+    with pytest.raises(SpecError, match=r"'\.\.'"):
+        fill(template, {"a": ".", "b": "."}, "c")
+
+
+def test_an_image_with_a_trailing_newline_is_not_an_image() -> None:
+    from gate.spec import check_image
+
+    with pytest.raises(ValueError):
+        check_image("vllm/vllm-openai:v0.11.1\n")

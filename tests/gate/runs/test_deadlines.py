@@ -182,7 +182,9 @@ def test_cancel_while_judging_ends_promptly(
     def cancel_when_judging() -> None:
         assert slow_judge.started.wait(120)
         engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
-        store.request_cancel(make_sessionmaker(engine), gate_id, "cancelled while judging")
+        store.request_cancel(
+            make_sessionmaker(engine), gate_id, "cancelled while judging", admin=True
+        )
         engine.dispose()
         ended["asked"] = time.monotonic()
 

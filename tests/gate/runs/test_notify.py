@@ -47,7 +47,7 @@ def cancelled_gate(factory: sessionmaker[Session], url: str | None, name: str = 
     """A gate with (or without) a callback, ended: cancelled before it started."""
     callback = None if url is None else {"url": url, "context": "llm-deploy-gate"}
     run, _ = store.create_gate(factory, small_spec(name), source="ci", callback=callback)
-    store.request_cancel(factory, run.id, "cancelled by the test")
+    store.request_cancel(factory, run.id, "cancelled by the test", admin=True)
     return run.id
 
 

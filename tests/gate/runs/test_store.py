@@ -79,17 +79,17 @@ def test_claim_runs_a_gate_once(factory: sessionmaker[Session]) -> None:
 
 def test_cancel_pending_running_and_finished(factory: sessionmaker[Session]) -> None:
     pending, _ = store.create_gate(factory, small_spec("p"))
-    out = store.request_cancel(factory, pending.id)
+    out = store.request_cancel(factory, pending.id, admin=True)
     assert (out.state, out.verdict) == ("cancelled", "hold")
     assert out.document is not None and out.document["reasons"][0]["check"] == "gate.cancelled"
     running, _ = store.create_gate(factory, small_spec("r"))
     store.claim(factory, running.id, "w")
-    out = store.request_cancel(factory, running.id)
+    out = store.request_cancel(factory, running.id, admin=True)
     assert (out.state, out.cancel_requested) == ("running", True)  # the runner ends it
     with pytest.raises(store.GateConflict):
-        store.request_cancel(factory, pending.id)
+        store.request_cancel(factory, pending.id, admin=True)
     with pytest.raises(store.GateNotFound):
-        store.request_cancel(factory, "missing")
+        store.request_cancel(factory, "missing", admin=True)
 
 
 def test_reaper_ends_lost_gates_and_releases_their_gpus(factory: sessionmaker[Session]) -> None:

@@ -379,7 +379,7 @@ def test_cancel_of_a_running_gate_tears_it_down(
     wait_gate(factory, gate_id, measuring, timeout=90)
     assert len(find_processes(tag)) == 2
     t0 = time.monotonic()
-    store.request_cancel(factory, gate_id)
+    store.request_cancel(factory, gate_id, admin=True)
     run = wait_gate(factory, gate_id, finished, timeout=30)
     assert (run.state, run.verdict, run.reason) == (
         "cancelled",
