@@ -255,6 +255,24 @@ def _logprobs(value: Any) -> str | None:
     return _integer(value, 0, MAX_LOGPROBS, " (or true/false)")
 
 
+def _template_kwargs(value: Any) -> str | None:
+    """vLLM's and SGLang's `chat_template_kwargs` (e.g. `{enable_thinking: false}`): a few
+    named flags of simple values, for the chat template, never the request's size."""
+    rule = (
+        f"must be an object of at most 8 names (letters, digits, '_') with true/false, finite "
+        f"numbers or strings of at most {MAX_EXTRA_STRING} characters"
+    )
+    if not isinstance(value, Mapping) or len(value) > 8:
+        return rule
+    for k, v in value.items():
+        if not (isinstance(k, str) and k.isidentifier() and len(k) <= 40):
+            return rule
+        simple = isinstance(v, bool) or (isinstance(v, str) and len(v) <= MAX_EXTRA_STRING)
+        if not simple and not (isinstance(v, int | float) and _real(v, -1e9, 1e9) is None):
+            return rule
+    return None
+
+
 EXTRA_ALLOWED: Mapping[str, Callable[[Any], str | None]] = {
     "temperature": lambda v: _real(v, 0.0, 2.0),
     "top_p": lambda v: _real(v, 0.0, 1.0, above=True),
@@ -268,6 +286,8 @@ EXTRA_ALLOWED: Mapping[str, Callable[[Any], str | None]] = {
     "frequency_penalty": lambda v: _real(v, -2.0, 2.0),
     "logprobs": _logprobs,
     "top_logprobs": lambda v: _integer(v, 0, MAX_LOGPROBS),
+    "skip_special_tokens": _boolean,
+    "chat_template_kwargs": _template_kwargs,
 }
 """The sampling parameters ``extra`` may carry, each with its check: none of them changes
 how many requests, prompt tokens or output tokens a scenario asks for."""

@@ -571,3 +571,34 @@ def test_a_json_spec_file_with_a_giant_integer_is_a_named_mistake(tmp_path: Path
     with pytest.raises(SpecError) as err:
         load_spec(p)
     assert err.value.problems[0].path == "(file)"
+
+
+def test_an_operator_can_turn_a_reasoning_models_thinking_off() -> None:
+    """`chat_template_kwargs` (vLLM and SGLang read it: e.g. Qwen3's `enable_thinking`) and
+    `skip_special_tokens` are sampling-side settings, allowed in a suite's `extra`; anything
+    nested or sized in them is not."""
+    base = {
+        "name": "t",
+        "model": "m",
+        "reference": {"url": "http://127.0.0.1:1"},
+        "candidate": {"url": "http://127.0.0.1:2"},
+    }
+    ok = {"enable_thinking": False, "reasoning_effort": "low"}
+    spec = parse_spec(
+        {
+            **base,
+            "scenarios": [
+                {
+                    "suite": "normal",
+                    "extra": {"chat_template_kwargs": ok, "skip_special_tokens": False},
+                }
+            ],
+        }
+    )
+    assert spec.scenarios[0].settings["extra"]["chat_template_kwargs"] == ok
+    for bad in ({"x": {"deep": 1}}, {"max_tokens": [1] * 3}, {f"k{i}": 1 for i in range(9)}):
+        with pytest.raises(SpecError) as err:
+            parse_spec(
+                {**base, "scenarios": [{"suite": "normal", "extra": {"chat_template_kwargs": bad}}]}
+            )
+        assert "chat_template_kwargs" in str(err.value)
