@@ -20,9 +20,9 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.access.tokens import SCOPES, digest
+from gate.core.clock import now
 from gate.core.database import transaction
 from gate.models import ApiToken, WebSession
-from gate.runs.store import now
 
 PREFIX = "gs_"
 CACHE_S = 5.0  # like TokenChecker: a revoked token's sessions stop within this many seconds

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core.clock import now
 from gate.core.database import transaction
 from gate.core.errors import GateError
 from gate.models import ApiToken
-from gate.runs.store import now
 
 SCOPES = ("read", "run", "admin")
 PREFIX = "gt_"

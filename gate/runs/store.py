@@ -17,6 +17,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core.clock import now
 from gate.core.database import reading, transaction
 from gate.core.errors import GateError
 from gate.models import GatePhase, GateRun, GpuLease, Reservation
@@ -38,10 +39,6 @@ class GateNotFound(GateError):
 class GateConflict(GateError):
     status_code = 409
     code = "conflict"
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _aware(t: datetime | None) -> datetime | None:
