@@ -39,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gate.core.errors import FieldProblem, SpecError
+from gate.spec import EngineSpec, check_image
 
 PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -140,8 +141,6 @@ class ImageParam(_Param):
     default: str | None = None
 
     def check(self, value: Any) -> tuple[str | list[str] | None, str | None]:
-        from gate.spec import check_image
-
         if not isinstance(value, str):
             return None, "must be an image reference"
         try:
@@ -348,8 +347,6 @@ def _check_template(template: EngineTemplate, where: str) -> None:
 
 
 def _check_sample(template: EngineTemplate, where: str, pick: Mapping[str, Any]) -> None:
-    from gate.spec import EngineSpec
-
     sample: dict[str, Any] = dict(pick)
     for name, param in template.params.items():
         if name in sample:
