@@ -28,10 +28,10 @@ from sqlalchemy import select
 
 from gate.analysis.baseline import judge_baseline
 from gate.analysis.policy import Policy
+from gate.analysis.samples import Columns, select_requests
 from gate.core.database import make_engine, make_sessionmaker, transaction
 from gate.core.settings import Settings
 from gate.models import SampleSet
-from gate.runs.samples import Columns, select_requests
 from gate.runs.service import run_gate
 from gate.spec import parse_spec
 

@@ -26,6 +26,7 @@ import numpy as np
 from jinja2 import BaseLoader, ChoiceLoader, Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
+from gate.analysis.samples import ERROR_KINDS, Columns, drop_warmup
 from gate.reports.charts import (
     COLORS,
     MUTED,
@@ -38,7 +39,6 @@ from gate.reports.charts import (
     scatter_chart,
     timeline_chart,
 )
-from gate.runs.samples import ERROR_KINDS, Columns, drop_warmup
 
 ROLES = ("reference", "candidate")
 GROUPS = {

@@ -35,8 +35,7 @@ from gate.analysis.divergence import (
 )
 from gate.analysis.load import OverloadPhase, PeakPhase, RequestLog, Slo
 from gate.analysis.policy import Policy
-from gate.analysis.sequential import Look, SequentialJudge
-from gate.runs.samples import (
+from gate.analysis.samples import (
     ERROR_KINDS,
     Columns,
     columns_from_records,
@@ -44,6 +43,7 @@ from gate.runs.samples import (
     select_requests,
     take_requests,
 )
+from gate.analysis.sequential import Look, SequentialJudge
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
 

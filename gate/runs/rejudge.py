@@ -23,12 +23,12 @@ from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.judge import judge
 from gate.analysis.load import OverloadPhase, PeakPhase
 from gate.analysis.policy import Policy
+from gate.analysis.samples import Columns, select_requests
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import transaction
 from gate.models import SampleSet
 from gate.runs import store
 from gate.runs.judging import load_phases
-from gate.runs.samples import Columns, select_requests
 from gate.runs.service import _phase_durations
 from gate.spec import parse_spec
 

@@ -27,6 +27,7 @@ from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.judge import judge
 from gate.analysis.load import OverloadPhase, PeakPhase
 from gate.analysis.plan import Plan
+from gate.analysis.samples import Columns, columns_from_records, select_requests
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
@@ -51,7 +52,6 @@ from gate.runs.judging import (
     merge_divergence,
 )
 from gate.runs.progress import NullProgress, Progress
-from gate.runs.samples import Columns, columns_from_records, select_requests
 from gate.spec import (
     MIXED_KUBERNETES_MESSAGE,
     EngineSpec,

@@ -33,13 +33,13 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from gate.access.sessions import BrowserSession
+from gate.analysis.samples import Columns
 from gate.api.deps import Ctx, authorize, get_ctx, request_token
 from gate.api.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.core.database import transaction
 from gate.models import GatePhase, GateRun, SampleSet
 from gate.reports.html import environment, format_time, render_body
 from gate.runs import store
-from gate.runs.samples import Columns
 
 router = APIRouter(include_in_schema=False)
 

@@ -6,6 +6,7 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from gate.analysis.samples import columns_from_records
 from gate.reports.charts import (
     Line,
     cdf_chart,
@@ -16,7 +17,6 @@ from gate.reports.charts import (
     timeline_chart,
 )
 from gate.reports.html import render_report, scenario_charts, write_report
-from gate.runs.samples import columns_from_records
 from loadgen.records import RequestRecord
 
 EVIL = "<script>alert('x')</script>"

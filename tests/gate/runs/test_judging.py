@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gate.analysis.judge import judge
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
+from gate.analysis.samples import Columns, columns_from_records, concat_columns, select_requests
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import ScenarioSamples
 from gate.runs.judging import (
@@ -26,7 +27,6 @@ from gate.runs.judging import (
     load_phases,
     request_log,
 )
-from gate.runs.samples import Columns, columns_from_records, concat_columns, select_requests
 from loadgen.records import RequestRecord
 from loadgen.suite import CorrectnessResult, ScoreResult
 

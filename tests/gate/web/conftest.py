@@ -13,11 +13,11 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.analysis.samples import Columns, columns_from_records
 from gate.api.app import create_app
 from gate.core.database import transaction
 from gate.core.settings import Settings
 from gate.models import GatePhase, GateRun, SampleSet
-from gate.runs.samples import Columns, columns_from_records
 from loadgen.records import RequestRecord
 
 # Engine-produced text that would run script if it reached the page as markup.

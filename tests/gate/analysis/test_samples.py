@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.runs.samples import Columns, columns_from_records, drop_warmup
+from gate.analysis.samples import Columns, columns_from_records, drop_warmup
 from loadgen.records import RequestRecord
 
 T0 = 1_000_000_000
