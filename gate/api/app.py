@@ -20,8 +20,9 @@ from gate.api.guards import FiniteJson, SessionGuard
 from gate.api.guards import problem as _problem
 from gate.core.errors import GateError, SpecError
 from gate.core.settings import Settings
-from gate.runs.dispatch import CeleryDispatcher, InProcessDispatcher, Reaper, make_dispatcher
+from gate.runs.dispatch import InProcessDispatcher, Reaper
 from gate.runs.execute import open_factory
+from gate.worker.dispatch import CeleryDispatcher, make_dispatcher
 
 log = logging.getLogger("gate.api")
 

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.settings import Settings
-from gate.runs.dispatch import CeleryDispatcher, Reaper
+from gate.runs.dispatch import Reaper
 from gate.runs.execute import open_factory, running_gates, stop_running_gates, worker_name
 from gate.worker.celery_app import QUEUE, make_celery
+from gate.worker.dispatch import CeleryDispatcher
 from gate.worker.logs import configure_logging
 
 log = logging.getLogger("gate.worker")

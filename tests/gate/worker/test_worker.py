@@ -22,8 +22,9 @@ from gate.core.database import transaction
 from gate.core.settings import Settings
 from gate.models import GatePhase, GateRun, GpuLease, Reservation
 from gate.runs import store
-from gate.runs.dispatch import CeleryDispatcher, Reaper
+from gate.runs.dispatch import Reaper
 from gate.spec import parse_spec
+from gate.worker.dispatch import CeleryDispatcher
 from gate.worker.main import alive_file
 
 pytestmark = pytest.mark.slow
