@@ -6,7 +6,7 @@ It ends when it expires, when the browser signs out, or when its token is revoke
 joins the token row, so revoking a token ends every session made from it).
 
 Each session also holds a CSRF token: a state-changing request signed in by the cookie must
-carry it (gate/api/guards.py), because a browser sends cookies on cross-site requests too."""
+carry it (gate/http/guards.py), because a browser sends cookies on cross-site requests too."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
-from gate.api.deps import Ctx
-from gate.api.guards import FiniteJson, SessionGuard
-from gate.api.guards import problem as _problem
 from gate.core.errors import GateError, SpecError
 from gate.core.settings import Settings
+from gate.http.deps import Ctx
+from gate.http.guards import FiniteJson, SessionGuard
+from gate.http.guards import problem as _problem
 from gate.runs.dispatch import InProcessDispatcher, Reaper
 from gate.runs.execute import open_factory
 from gate.worker.dispatch import CeleryDispatcher, make_dispatcher

@@ -6,22 +6,24 @@ from __future__ import annotations
 import json
 import threading
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
-from gate.api.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
 from gate.api.documents import RejudgeResult, VerdictDocument
 from gate.core.errors import FieldProblem, GateError, SpecError
 from gate.core.settings import Settings
-from gate.models import GateRun
+from gate.http.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
 from gate.runs import store
 from gate.runs.rejudge import rejudge
 from gate.runs.requests import resolve_spec
 from gate.spec import GateSpec
+
+if TYPE_CHECKING:  # the store's rows, for annotations only
+    from gate.models import GateRun
 
 router = APIRouter(tags=["gates"])
 

@@ -6,22 +6,22 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy.exc import IntegrityError
 
-from gate.api.deps import CtxDep, authorize, request_token
 from gate.api.gates import ERRORS, CreateGate, VerdictSummary, caller_of, submit
-from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
+from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
 from gate.integrations.signatures import HEADER, verify
-from gate.models import GateRun, WebhookDelivery
 from gate.runs import store
 from gate.runs.requests import resolve_spec
+
+if TYPE_CHECKING:  # the store's rows, for annotations only
+    from gate.models import GateRun, WebhookDelivery
 
 router = APIRouter(tags=["integrations"])
 
@@ -196,8 +196,7 @@ async def ci_webhook(
         )
     delivery_key = f"ci:{delivery.delivery_id}"
     digest = _content_digest(delivery)
-    with transaction(ctx.factory) as s:
-        seen = s.get(WebhookDelivery, delivery_key)
+    seen = store.find_delivery(ctx.factory, delivery_key)
     if seen is not None:
         return _duplicate(ctx, delivery, seen, digest)
     if delivery.callback and not allowed(delivery.callback.url, ctx.settings.callback_allow):
@@ -213,11 +212,8 @@ async def ci_webhook(
         delivery.callback.model_dump() if delivery.callback else None,
         owner="ci",
     )
-    try:
-        with transaction(ctx.factory) as s:
-            s.add(WebhookDelivery(id=delivery_key, source="ci", body_sha256=digest, gate_id=run.id))
-    except IntegrityError:
-        pass  # a concurrent redelivery recorded it first; the gate is the same (same key)
+    # False when a concurrent redelivery recorded it first; the gate is the same (same key)
+    store.record_delivery(ctx.factory, delivery_key, "ci", digest, run.id)
     out = CiAccepted(
         delivery_id=delivery.delivery_id,
         duplicate=not created,
@@ -228,7 +224,7 @@ async def ci_webhook(
 
 def outside_window(age_s: float, max_age_s: float) -> bool:
     """Written so that NaN is outside: every comparison with NaN is false, so `abs(age) >
-    max_age` would let a NaN timestamp in (gate.api.guards refuses NaN bodies first)."""
+    max_age` would let a NaN timestamp in (gate.http.guards refuses NaN bodies first)."""
     return not abs(age_s) <= max_age_s
 
 

@@ -13,17 +13,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
-from sqlalchemy import func, select
 
-from gate.api.deps import Ctx, CtxDep, ReadDep, get_ctx, require
 from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.api.gates import ERRORS
-from gate.core.database import transaction
 from gate.core.errors import FieldProblem, SpecError
-from gate.models import GatePhase, GateRun, GpuLease, Reservation
+from gate.http.deps import Ctx, CtxDep, ReadDep, get_ctx, require
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import Inventory, load_inventory
+from gate.reservations.leases import held_gpus, list_reservations
 from gate.reservations.report import capacity_document, parse_shape
+from gate.runs import store
 
 router = APIRouter(tags=["capacity"])
 metrics_router = APIRouter(include_in_schema=False)
@@ -34,11 +33,7 @@ def _inventory(ctx: Ctx) -> Inventory:
 
 
 def _held(ctx: Ctx, inventory: str) -> list[tuple[str, int]]:
-    with transaction(ctx.factory) as s:
-        rows = s.execute(
-            select(GpuLease.node, GpuLease.gpu_index).where(GpuLease.inventory == inventory)
-        ).all()
-    return [(node, int(gpu)) for node, gpu in rows]
+    return held_gpus(ctx.factory, inventory)
 
 
 @router.get(
@@ -94,26 +89,9 @@ def reservations(
     active: bool = True,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[ReservationView]:
-    q = select(Reservation).order_by(Reservation.id.desc()).limit(limit)
-    if active:
-        q = q.where(Reservation.state == "active")
-    with transaction(ctx.factory) as s:
-        rows = s.scalars(q).all()
-        return [
-            ReservationView(
-                id=r.id,
-                gate_id=r.gate_id,
-                holder=r.holder,
-                state=r.state,
-                inventory=r.inventory,
-                placement=r.placement,
-                created_at=r.created_at,
-                expires_at=r.expires_at,
-                released_at=r.released_at,
-                release_reason=r.release_reason,
-            )
-            for r in rows
-        ]
+    return [
+        ReservationView(**row) for row in list_reservations(ctx.factory, active=active, limit=limit)
+    ]
 
 
 @router.get(
@@ -160,22 +138,10 @@ class ServiceCollector(Collector):
             "Time from one gate phase to the next (reserved, each scenario, judging, released)",
             labels=["phase"],
         )
-        with transaction(ctx.factory) as s:
-            for state, verdict, n in s.execute(
-                select(GateRun.state, GateRun.verdict, func.count()).group_by(
-                    GateRun.state, GateRun.verdict
-                )
-            ):
-                gates.add_metric([state, verdict or ""], n)
-            active = s.scalar(
-                select(func.count()).select_from(Reservation).where(Reservation.state == "active")
-            )
-            held = s.scalar(select(func.count()).select_from(GpuLease))
-            rows = s.execute(
-                select(GatePhase.gate_id, GatePhase.role, GatePhase.phase, GatePhase.at_s)
-                .order_by(GatePhase.gate_id, GatePhase.role, GatePhase.at_s)
-                .limit(200_000)
-            ).all()
+        db = store.service_counts(ctx.factory)
+        for state, verdict, n in db.gates:
+            gates.add_metric([state, verdict or ""], n)
+        active, held, rows = db.active_reservations, db.gpus_held, db.phases
         yield gates
         durations: dict[tuple[str, str], list[float]] = {}
         prev: tuple[str, str, float] | None = None

@@ -169,3 +169,37 @@ def release(factory: sessionmaker[Session], reservation_id: int, reason: str) ->
 def active_leases(factory: sessionmaker[Session]) -> list[GpuLease]:
     with transaction(factory) as session:
         return list(session.scalars(select(GpuLease)))
+
+
+def held_gpus(factory: sessionmaker[Session], inventory: str) -> list[tuple[str, int]]:
+    """(node, gpu index) of every GPU of `inventory` a reservation holds now."""
+    with transaction(factory) as session:
+        rows = session.execute(
+            select(GpuLease.node, GpuLease.gpu_index).where(GpuLease.inventory == inventory)
+        ).all()
+    return [(node, int(gpu)) for node, gpu in rows]
+
+
+def list_reservations(
+    factory: sessionmaker[Session], *, active: bool, limit: int
+) -> list[dict[str, Any]]:
+    """Reservations newest first (only the active ones when `active`), as plain fields."""
+    q = select(Reservation).order_by(Reservation.id.desc()).limit(limit)
+    if active:
+        q = q.where(Reservation.state == "active")
+    with transaction(factory) as session:
+        return [
+            {
+                "id": r.id,
+                "gate_id": r.gate_id,
+                "holder": r.holder,
+                "state": r.state,
+                "inventory": r.inventory,
+                "placement": r.placement,
+                "created_at": r.created_at,
+                "expires_at": r.expires_at,
+                "released_at": r.released_at,
+                "release_reason": r.release_reason,
+            }
+            for r in session.scalars(q).all()
+        ]

@@ -17,10 +17,11 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.analysis.samples import Columns
 from gate.core.clock import now
 from gate.core.database import reading, transaction
 from gate.core.errors import GateError
-from gate.models import GatePhase, GateRun, GpuLease, Reservation
+from gate.models import GatePhase, GateRun, GpuLease, Reservation, SampleSet, WebhookDelivery
 from gate.spec import GateSpec, spec_to_dict
 
 FINISHED = ("complete", "error", "cancelled")
@@ -172,6 +173,79 @@ def list_phases(
                 .limit(limit)
             )
         )
+
+
+def all_phases(factory: sessionmaker[Session], gate_id: str) -> list[GatePhase]:
+    """Every phase row of the gate and its engines, in order (the live page shows them all)."""
+    with transaction(factory) as s:
+        return list(
+            s.scalars(select(GatePhase).where(GatePhase.gate_id == gate_id).order_by(GatePhase.id))
+        )
+
+
+def sample_columns(factory: sessionmaker[Session], gate_id: str) -> dict[str, dict[str, Columns]]:
+    """The gate's stored samples: scenario -> role -> columns."""
+    with transaction(factory) as s:
+        rows = s.execute(
+            select(SampleSet.scenario, SampleSet.role, SampleSet.columns).where(
+                SampleSet.gate_id == gate_id
+            )
+        ).all()
+    out: dict[str, dict[str, Columns]] = {}
+    for scenario, role, blob in rows:
+        out.setdefault(scenario, {})[role] = Columns.from_bytes(blob)
+    return out
+
+
+def find_delivery(factory: sessionmaker[Session], key: str) -> WebhookDelivery | None:
+    """The webhook delivery recorded under `key`, if one was."""
+    with transaction(factory) as s:
+        return s.get(WebhookDelivery, key)
+
+
+def record_delivery(
+    factory: sessionmaker[Session], key: str, source: str, body_sha256: str, gate_id: str
+) -> bool:
+    """Record a delivery and the gate it made; False when a concurrent redelivery recorded
+    it first (the gate is the same: same idempotency key)."""
+    try:
+        with transaction(factory) as s:
+            s.add(WebhookDelivery(id=key, source=source, body_sha256=body_sha256, gate_id=gate_id))
+    except IntegrityError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ServiceCounts:
+    """What /metrics reports from the database, read in one transaction."""
+
+    gates: list[tuple[str, str | None, int]]  # state, verdict, count
+    active_reservations: int
+    gpus_held: int
+    phases: list[tuple[str, str, str, float]]  # gate id, role, phase, at_s; in that order
+
+
+def service_counts(factory: sessionmaker[Session], phase_limit: int = 200_000) -> ServiceCounts:
+    with transaction(factory) as s:
+        gates = [
+            (state, verdict, int(n))
+            for state, verdict, n in s.execute(
+                select(GateRun.state, GateRun.verdict, func.count()).group_by(
+                    GateRun.state, GateRun.verdict
+                )
+            )
+        ]
+        active = s.scalar(
+            select(func.count()).select_from(Reservation).where(Reservation.state == "active")
+        )
+        held = s.scalar(select(func.count()).select_from(GpuLease))
+        rows = s.execute(
+            select(GatePhase.gate_id, GatePhase.role, GatePhase.phase, GatePhase.at_s)
+            .order_by(GatePhase.gate_id, GatePhase.role, GatePhase.at_s)
+            .limit(phase_limit)
+        ).all()
+    return ServiceCounts(gates, active or 0, held or 0, [(g, r, p, at) for g, r, p, at in rows])
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ and cancelling gates and the token may). The cookie (`gate_session`: HttpOnly, S
 Secure when the public URL is https) carries only the session's secret, never the token. The
 login post must come from our own origin; every other form post carries the session's CSRF
 token (`csrf_token`, also the value a script sends as `X-CSRF-Token`), checked with the Origin
-by gate.api.guards. Every response carries a Content-Security-Policy whose only script is the
+by gate.http.guards. Every response carries a Content-Security-Policy whose only script is the
 live page's inline poller, allowed by a per-response nonce.
 """
 
@@ -22,24 +22,23 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from gate.access.sessions import BrowserSession
-from gate.analysis.samples import Columns
-from gate.api.deps import Ctx, authorize, get_ctx, request_token
-from gate.api.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
-from gate.core.database import transaction
-from gate.models import GatePhase, GateRun, SampleSet
+from gate.http.deps import Ctx, authorize, get_ctx, request_token
+from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.reports.html import environment, format_time, render_body
 from gate.runs import store
+
+if TYPE_CHECKING:  # the store's rows, for annotations only
+    from gate.models import GateRun
 
 router = APIRouter(include_in_schema=False)
 
@@ -240,19 +239,6 @@ def gate_links(gate_id: str) -> list[tuple[str, str]]:
     ]
 
 
-def load_columns(ctx: Ctx, gate_id: str) -> dict[str, dict[str, Columns]]:
-    with transaction(ctx.factory) as s:
-        rows = s.execute(
-            select(SampleSet.scenario, SampleSet.role, SampleSet.columns).where(
-                SampleSet.gate_id == gate_id
-            )
-        ).all()
-    out: dict[str, dict[str, Columns]] = {}
-    for scenario, role, blob in rows:
-        out.setdefault(scenario, {})[role] = Columns.from_bytes(blob)
-    return out
-
-
 def _warmup(run: GateRun) -> int:
     policy = (run.spec or {}).get("policy") or {}
     value = policy.get("warmup_requests", 8) if isinstance(policy, Mapping) else 8
@@ -294,7 +280,10 @@ def _report_body(ctx: Ctx, run: GateRun) -> Markup:
     body = _bodies.get(key)
     if body is None:
         body = render_body(
-            run.document, load_columns(ctx, run.id), _warmup(run), gate_links(run.id)
+            run.document,
+            store.sample_columns(ctx.factory, run.id),
+            _warmup(run),
+            gate_links(run.id),
         )
         _bodies.put(key, body)
     return body
@@ -318,10 +307,7 @@ def gate_page(request: Request, gate_id: str) -> Response:
             title=f"{verdict.upper()} · {run.name}",
             body=_report_body(ctx, run),
         )
-    with transaction(ctx.factory) as s:
-        phases = s.scalars(
-            select(GatePhase).where(GatePhase.gate_id == gate_id).order_by(GatePhase.id)
-        ).all()
+    phases = store.all_phases(ctx.factory, gate_id)
     return _page(
         request,
         "gate_live.html.j2",
@@ -402,7 +388,7 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 def logout(request: Request) -> Response:
     """Ends the session on the server, not only in this browser (a copied cookie dies too).
-    The CSRF token and Origin were checked before this runs (gate.api.guards)."""
+    The CSRF token and Origin were checked before this runs (gate.http.guards)."""
     if (secret := request.cookies.get(SESSION_COOKIE)) is not None:
         get_ctx(request).sessions.revoke(secret)
     resp = RedirectResponse("/login", status_code=303)

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from gate.api.guards import nonfinite_paths
 from gate.api.integrations import CiDelivery, outside_window
 from gate.core.database import transaction
+from gate.http.guards import nonfinite_paths
 from gate.integrations.signatures import sign
 from gate.models import GateRun, WebhookDelivery
 

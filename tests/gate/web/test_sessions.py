@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.access import sessions
 from gate.access.tokens import SCOPES, create_token, digest, revoke
 from gate.api.app import create_app
-from gate.api.guards import origin_of
 from gate.core.database import transaction
 from gate.core.settings import Settings
+from gate.http.guards import origin_of
 from gate.models import GateRun, WebSession
 
 PUBLIC = "http://gate.test"
@@ -311,7 +311,7 @@ def test_origin_must_be_the_public_urls(origin: str, same: bool) -> None:
 def test_a_loopback_public_url_accepts_loopbacks_other_names(origin: str, same: bool) -> None:
     """The default public URL (http://127.0.0.1:8080) is also reached as localhost; only the
     names of loopback are equivalent, and only on the same scheme and port."""
-    from gate.api.guards import same_origin
+    from gate.http.guards import same_origin
 
     assert same_origin(origin, origin_of("http://127.0.0.1:8080")) is same
     assert not same_origin(origin, origin_of("https://gate.acme.example"))

@@ -3,7 +3,7 @@ caller's scopes. Thin: the work is in gate.runs.store, gate.access and the dispa
 
 A caller is signed in by a bearer token (Authorization header: CI, controllers, curl) or by
 the pages' session cookie (gate.access.sessions: the session's scopes, never the token's).
-A state-changing request signed in by the cookie has already passed gate.api.guards'
+A state-changing request signed in by the cookie has already passed gate.http.guards'
 SessionGuard (our Origin, the session's CSRF token) before any route runs."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
-from gate.api.guards import SESSION_COOKIE
 from gate.core.settings import Settings
+from gate.http.guards import SESSION_COOKIE
 from gate.runs.dispatch import Dispatcher, Reaper
 
 

@@ -1,0 +1,171 @@
+"""The shape of the code, checked from the source with `ast`.
+
+Why: a cycle between packages means neither can be read, tested or changed alone, and queries
+written in endpoints spread the schema into the HTTP layer. Both creep in one import at a time,
+so a test names the offender the day it appears (docs/architecture.md, "Boundaries").
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GATE = ROOT / "gate"
+
+# What an HTTP layer must not import: it calls store/service functions instead.
+QUERY_NAMES = {"select", "update", "delete", "insert", "func", "text", "and_", "or_"}
+HTTP_LAYERS = ("api", "web")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, in functions too, except those under `if TYPE_CHECKING:`."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imported_modules(path: Path) -> Iterator[tuple[str, ast.Import | ast.ImportFrom]]:
+    module = _module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node
+        else:
+            base = _absolute(node, module, path.name == "__init__.py")
+            yield base, node
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node
+
+
+def _node(module: str) -> str | None:
+    """`gate.<first part>`: a package, or a top-level module (gate/cli.py is `gate.cli`)."""
+    parts = module.split(".")
+    if parts[0] != "gate" or len(parts) < 2:
+        return None
+    first = parts[1]
+    if (GATE / first).is_dir() or (GATE / f"{first}.py").is_file():
+        return f"gate.{first}"
+    return None
+
+
+def package_graph() -> dict[str, dict[str, set[str]]]:
+    """node -> imported node -> the files that make the edge (for the failure message)."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(GATE.rglob("*.py")):
+        src = _node(_module_name(path))
+        if src is None:
+            continue
+        edges = graph.setdefault(src, {})
+        for imported, _ in _imported_modules(path):
+            dst = _node(imported)
+            if dst is not None and dst != src:
+                edges.setdefault(dst, set()).add(str(path.relative_to(ROOT)))
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
+    """One cycle as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_cycles_between_gate_packages() -> None:
+    graph = package_graph()
+    cycle = find_cycle(graph)
+    if cycle:
+        steps = [
+            f"  {a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in itertools.pairwise(cycle)
+        ]
+        raise AssertionError("import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(steps))
+
+
+def test_http_layers_build_no_queries() -> None:
+    """gate/api and gate/web call store/service functions; they never touch the ORM."""
+    offences = []
+    for layer in HTTP_LAYERS:
+        for path in sorted((GATE / layer).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            for imported, node in _imported_modules(path):
+                top = imported.split(".")
+                orm = imported == "gate.models" or imported.startswith("gate.models.")
+                if orm or (top[0] == "sqlalchemy" and top[-1] in QUERY_NAMES):
+                    offences.append(f"{rel}:{node.lineno} imports {imported}")
+            tree = ast.parse(path.read_text())
+            for call in ast.walk(tree):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in {"execute", "scalar", "scalars", "get", "query"}
+                    and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id in {"s", "session", "db"}
+                ):
+                    offences.append(
+                        f"{rel}:{call.lineno} calls {call.func.value.id}.{call.func.attr}()"
+                    )
+    assert not offences, "queries belong in store/service modules:\n" + "\n".join(offences)
+
+
+def test_find_cycle_names_the_loop() -> None:
+    graph = {"a": {"b": {"x"}}, "b": {"c": {"y"}}, "c": {"a": {"z"}}, "d": {"a": {"w"}}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": {"x"}}, "b": {}}) is None
+
+
+def test_type_checking_imports_are_not_edges() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import gate.web\n"
+        "def f():\n    import gate.runs\n"
+    )
+    names = [a.name for node in _imports(tree) for a in node.names]
+    assert "gate.web" not in names and "gate.runs" in names
