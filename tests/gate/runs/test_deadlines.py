@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,6 @@ from gate.spec import parse_spec
 pytestmark = pytest.mark.slow
 
 SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
-
-
-@pytest.fixture
-def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
-    t = uuid.uuid4().hex
-    yield t
-    assert find_processes(t) == [], "an engine process outlived its gate"
 
 
 def sim(tag: str, *flags: str) -> dict[str, Any]:

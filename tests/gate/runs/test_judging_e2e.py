@@ -4,8 +4,6 @@ this process, the verdict document read back. Early stop, load phases, numerical
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +16,6 @@ from gate.spec import parse_spec
 pytestmark = pytest.mark.slow
 
 SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
-
-
-@pytest.fixture
-def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
-    t = uuid.uuid4().hex
-    yield t
-    assert find_processes(t) == [], "an engine process outlived its gate"
 
 
 def sim(tag: str, *flags: str) -> dict[str, Any]:
