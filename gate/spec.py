@@ -250,6 +250,11 @@ class EngineSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     cwd: str | None = Field(default=None, description="Working directory of the process.")
     readiness_timeout_s: float = Field(default=300.0, gt=0, le=7200)
+    caller_url: bool = Field(
+        default=False,
+        description="set by the service when a request named this `url`: the engine checks "
+        "it against GATE_ENGINE_URL_ALLOW again when it attaches (a request cannot set it)",
+    )
 
     @field_validator("command")
     @classmethod
@@ -290,6 +295,8 @@ class EngineSpec(_Strict):
             raise ValueError(ENGINE_KIND_MESSAGE)
         if self.preset is None and (self.binary or self.python or self.args):
             raise ValueError("`binary`, `python` and `args` go with a `preset`")
+        if self.caller_url and self.url is None:
+            raise ValueError("`caller_url` goes with a `url`")
         if self.kubernetes is not None and (self.env or self.cwd):
             raise ValueError(
                 "`env` and `cwd` are for local processes; a kubernetes engine's environment "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from gate.access.network import UrlRefused, check_always
+from gate.access.network import UrlRefused, check_allowed, check_always
 from gate.core.errors import EngineError
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
 from gate.engines.readiness import wait_ready
@@ -284,6 +284,7 @@ class EndpointEngine:
     phases: PhaseLog
     readiness_timeout_s: float = 300.0
     pid: int | None = None
+    allow: list[str] | None = None  # a caller's URL: the operator's allow-list, again
 
     @property
     def launched(self) -> bool:
@@ -291,8 +292,14 @@ class EndpointEngine:
 
     async def start(self) -> None:
         self.phases.mark("attached", self.base_url)
-        try:  # the spec checked the URL's syntax; what its name resolves to is checked now
-            await asyncio.to_thread(check_always, self.base_url)
+        # The spec checked the URL's syntax; what its name resolves to is checked now, and a
+        # URL a caller named is held to the allow-list again (its name may point elsewhere
+        # since the request was accepted; the gate may have waited in the queue for minutes).
+        try:
+            if self.allow is not None:
+                await asyncio.to_thread(check_allowed, self.base_url, self.allow, loopback=False)
+            else:
+                await asyncio.to_thread(check_always, self.base_url)
         except UrlRefused as exc:
             raise EngineError(self.role, "attached", f"at {self.base_url} refused: {exc}") from None
         await wait_ready(

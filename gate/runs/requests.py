@@ -164,7 +164,7 @@ class _CallerEngines:
             except UrlRefused as exc:
                 problems.append(FieldProblem(f"{role}.url", str(exc)))
                 return dict(_STAND_IN)
-            return {**given, "url": clean}
+            return {**given, "url": clean, "caller_url": True}  # checked again on attach
         return given
 
     def _template(self, role: str, given: Mapping[str, Any], problems: list[FieldProblem]) -> Any:

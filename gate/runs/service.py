@@ -509,6 +509,7 @@ class GateRunner:
                 model=self.spec.model,
                 phases=phases,
                 readiness_timeout_s=es.readiness_timeout_s,
+                allow=list(self.settings.engine_url_allow) if es.caller_url else None,
             )
         k = es.kubernetes
         if k is not None:

@@ -607,3 +607,36 @@ def test_assembled_template_values_and_odd_inputs_are_refused(
         client.post("/v1/gates", json={"spec": body}, headers=auth(token))
     )
     assert recording.submitted == []
+
+
+def test_a_callers_url_is_held_to_the_allow_list_again_when_it_attaches(
+    settings: Settings, listener: Listener, tag: str
+) -> None:
+    """Accepted while its host was allowed, refused at attach once the operator's list no
+    longer admits it (or its name points elsewhere): the gate holds naming the allow-list,
+    and the address hears nothing."""
+    import asyncio
+
+    from gate.runs import store
+    from gate.runs.service import run_gate
+
+    allowed = settings.model_copy(update={"engine_url_allow": ["127.0.0.1"]})
+    app = create_app(allowed, start_workers=False)
+    app.state.ctx.dispatcher = Recording()
+    with TestClient(app) as client:
+        token = create_token(app.state.ctx.factory, "ci", ["run"])
+        body = spec_dict(tag)
+        body["reference"] = {"url": f"http://127.0.0.1:{listener.port}"}
+        body["candidate"] = {"url": f"http://127.0.0.1:{listener.port}"}
+        r = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
+        assert r.status_code == 202, r.text
+        run = store.get_gate(app.state.ctx.factory, r.json()["id"])
+    spec = parse_spec(run.spec)
+    assert spec.reference.caller_url and spec.candidate.caller_url
+    # the worker runs it under the operator's settings of now: the host is no longer allowed
+    outcome = asyncio.run(run_gate(spec, settings, gate_id=run.id))
+    assert outcome.verdict == "hold"
+    assert "GATE_ENGINE_URL_ALLOW" in json.dumps(outcome.document)
+    assert listener.connections == 0
+    # an operator's named spec with the same URL is trusted as written (no caller_url)
+    assert not parse_spec(spec_dict(tag, trusted=True)).reference.caller_url
