@@ -86,25 +86,38 @@ class TokenChecker:
         return False, None
 
     def token_id(self, token: str) -> int | None:
-        """The id of the token's row (who asked, for owning gates and scoping keys), from the
-        cache or, when the cache no longer has it, from the database."""
-        if token.startswith(PREFIX) and len(token) <= 200:
-            with self._lock:
-                hit = self._cache.get(digest(token))
-            if hit is not None and time.monotonic() - hit[0] < CACHE_S:
-                return hit[2]
-        with transaction(self.factory) as s:
-            row = s.scalars(
-                select(ApiToken.id).where(
-                    ApiToken.token_hash == digest(token), ApiToken.revoked_at.is_(None)
-                )
-            ).first()
-        return int(row) if row is not None else None
+        """The id of the token's row (who asked, for owning gates and scoping keys)."""
+        return self._entry(token)[1]
 
     def scopes(self, token: str) -> frozenset[str] | None:
-        known, scopes = self.cached(token)
-        if known:
-            return scopes
+        return self._entry(token)[0]
+
+    def _entry(self, token: str) -> tuple[frozenset[str] | None, int | None]:
+        """(scopes, id) of a live token, from the cache or from one query that refills it."""
+        if not token.startswith(PREFIX) or len(token) > 200:
+            return None, None
+        h = digest(token)
+        with self._lock:
+            hit = self._cache.get(h)
+        if hit is not None and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1], hit[2]
+        t = time.monotonic()
+        with transaction(self.factory) as s:
+            row = s.scalars(
+                select(ApiToken).where(ApiToken.token_hash == h, ApiToken.revoked_at.is_(None))
+            ).first()
+            scopes = frozenset(row.scopes.split(",")) if row is not None else None
+            token_id = row.id if row is not None else None
+            if row is not None:
+                row.last_used_at = now()
+        with self._lock:
+            # least recently stored first out: a flood of made-up tokens evicts old entries
+            # one by one instead of emptying the cache of every poller's token
+            self._cache.pop(h, None)
+            while len(self._cache) >= 10_000:
+                self._cache.popitem(last=False)
+            self._cache[h] = (t, scopes, token_id)
+        return scopes, token_id
         h = digest(token)
         t = time.monotonic()
         with transaction(self.factory) as s:

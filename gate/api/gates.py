@@ -235,15 +235,14 @@ def submit(
 ) -> tuple[GateRun, bool]:
     """Store the gate (or find the key's) and, when it is new, hand it to the workers. A new
     gate past the owner's share of active gates is refused (429)."""
-    if key is None or store.find_by_key(ctx.factory, key) is None:
-        cap = ctx.settings.max_active_gates_per_token
-        if store.active_gates(ctx.factory, owner) >= cap:
-            raise TooBusy(
-                f"this caller already has {cap} pending or running gates "
-                "(GATE_MAX_ACTIVE_GATES_PER_TOKEN); wait for one to finish"
-            )
     run, created = store.create_gate(
-        ctx.factory, spec, source=source, idempotency_key=key, callback=callback, owner=owner
+        ctx.factory,
+        spec,
+        source=source,
+        idempotency_key=key,
+        callback=callback,
+        owner=owner,
+        max_active=ctx.settings.max_active_gates_per_token,
     )
     if created:
         ctx.dispatcher.submit(run.id)

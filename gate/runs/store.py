@@ -84,16 +84,23 @@ def create_gate(
     idempotency_key: str | None = None,
     callback: dict[str, Any] | None = None,
     owner: str | None = None,
+    max_active: int | None = None,
 ) -> tuple[GateRun, bool]:
     """A pending gate for `spec`; with a key, the gate already made under it if there is
     one, which must be a gate of the same source for the same spec (else GateConflict: a key
-    never hands one caller's verdict to another request). Returns (gate, created)."""
+    never hands one caller's verdict to another request); a new gate past `max_active` active
+    gates of its owner is TooManyGates. Returns (gate, created)."""
     import uuid
 
     if idempotency_key is not None:
         existing = find_by_key(factory, idempotency_key)
         if existing is not None:
             return _reused(existing, spec, source), False
+    if max_active is not None and owner is not None and active_gates(factory, owner) >= max_active:
+        raise TooManyGates(
+            f"this caller already has {max_active} pending or running gates "
+            "(GATE_MAX_ACTIVE_GATES_PER_TOKEN); wait for one to finish"
+        )
     run = GateRun(
         id=uuid.uuid4().hex,
         name=spec.name,
@@ -276,6 +283,11 @@ def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[Gate
             q.order_by(GateRun.created_at.desc(), GateRun.id).limit(f.limit).offset(f.offset)
         ).all()
         return list(rows), int(total)
+
+
+class TooManyGates(GateError):
+    status_code = 429
+    code = "too_busy"
 
 
 class GateForbidden(GateError):
