@@ -137,6 +137,18 @@ def broker_empty(redis_url: str) -> tuple[int, int]:
         client.close()
 
 
+def wait_acknowledged(redis_url: str, timeout: float = 10.0) -> tuple[int, int]:
+    """`broker_empty` once the worker has acknowledged: the ack follows the task's return,
+    which follows the worker's "finished" log line, so the moment after that line may still
+    see the message unacknowledged (it did, once, in CI). Returns the last reading."""
+    deadline = time.monotonic() + timeout
+    seen = broker_empty(redis_url)
+    while seen != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen = broker_empty(redis_url)
+    return seen
+
+
 def wait_engines_gone(find: Finder, tag: str, timeout: float = 10.0) -> float:
     t0 = time.monotonic()
     while find(tag):
@@ -173,7 +185,7 @@ def test_worker_runs_a_gate_to_a_verdict(
     for phase in ("reserved", "model_listed", "scenario:steady", "judging", "released"):
         assert f"gate_id={gate_id} " in log and f"phase={phase} " in log, phase
     assert f"gate_id={gate_id} scenario=steady" in log
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     # The health file the container check reads: touched by the reaper every heartbeat.
     alive = alive_file(settings)
     assert time.time() - alive.stat().st_mtime < 5 * settings.heartbeat_s
@@ -230,7 +242,7 @@ def test_the_api_queues_gates_that_workers_run(
         for phase in ("reserved", "scenario", "judging", "released"):
             assert f'gate_phase_seconds_count{{phase="{phase}"}} 1.0' in metrics, phase
         assert 'gate_engine_phase_seconds_count{phase="ready",role="candidate"} 1.0' in metrics
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
 
 
@@ -257,7 +269,7 @@ def test_a_task_delivered_twice_runs_the_gate_once(
     assert log.count(f"gate {gate_id} not pending") == deliveries - 1 >= 1
     assert phases(factory, gate_id, "launched") == 2  # one reference, one candidate
     assert phases(factory, gate_id, "requested") == 1
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
 
 
@@ -321,7 +333,7 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     run = store.get_gate(factory, gate_id)
     assert (run.state, run.attempts) == ("error", 1)
     assert phases(factory, gate_id, "requested") == 1
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert second.stop() == 0
     print(
         f"\nSIGKILL, seconds after the kill: engines gone {engines_gone_s:.2f}; gate ended "
@@ -363,7 +375,7 @@ def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
         assert (run.state, run.verdict) == ("complete", "continue"), run.reason
         assert run.attempts == 1
     assert f"gate {third} was pending with no task in the broker: queued again" in worker.log()
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
 
 
@@ -392,7 +404,7 @@ def test_cancel_of_a_running_gate_tears_it_down(
     assert active_leases(factory) == 0
     worker.wait_for(f"gate {gate_id} finished: cancelled", 10)
     assert worker.proc.poll() is None  # the worker lives on, ready for the next gate
-    assert broker_empty(str(settings.broker_url)) == (0, 0)
+    assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
 
 
@@ -436,7 +448,7 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
         successor = start_worker()
         for gate_id in gate_ids:
             successor.wait_for(f"gate {gate_id} not pending (cancelled", 30)
-        assert broker_empty(str(settings.broker_url)) == (0, 0)
+        assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
         assert successor.stop() == 0
     for gate_id in gate_ids:
         run = store.get_gate(factory, gate_id)
