@@ -32,7 +32,7 @@ from gate.analysis.samples import Columns, select_requests
 from gate.core.database import make_engine, make_sessionmaker, transaction
 from gate.core.settings import Settings
 from gate.models import SampleSet
-from gate.runs.service import run_gate
+from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]

@@ -15,12 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.core.errors import GateError, SpecError
+from gate.core.errors import GateError, SpecError, TokenError
 from gate.core.settings import Settings
+from gate.core.vocabulary import EXIT_ERROR, EXIT_INTERRUPTED
 from gate.runs.console import ConsoleProgress, print_summary
-
-EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,21 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _spec_error(exc: SpecError, as_json: bool) -> int:
     print(f"gate: {exc.message}", file=sys.stderr)
     if as_json:
-        doc = {
-            "verdict": "hold",
-            "state": "invalid",
-            "reasons": [{"check": f"spec.{p.path}", "message": p.message} for p in exc.problems],
-            "checks": [],
-            "report": None,
-            "error": {"code": exc.code, "message": exc.message},
-            "exit_code": EXIT_ERROR,
-        }
-        print(json.dumps(doc, indent=2))
+        from gate.verdict import invalid_spec_document
+
+        print(json.dumps(invalid_spec_document(exc).to_json(), indent=2))
     return EXIT_ERROR
 
 
 def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
-    from gate.runs.service import GateRunner
+    from gate.runs.runner import GateRunner
 
     progress = ConsoleProgress()
     runner = GateRunner(
@@ -207,7 +198,7 @@ def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
     if outcome is None:
         print("gate: interrupted before the gate was recorded", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print_summary(outcome.document)
+    print_summary(outcome.doc)
     if args.json:
         print(json.dumps(outcome.document, indent=2, allow_nan=False))
     return outcome.exit_code
@@ -272,7 +263,7 @@ def _serve(settings: Settings, host: str, port: int) -> int:
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
-    from gate.access.tokens import TokenError, create_token, revoke
+    from gate.access.tokens import create_token, revoke
     from gate.runs.execute import open_factory
 
     factory = open_factory(settings)

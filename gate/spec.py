@@ -25,7 +25,8 @@ from pydantic import (
 )
 
 from gate.analysis.policy import Policy
-from gate.core.errors import FieldProblem, SpecError
+from gate.core.errors import FieldProblem, SpecError, UrlRefused
+from gate.core.vocabulary import Role
 from gate.reservations.allocator import LEVELS, Level, ShapeRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -279,7 +280,7 @@ class EngineSpec(_Strict):
     def _url_ok(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from gate.access.network import UrlRefused, check_always, check_syntax
+        from gate.access.network import check_always, check_syntax
 
         try:
             clean = check_syntax(v)
@@ -575,6 +576,9 @@ class GateSpec(_Strict):
         "launching, every scenario, judging); past it the gate stops and holds naming it. "
         "Default: the operator's GATE_DEADLINE_S; at most GATE_MAX_DEADLINE_S.",
     )
+
+    def engine(self, role: Role) -> EngineSpec:
+        return self.reference if role == "reference" else self.candidate
 
     @model_validator(mode="after")
     def _unique_scenarios(self) -> GateSpec:

@@ -23,6 +23,8 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
+from gate.core.errors import UrlRefused as UrlRefused  # it lived here: re-exported
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str], Sequence[str]]
 
@@ -50,10 +52,6 @@ METADATA_ADDRESSES = frozenset(
 LOOPBACK = ("127.0.0.0/8", "::1/128", "localhost")
 _PATH_RE = re.compile(r"^(/[A-Za-z0-9._~-]+)*/?$")
 _HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?)+$")
-
-
-class UrlRefused(ValueError):
-    """A URL the gate will not call; the message says why and which setting would allow it."""
 
 
 def check_syntax(url: str) -> str:

@@ -15,17 +15,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.clock import now
 from gate.core.database import transaction
-from gate.core.errors import GateError
+from gate.core.errors import TokenError as TokenError  # it lived here: re-exported
 from gate.models import ApiToken
 
 SCOPES = ("read", "run", "admin")
 PREFIX = "gt_"
 CACHE_S = 5.0
-
-
-class TokenError(GateError):
-    status_code = 422
-    code = "invalid_token_request"
 
 
 def expand(scopes: Iterable[str]) -> frozenset[str]:

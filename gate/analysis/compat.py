@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gate.analysis.checks import rule_check
 from gate.analysis.types import Check, Decision
 
 __all__ = ["ProbePair", "ProbeResult", "compatibility_checks"]
@@ -87,21 +88,15 @@ def compatibility_checks(probes: Sequence[ProbePair], notes: list[str]) -> list[
             extra = f" (it adds {_keys(added)}, which is compatible)" if added else ""
             message = f"Probe {probe.name}: the candidate answers as the reference does{extra}."
         checks.append(
-            Check(
-                id=f"compat.{probe.name}",
-                group="compatibility",
-                scenario=None,
-                metric="probe",
-                quantile=None,
+            rule_check(
+                f"compat.{probe.name}",
+                "compatibility",
+                "probe",
+                decision,
+                message,
                 reference=float(ref.status),
                 candidate=float(cand.status),
-                ratio=None,
-                interval=None,
-                threshold=None,
-                decision=decision,
                 samples=(1, 1),
-                alpha=None,
-                message=message,
             )
         )
     return checks

@@ -47,14 +47,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 from scipy.special import comb
 from scipy.stats import fisher_exact, mannwhitneyu
 
+from gate.analysis.checks import quotient, statistic_check
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check, Decision
+from gate.core.vocabulary import Role
 
 __all__ = [
     "DivergenceSamples",
@@ -155,7 +156,7 @@ class DivergenceSamples:
     greedy: Sequence[GreedyPair] = field(default_factory=tuple)
     envelope_teacher: Sequence[TeacherForcedPair] = field(default_factory=tuple)
     envelope_greedy: Sequence[GreedyPair] = field(default_factory=tuple)
-    failures: Sequence[tuple[Literal["reference", "candidate"], str]] = field(default_factory=tuple)
+    failures: Sequence[tuple[Role, str]] = field(default_factory=tuple)
     """(engine, what went wrong) per probe an engine did not answer usably (an HTTP error,
     a body without logprobs): such a prompt has no pair above. A candidate failure on a
     prompt the reference answered is a hard fail (vLLM answers a NaN logprob with a 500);
@@ -293,21 +294,18 @@ def _check(
     samples: tuple[int, int] = (0, 0),
     alpha: float | None = None,
 ) -> Check:
-    return Check(
-        id=f"correctness.{cid}",
-        group="correctness",
-        scenario=None,
-        metric=cid,
-        quantile=None,
+    return statistic_check(
+        f"correctness.{cid}",
+        "correctness",
+        cid,
+        decision,
+        message,
         reference=reference,
         candidate=candidate,
-        ratio=candidate / reference if reference and candidate is not None else None,
-        interval=None,
+        ratio=quotient(reference, candidate),
         threshold=threshold,
-        decision=decision,
         samples=samples,
         alpha=alpha,
-        message=message,
     )
 
 

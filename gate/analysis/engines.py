@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import t as student_t
 
+from gate.analysis.checks import rule_check, statistic_check
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check, Decision, EngineFacts
 
@@ -52,21 +53,17 @@ def _ready_check(ref: EngineFacts, cand: EngineFacts, policy: Policy) -> Check |
     )
     failed = cand.ready_s > limit
     where = "above" if failed else "within"
-    return Check(
-        id="startup.ready",
-        group="startup",
-        scenario=None,
-        metric="ready_s",
-        quantile=None,
+    return rule_check(
+        "startup.ready",
+        "startup",
+        "ready_s",
+        "fail" if failed else "pass",
+        f"{told}, {where} the {limit:.1f} s allowed ({rule}).",
         reference=ref.ready_s,
         candidate=cand.ready_s,
         ratio=cand.ready_s / ref.ready_s if ref.ready_s > 0.0 else None,
-        interval=None,
         threshold=limit,
-        decision="fail" if failed else "pass",
         samples=(1, 1),
-        alpha=None,
-        message=f"{told}, {where} the {limit:.1f} s allowed ({rule}).",
     )
 
 
@@ -113,46 +110,37 @@ def _phase_check(
                 f"{told}, above the {limit:.1f} s allowed ({rule}) but not significantly "
                 f"(p={p:.2g}, alpha {alpha:.2g}); more launches would settle it."
             )
-        return Check(
-            id=f"startup.phase.{phase}",
-            group="startup",
-            scenario=None,
-            metric=phase,
-            quantile=None,
+        return statistic_check(
+            f"startup.phase.{phase}",
+            "startup",
+            phase,
+            decision,
+            message,
             reference=mean_r,
             candidate=mean_c,
             ratio=mean_c / mean_r if mean_r > 0.0 else None,
-            interval=None,
             threshold=limit,
-            decision=decision,
             samples=(int(r.size), int(c.size)),
             alpha=alpha,
-            message=message,
         )
     value_r = float(np.median(r))
     value_c = float(np.median(c))
     limit = scale * value_r + slack
     failed = value_c > limit
     many = " (median of launches)" if max(r.size, c.size) > 1 else ""
-    return Check(
-        id=f"startup.phase.{phase}",
-        group="startup",
-        scenario=None,
-        metric=phase,
-        quantile=None,
+    return rule_check(
+        f"startup.phase.{phase}",
+        "startup",
+        phase,
+        "fail" if failed else "pass",
+        f"Startup phase {phase}: the candidate took {value_c:.1f} s vs {value_r:.1f} s for "
+        f"the reference{many}, {'above' if failed else 'within'} the {limit:.1f} s allowed "
+        f"({rule}, one launch each: a rule, not a test).",
         reference=value_r,
         candidate=value_c,
         ratio=value_c / value_r if value_r > 0.0 else None,
-        interval=None,
         threshold=limit,
-        decision="fail" if failed else "pass",
         samples=(int(r.size), int(c.size)),
-        alpha=None,
-        message=(
-            f"Startup phase {phase}: the candidate took {value_c:.1f} s vs {value_r:.1f} s for "
-            f"the reference{many}, {'above' if failed else 'within'} the {limit:.1f} s allowed "
-            f"({rule}, one launch each: a rule, not a test)."
-        ),
     )
 
 
@@ -231,22 +219,5 @@ def crash_checks(engines: Sequence[EngineFacts]) -> list[Check]:
                     "so the comparison is void; the gate holds rather than judge the candidate "
                     "against a broken baseline."
                 )
-        checks.append(
-            Check(
-                id=cid,
-                group="crash",
-                scenario=None,
-                metric="crashed",
-                quantile=None,
-                reference=None,
-                candidate=None,
-                ratio=None,
-                interval=None,
-                threshold=None,
-                decision="fail" if failed else "pass",
-                samples=(0, 0),
-                alpha=None,
-                message=message,
-            )
-        )
+        checks.append(rule_check(cid, "crash", "crashed", "fail" if failed else "pass", message))
     return checks

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from gate.analysis.checks import quotient, rule_check, statistic_check
 from gate.analysis.counts import kind_mixture_pvalues
 from gate.analysis.policy import Policy
 from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
@@ -142,21 +143,19 @@ def error_check(
         check_alpha: float | None = None,
     ) -> Check:
         frac_r, frac_c = fractions if fractions is not None else (None, None)
-        return Check(
-            id=f"{s.name}.errors",
-            group="errors",
+        return statistic_check(
+            f"{s.name}.errors",
+            "errors",
+            "errors",
+            decision,
+            message,
             scenario=s.name,
-            metric="errors",
-            quantile=None,
             reference=frac_r,
             candidate=frac_c,
-            ratio=frac_c / frac_r if frac_r and frac_c is not None else None,
-            interval=None,
+            ratio=quotient(frac_r, frac_c),
             threshold=policy.max_error_rate,
-            decision=decision,
             samples=(ref.requests, cand.requests),
             alpha=check_alpha,
-            message=message,
         )
 
     if ref.requests == 0 or cand.requests == 0:
@@ -252,24 +251,18 @@ def _kind_checks(
         verdict = "more than the reference can explain" if failed else "no evidence of more"
         decision: Decision = "fail" if failed else "pass" if final else "inconclusive"
         out.append(
-            Check(
-                id=f"{s.name}.errors.{kind}",
-                group="errors",
+            statistic_check(
+                f"{s.name}.errors.{kind}",
+                "errors",
+                f"errors.{kind}",
+                decision,
+                f"{kind} errors in {s.name}: candidate {n_c} vs reference {n_r}; "
+                f"{fmt_p(p)} (alpha {alpha:.2g}): {verdict}.",
                 scenario=s.name,
-                metric=f"errors.{kind}",
-                quantile=None,
                 reference=n_r / s.reference.requests if s.reference.requests else None,
                 candidate=n_c / s.candidate.requests if s.candidate.requests else None,
-                ratio=None,
-                interval=None,
-                threshold=None,
-                decision=decision,
                 samples=(s.reference.requests, s.candidate.requests),
                 alpha=alpha * weight,
-                message=(
-                    f"{kind} errors in {s.name}: candidate {n_c} vs reference {n_r}; "
-                    f"{fmt_p(p)} (alpha {alpha:.2g}): {verdict}."
-                ),
             )
         )
     return out
@@ -330,21 +323,17 @@ def outputs_checks(scenarios: Sequence[ScenarioSamples]) -> list[Check]:
         bad_r = ref.nan_logprobs + ref.empty_outputs
         bad_c = cand.nan_logprobs + cand.empty_outputs
         out.append(
-            Check(
-                id=f"{s.name}.outputs",
-                group="correctness",
+            rule_check(
+                f"{s.name}.outputs",
+                "correctness",
+                "outputs",
+                "fail",
+                message,
                 scenario=s.name,
-                metric="outputs",
-                quantile=None,
                 reference=float(bad_r),
                 candidate=float(bad_c),
-                ratio=None,
-                interval=None,
                 threshold=0.0,
-                decision="fail",
                 samples=(ref.requests, cand.requests),
-                alpha=None,
-                message=message,
             )
         )
     return out

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks
 from gate.analysis.engines import crash_checks, startup_checks
@@ -60,24 +61,13 @@ _REASON_ORDER = {
 
 
 def _coverage_check() -> Check:
-    return Check(
-        id="latency.coverage",
-        group="latency",
-        scenario=None,
-        metric="latency",
-        quantile=None,
-        reference=None,
-        candidate=None,
-        ratio=None,
-        interval=None,
-        threshold=None,
-        decision="inconclusive",
-        samples=(0, 0),
-        alpha=None,
-        message=(
-            "No latency quantile could be compared in any scenario, so there is no "
-            "evidence that the candidate is as fast as the reference."
-        ),
+    return rule_check(
+        "latency.coverage",
+        "latency",
+        "latency",
+        "inconclusive",
+        "No latency quantile could be compared in any scenario, so there is no "
+        "evidence that the candidate is as fast as the reference.",
     )
 
 

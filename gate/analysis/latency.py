@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gate.analysis.checks import ratio_check
 from gate.analysis.estimates import bootstrap_ratio_intervals_sorted, hd_quantiles
 from gate.analysis.plan import (
     METRIC_LABEL,
@@ -160,43 +161,29 @@ def _no_data_check(
         why = f"the candidate has no samples (reference has {ref_n})"
     else:
         why = f"the reference has no samples (candidate has {cand_n})"
-    return Check(
-        id=f"{scenario}.{metric}.{quantile_key(q)}",
-        group="latency",
+    return ratio_check(
+        f"{scenario}.{metric}.{quantile_key(q)}",
+        metric,
+        "inconclusive",
+        f"{label} in {scenario} cannot be compared: {why}.",
         scenario=scenario,
-        metric=metric,
         quantile=q,
-        reference=None,
-        candidate=None,
-        ratio=None,
-        interval=None,
         threshold=1.0 + policy.tolerance_for(q),
-        decision="inconclusive",
         samples=(ref_n, cand_n),
-        alpha=None,
-        message=f"{label} in {scenario} cannot be compared: {why}.",
     )
 
 
 def _too_few_check(a: _Arms, q: float, need: int, policy: Policy) -> Check:
-    return Check(
-        id=a.check_id(q),
-        group="latency",
+    return ratio_check(
+        a.check_id(q),
+        a.metric,
+        "inconclusive",
+        f"{METRIC_LABEL[a.metric]} in {a.scenario} cannot be compared: {a.n_min} samples "
+        f"per arm, and bounding even its {quantile_key(q)} needs {need}.",
         scenario=a.scenario,
-        metric=a.metric,
         quantile=q,
-        reference=None,
-        candidate=None,
-        ratio=None,
-        interval=None,
         threshold=1.0 + policy.tolerance_for(q),
-        decision="inconclusive",
         samples=(int(a.ref.size), int(a.cand.size)),
-        alpha=None,
-        message=(
-            f"{METRIC_LABEL[a.metric]} in {a.scenario} cannot be compared: {a.n_min} samples "
-            f"per arm, and bounding even its {quantile_key(q)} needs {need}."
-        ),
     )
 
 
@@ -245,21 +232,20 @@ def _decide(
             f"{label} is undecided: {fmt_ratio(ratio)} the reference, but the "
             f"{interval_s} includes the {thr_s} threshold; {more}."
         )
-    return Check(
-        id=a.check_id(q),
-        group="latency",
+    return ratio_check(
+        a.check_id(q),
+        a.metric,
+        decision,
+        message,
         scenario=a.scenario,
-        metric=a.metric,
         quantile=q,
         reference=est_r,
         candidate=est_c,
         ratio=ratio,
         interval=(ratio_lo, ratio_hi),
         threshold=threshold,
-        decision=decision,
         samples=(int(a.ref.size), int(a.cand.size)),
         alpha=alpha,
-        message=message,
         estimate_interval=estimate_interval,
     )
 

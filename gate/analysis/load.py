@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gate.analysis.bounded import paired_mean_cs
+from gate.analysis.checks import quotient, rule_check, statistic_check
 from gate.analysis.policy import Policy
-from gate.analysis.types import Check, CheckGroup, Decision
+from gate.analysis.types import Check, Decision
 
 __all__ = [
     "OverloadPhase",
@@ -201,38 +202,6 @@ def _interval_s(lo: float, hi: float) -> str:
     return f"{100.0 * lo:+.1f} to {100.0 * hi:+.1f} points"
 
 
-def _load_check(
-    cid: str,
-    group: CheckGroup,
-    scenario: str,
-    metric: str,
-    decision: Decision,
-    message: str,
-    samples: tuple[int, int],
-    threshold: float | None,
-    values: tuple[float, float] | None = None,
-    interval: tuple[float, float] | None = None,
-    alpha: float | None = None,
-) -> Check:
-    ref, cand = values if values is not None else (None, None)
-    return Check(
-        id=cid,
-        group=group,
-        scenario=scenario,
-        metric=metric,
-        quantile=None,
-        reference=ref,
-        candidate=cand,
-        ratio=cand / ref if ref and cand is not None else None,
-        interval=interval,
-        threshold=threshold,
-        decision=decision,
-        samples=samples,
-        alpha=alpha,
-        message=message,
-    )
-
-
 def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[str]) -> Check:
     """Goodput of the candidate vs the reference under peak load (module docstring)."""
     tol = policy.load.goodput_tolerance
@@ -241,15 +210,15 @@ def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[st
     n = _paired(g_r, g_c, f"Goodput in {phase.name}", notes)
     cid, samples = f"{phase.name}.goodput", (int(g_r.size), int(g_c.size))
     if n == 0:
-        return _load_check(
+        return statistic_check(
             cid,
             "peak",
-            phase.name,
             "goodput",
             "inconclusive",
             f"Goodput in {phase.name} cannot be compared: no requests in one arm.",
-            samples,
-            -tol,
+            scenario=phase.name,
+            threshold=-tol,
+            samples=samples,
         )
     d = g_c[:n] - g_r[:n]
     lo, hi = paired_mean_cs(d, alpha)
@@ -271,18 +240,20 @@ def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[st
             f"{told}: the interval includes the allowed loss of {100.0 * tol:.1f} points; "
             "more requests at peak would settle it."
         )
-    return _load_check(
+    return statistic_check(
         cid,
         "peak",
-        phase.name,
         "goodput",
         decision,
         message,
-        samples,
-        -tol,
-        (frac_r, frac_c),
-        (lo, hi),
-        alpha,
+        scenario=phase.name,
+        reference=frac_r,
+        candidate=frac_c,
+        ratio=quotient(frac_r, frac_c),
+        interval=(lo, hi),
+        threshold=-tol,
+        samples=samples,
+        alpha=alpha,
     )
 
 
@@ -332,15 +303,15 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
     m = int(both.sum())
     cid, samples = f"{phase.name}.overload", (int(in_r.sum()), int(in_c.sum()))
     if m == 0:
-        return _load_check(
+        return statistic_check(
             cid,
             "overload",
-            phase.name,
             "collapse",
             "inconclusive",
             f"Overload in {phase.name} cannot be judged: no request was sent in its window.",
-            samples,
-            tol,
+            scenario=phase.name,
+            threshold=tol,
+            samples=samples,
         )
     c_r = col_r[:n][both].astype(np.float64)
     c_c = col_c[:n][both].astype(np.float64)
@@ -369,18 +340,20 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
             f"{told}: the interval includes the {100.0 * tol:.1f}-point tolerance; a longer "
             "overload would settle it."
         )
-    return _load_check(
+    return statistic_check(
         cid,
         "overload",
-        phase.name,
         "collapse",
         decision,
         message,
-        samples,
-        tol,
-        (f_r, f_c),
-        (lo, hi),
-        alpha,
+        scenario=phase.name,
+        reference=f_r,
+        candidate=f_c,
+        ratio=quotient(f_r, f_c),
+        interval=(lo, hi),
+        threshold=tol,
+        samples=samples,
+        alpha=alpha,
     )
 
 
@@ -460,21 +433,18 @@ def recovery_check(phase: OverloadPhase, policy: Policy) -> Check:
             f"overload vs {t_r:.0f} s for the reference, {'above' if failed else 'within'} the "
             f"{limit:.0f} s allowed ({rule})."
         )
-    return Check(
-        id=f"{phase.name}.recovery",
-        group="recovery",
+    return rule_check(
+        f"{phase.name}.recovery",
+        "recovery",
+        "recovery_s",
+        decision,
+        message,
         scenario=phase.name,
-        metric="recovery_s",
-        quantile=None,
         reference=t_r,
         candidate=t_c,
-        ratio=t_c / t_r if t_r and t_c is not None else None,
-        interval=None,
+        ratio=quotient(t_r, t_c),
         threshold=limit,
-        decision=decision,
         samples=(len(phase.reference), len(phase.candidate)),
-        alpha=None,
-        message=message,
     )
 
 

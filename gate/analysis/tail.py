@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gate.analysis.checks import ratio_check
 from gate.analysis.latency import fmt_ratio
 from gate.analysis.plan import METRIC_LABEL, Plan
 from gate.analysis.policy import Policy, quantile_key
@@ -460,21 +461,19 @@ def _tail_check(
             f"includes the {fmt_ratio(thr)} threshold; more samples would settle it."
         )
     share = 1.0 - tp.start
-    return Check(
-        id=f"{s.name}.{metric}.tail",
-        group="latency",
+    return ratio_check(
+        f"{s.name}.{metric}.tail",
+        metric,
+        decision,
+        message,
         scenario=s.name,
-        metric=metric,
-        quantile=None,
         reference=_slowest_mean(ref, share),
         candidate=_slowest_mean(cand, share),
         ratio=res.ratio,
         interval=(res.lower, res.upper),
         threshold=thr,
-        decision=decision,
         samples=(int(ref.size), int(cand.size)),
         alpha=alpha,
-        message=message,
     )
 
 

@@ -10,9 +10,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+
+from gate.core.vocabulary import CheckDecision as Decision
+from gate.core.vocabulary import CheckGroup, GateDecision, Role
 
 __all__ = [
     "ArmSamples",
@@ -22,19 +25,6 @@ __all__ = [
     "EngineFacts",
     "ScenarioSamples",
     "Verdict",
-]
-
-Decision = Literal["pass", "fail", "inconclusive"]
-CheckGroup = Literal[
-    "latency",
-    "errors",
-    "startup",
-    "crash",
-    "correctness",
-    "compatibility",
-    "peak",
-    "overload",
-    "recovery",
 ]
 
 
@@ -145,7 +135,7 @@ class EngineFacts:
         launched each engine several times (then the phases are compared with a test).
     """
 
-    role: Literal["reference", "candidate"]
+    role: Role
     ready_s: float | None
     crashed: bool = False
     crash_detail: str | None = None
@@ -254,7 +244,7 @@ class Check:
 class Verdict:
     """continue only when every evaluated check passed; reasons are the checks that did not."""
 
-    decision: Literal["continue", "hold"]
+    decision: GateDecision
     checks: tuple[Check, ...]
     reasons: tuple[Check, ...]
     notes: tuple[str, ...]

@@ -13,14 +13,16 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
-from gate.api.documents import RejudgeResult, VerdictDocument
-from gate.core.errors import FieldProblem, GateError, SpecError
+from gate.core.errors import FieldProblem, GateConflict, SpecError
+from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
+from gate.core.vocabulary import FINISHED
 from gate.http.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
 from gate.runs import store
 from gate.runs.rejudge import rejudge
 from gate.runs.requests import resolve_spec
 from gate.spec import GateSpec
+from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import GateRun
@@ -29,11 +31,6 @@ router = APIRouter(tags=["gates"])
 
 REJUDGE_CONCURRENCY = 2  # whole judges on request, per API process (each bounded by Policy)
 _REJUDGES = threading.BoundedSemaphore(REJUDGE_CONCURRENCY)
-
-
-class TooBusy(GateError):
-    status_code = 429
-    code = "too_busy"
 
 
 State = Literal["pending", "running", "complete", "error", "cancelled"]
@@ -177,7 +174,7 @@ def view(run: GateRun) -> GateView:
         name=run.name,
         state=run.state,
         phase=run.phase,
-        verdict=run.verdict if run.state in store.FINISHED else None,
+        verdict=run.verdict if run.state in FINISHED else None,
         reason=run.reason,
         source=run.source,
         reference=run.reference_label,
@@ -385,8 +382,8 @@ def phases(
 def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
     run = store.get_gate(ctx.factory, gate_id)
     if run.document is None:
-        raise store.GateConflict(f"gate {gate_id} is {run.state}; its document comes at the end")
-    return run.document
+        raise GateConflict(f"gate {gate_id} is {run.state}; its document comes at the end")
+    return VerdictDocument.read(run.document).to_json()
 
 
 @router.post(
@@ -432,12 +429,14 @@ def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
             for e in exc.errors()
         ]
         raise SpecError(problems, "policy") from None
-    result = rejudge(ctx.factory, gate_id, policy).to_dict()
+    verdict = rejudge(ctx.factory, gate_id, policy)
     run = store.get_gate(ctx.factory, gate_id)
-    return {
-        "gate_id": gate_id,
-        "verdict": result.pop("decision"),
-        "original_verdict": run.verdict,
-        **result,
-        "policy": policy.model_dump(mode="json"),
-    }
+    return RejudgeResult(
+        gate_id=gate_id,
+        verdict=verdict.decision,
+        original_verdict=run.verdict,
+        checks=[check_doc(c) for c in verdict.checks],
+        reasons=[check_doc(c) for c in verdict.reasons],
+        notes=list(verdict.notes),
+        policy=policy.model_dump(mode="json"),
+    ).to_json()

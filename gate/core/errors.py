@@ -7,6 +7,10 @@ one, an HTTP status, so the CLI, the API and the task layer render errors the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: at run time gate/core imports no other gate package
+    from gate.reservations.allocator import Blocked
 
 
 class GateError(Exception):
@@ -63,6 +67,12 @@ class ReservationError(GateError):
     code = "reservation_blocked"
 
 
+class BlockedReservation(ReservationError):
+    def __init__(self, blocked: Blocked) -> None:
+        self.blocked = blocked
+        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
+
+
 class EngineError(GateError):
     """An engine could not be launched, reached or kept alive."""
 
@@ -100,3 +110,65 @@ class DeadlinePassed(GateError):
 
     status_code = 504
     code = "deadline"
+
+
+# -- gates and their callers ------------------------------------------------------------------
+
+
+class GateNotFound(GateError):
+    status_code = 404
+    code = "not_found"
+
+    def __init__(self, gate_id: str) -> None:
+        super().__init__(f"no gate with id {gate_id!r}")
+
+
+class GateConflict(GateError):
+    status_code = 409
+    code = "conflict"
+
+
+class GateForbidden(GateError):
+    status_code = 403
+    code = "forbidden"
+
+
+class TooBusy(GateError):
+    status_code = 429
+    code = "too_busy"
+
+
+# An owner's cap on active gates (GATE_MAX_ACTIVE_GATES_PER_TOKEN) is a TooBusy: the same 429
+# `too_busy` answer, one code for one meaning.
+class TooManyGates(TooBusy):
+    pass
+
+
+# -- the rest of the service ------------------------------------------------------------------
+
+
+class TokenError(GateError):
+    status_code = 422
+    code = "invalid_token_request"
+
+
+# Still a ValueError too, as it was before it joined this family.
+class UrlRefused(GateError, ValueError):
+    """A URL the gate will not call; the message says why and which setting would allow it."""
+
+    status_code = 422
+    code = "url_refused"
+
+
+class WorkerStopping(GateError):
+    """This process is shutting down and takes no new gate; the gate stays pending."""
+
+    status_code = 503
+    code = "worker_stopping"
+
+
+class ClusterError(GateError):
+    """The cluster cannot be reached or read with the configuration the spec gives."""
+
+    status_code = 502
+    code = "cluster_error"

@@ -32,11 +32,11 @@ count; the runner stops it at the per-scenario cap.
 | scenario_deadline_factor    |      2  | a scenario's deadline: planned seconds x this ...       |
 | scenario_deadline_slack_s   |    300  | ... plus this (the last requests finishing, the looks)  |
 
-The last three are not caps but the deadlines the runner enforces (`gate/runs/service.py`):
-past the gate's deadline the gate stops, wherever it is, and holds naming it; a scenario past
-its own deadline is stopped and the gate holds naming it. A scenario without planned seconds
-(a closed loop of a number of requests, the probe suites) gets max_scenario_duration_s as its
-planned seconds.
+The last three are not caps but the deadlines the runner enforces (`gate/runs/runner.py` and
+`gate/runs/scenarios.py`): past the gate's deadline the gate stops, wherever it is, and holds
+naming it; a scenario past its own deadline is stopped and the gate holds naming it. A
+scenario without planned seconds (a closed loop of a number of requests, the probe suites)
+gets max_scenario_duration_s as its planned seconds.
 """
 
 from __future__ import annotations

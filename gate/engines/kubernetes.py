@@ -24,12 +24,12 @@ with Background propagation once no engine holds it), and the pods are awaited u
 `stop_wait_s`) so the GPUs are free before the gate releases its reservation. This runs for
 every object whose creation was attempted, so it also cleans up a start that failed halfway.
 `kill_now` does the same synchronously, without waiting. A gate that dies without either stops
-renewing its Lease; `reap_expired_leases` deletes expired gate Leases and the garbage collector
-removes everything they own.
+renewing its Lease; `reap_expired_leases` (gate/reservations/kubernetes.py) deletes expired
+gate Leases and the garbage collector removes everything they own.
 
-How the gate run service uses it (`gate/runs/service.py`, for a spec engine of the kubernetes
-kind): at reservation, `connect` (kubeconfig or in-cluster), `reap_namespaces` and
-`cluster_inventory` (the nodes, unless the spec names an inventory file); at launch, one
+How a gate uses it: at reservation, `gate.reservations.kubernetes.gate_inventory` connects
+(kubeconfig or in-cluster), reaps the expired Leases of dead gates and reads the nodes (unless
+the spec names an inventory file); at launch (`gate/runs/kubernetes.py`), one
 `GateLease` per gate and namespace, shared by both engines, and per role
 `KubernetesEngine(EngineWorkload.from_placement(placement.for_role(role), ...), phases,
 api_client, lease=gate_lease)`. The base URL is `http://<engine>-http.<namespace>.svc:<port>`
@@ -57,19 +57,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gate.core.errors import EngineError, GateError, ReadinessTimeout
+from gate.core.errors import ClusterError as ClusterError  # it lived here: re-exported
+from gate.core.errors import EngineError, ReadinessTimeout
+from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import (
     CD_GROUP,
@@ -80,7 +79,6 @@ from gate.engines.manifests import (
     LWS_GROUP,
     LWS_PLURAL,
     LWS_VERSION,
-    MANAGED_BY_LABEL,
     MANAGER,
     EngineManifests,
     EngineWorkload,
@@ -93,8 +91,8 @@ from gate.engines.manifests import (
     render_lease,
 )
 from gate.engines.readiness import wait_ready
-from gate.reservations.inventory import Inventory
-from gate.reservations.kubernetes import inventory_from_cluster
+from gate.reservations.kubernetes import api_reason, transient_errors
+from gate.verdict.document import EngineDoc, KubernetesDoc, PlacementDoc
 
 if TYPE_CHECKING:
     from gate.engines.launchers import Engine
@@ -131,7 +129,7 @@ CUSTOM_KINDS = {
     "ComputeDomain": (CD_GROUP, CD_VERSION, CD_PLURAL),
 }
 # What a poll or a delete can meet besides an API answer: a dropped connection, a timeout.
-TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
+TRANSIENT = transient_errors()
 
 
 # -- what the pods say (pure) ------------------------------------------------------------------
@@ -331,23 +329,6 @@ class ObjectRef:
 def _ref(manifest: Manifest) -> ObjectRef:
     meta = manifest["metadata"]
     return ObjectRef(str(manifest["kind"]), str(meta["namespace"]), str(meta["name"]))
-
-
-def api_reason(exc: BaseException) -> str:
-    """An API error as one line: status, reason and the Status object's message."""
-    if not isinstance(exc, ApiException):
-        return f"{type(exc).__name__}: {exc}"
-    message = ""
-    body = exc.body
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str) and body:
-        try:
-            message = str(json.loads(body).get("message", ""))
-        except (ValueError, AttributeError):
-            message = body[:200]
-    head = f"{exc.status} {exc.reason or ''}".strip()
-    return f"{head}: {message}" if message else head
 
 
 class KubeApi:
@@ -565,113 +546,6 @@ class GateLease:
             self._attempted = False
             self.uid = None
         self._holders = 0
-
-
-class ClusterError(GateError):
-    """The cluster cannot be reached or read with the configuration the spec gives."""
-
-    status_code = 502
-    code = "cluster_error"
-
-
-def connect(
-    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool = False
-) -> tuple[client.ApiClient, str]:
-    """An API client for one cluster, and the cluster's name: the kubeconfig context's
-    cluster, or `in-cluster` for the service account of the pod the gate runs in. Reads files
-    only (no API call); the caller closes the client."""
-    from kubernetes import config
-    from kubernetes.config.config_exception import ConfigException
-
-    if in_cluster:
-        cfg = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except ConfigException as exc:
-            raise ClusterError(f"cannot use the in-cluster service account: {exc}") from None
-        return client.ApiClient(cfg), "in-cluster"
-    path = str(Path(kubeconfig).expanduser()) if kubeconfig else None
-    where = path or "(default: $KUBECONFIG or ~/.kube/config)"
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
-        chosen = active
-        if context is not None:
-            chosen = next((c for c in contexts if c.get("name") == context), None)
-            if chosen is None:
-                known = ", ".join(str(c.get("name")) for c in contexts) or "none"
-                raise ClusterError(
-                    f"kubeconfig {where} has no context {context!r} (its contexts: {known})"
-                )
-        api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, persist_config=False
-        )
-    except (ConfigException, OSError, TypeError, ValueError, AttributeError) as exc:
-        raise ClusterError(f"cannot use kubeconfig {where}: {exc}") from None
-    spec = (chosen or {}).get("context") or {}
-    return api_client, str(spec.get("cluster") or (chosen or {}).get("name") or "default")
-
-
-def reap_expired_leases(
-    api_client: client.ApiClient,
-    namespace: str,
-    *,
-    now: datetime | None = None,
-    grace_s: float = 30.0,
-) -> list[str]:
-    """Delete the Leases of gates that stopped renewing them (crashed, killed, partitioned)
-    more than `grace_s` ago; the garbage collector then removes their engines. Returns the
-    names deleted. Synchronous: run it in a thread, e.g. when a gate service starts."""
-    api = KubeApi(api_client)
-    now = now or datetime.now(UTC)
-    leases = api.coordination.list_namespaced_lease(
-        namespace, label_selector=f"{MANAGED_BY_LABEL}={MANAGER}", _request_timeout=api.timeout_s
-    )
-    reaped = []
-    for lease in leases.items:
-        spec = lease.spec or client.V1LeaseSpec()
-        meta = lease.metadata or client.V1ObjectMeta()
-        last = spec.renew_time or spec.acquire_time or meta.creation_timestamp
-        if last is None or not meta.name:
-            continue
-        if last.tzinfo is None:
-            last = last.replace(tzinfo=UTC)
-        expiry = last + timedelta(seconds=(spec.lease_duration_seconds or 0) + grace_s)
-        if expiry < now and api.delete(ObjectRef("Lease", namespace, meta.name)):
-            reaped.append(meta.name)
-    return reaped
-
-
-def reap_namespaces(api_client: client.ApiClient, namespaces: Iterable[str]) -> list[str]:
-    """`reap_expired_leases` in each namespace, as housekeeping before a gate reserves: a
-    failure (no RBAC to list Leases, a dropped connection) is logged, never fatal, since the
-    gate's own Lease creation will say plainly what is wrong. Returns `namespace/name` of the
-    Leases deleted."""
-    out: list[str] = []
-    for ns in sorted(set(namespaces)):
-        try:
-            reaped = reap_expired_leases(api_client, ns)
-        except TRANSIENT as exc:
-            log.warning("could not reap expired gate Leases in %s: %s", ns, api_reason(exc))
-            continue
-        for name in reaped:
-            log.info("reaped the expired Lease %s/%s of a gate that stopped renewing it", ns, name)
-        out += [f"{ns}/{name}" for name in reaped]
-    return out
-
-
-def cluster_inventory(api_client: client.ApiClient, cluster: str) -> Inventory:
-    """The cluster's GPU nodes for the allocator. GPUs of gate engine pods are not subtracted:
-    the gates' reservations in the database count them (see `inventory_from_cluster`)."""
-    try:
-        return inventory_from_cluster(
-            client.CoreV1Api(api_client),
-            cluster=cluster,
-            ignore_labels={MANAGED_BY_LABEL: MANAGER},
-        )
-    except TRANSIENT as exc:
-        raise ClusterError(
-            f"could not read the nodes of cluster {cluster}: {api_reason(exc)}"
-        ) from None
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -909,6 +783,20 @@ class KubernetesEngine:
             )
         except Exception:  # a report without logs beats a report that failed
             return []
+
+    def describe(self, placement: PlacementDoc | None, crash: CrashInfo | None) -> EngineDoc:
+        w, made = self.workload, self.manifests
+        objects = [] if made is None else made.objects
+        kube = KubernetesDoc(
+            namespace=w.namespace,
+            image=w.image,
+            workload=f"{'LeaderWorkerSet' if w.multi_node else 'Pod'} {w.name}",
+            clique=w.clique,
+            service_url=self.service_url,
+            lease=self.lease.name if self.lease else None,
+            objects=[f"{m['kind']} {w.namespace}/{m['metadata']['name']}" for m in objects],
+        )
+        return engine_doc(self, "kubernetes", placement, crash, kubernetes=kube)
 
     # -- stop ----------------------------------------------------------------------------------
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from gate.access.network import UrlRefused, check_allowed, check_always
-from gate.core.errors import EngineError
+from gate.access.network import check_allowed, check_always
+from gate.core.errors import EngineError, UrlRefused
+from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
 from gate.engines.readiness import wait_ready
 from gate.reservations.allocator import EnginePlacement
+from gate.verdict.document import EngineDoc, PlacementDoc
 
 TERM_GRACE_S = 5.0
 PORT_ATTEMPTS = 3
@@ -48,6 +50,10 @@ class Engine(Protocol):
 
     @property
     def launched(self) -> bool: ...
+
+    def describe(self, placement: PlacementDoc | None, crash: CrashInfo | None) -> EngineDoc:
+        """The engine for the verdict document (gate/engines/describe.py)."""
+        ...
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -221,6 +227,9 @@ class ProcessEngine:
     def log_tail(self, lines: int = 40) -> list[str]:
         return _tail(self.log_path, lines)
 
+    def describe(self, placement: PlacementDoc | None, crash: CrashInfo | None) -> EngineDoc:
+        return engine_doc(self, "process", placement, crash, log=str(self.log_path))
+
     def kill_now(self) -> None:
         """Synchronous last resort: SIGKILL the whole group (used when async teardown can't run)."""
         if self._proc is not None and self._proc.poll() is None:
@@ -320,6 +329,9 @@ class EndpointEngine:
 
     def log_tail(self, lines: int = 40) -> list[str]:
         return []
+
+    def describe(self, placement: PlacementDoc | None, crash: CrashInfo | None) -> EngineDoc:
+        return engine_doc(self, "endpoint", placement, crash)
 
     def kill_now(self) -> None:
         return None

@@ -61,11 +61,11 @@ from typing import Any, Literal
 
 from gate.reservations.allocator import EnginePlacement
 from gate.reservations.kubernetes import CLIQUE, DEFAULT_TOLERATED, GPU_RESOURCE
+from gate.reservations.kubernetes import MANAGED_BY_LABEL as MANAGED_BY_LABEL
+from gate.reservations.kubernetes import MANAGER as MANAGER
 
 Manifest = dict[str, Any]
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGER = "llm-deploy-gate"
 GATE_ID_LABEL = "gate.dev/gate-id"
 ROLE_LABEL = "gate.dev/role"
 COMPONENT_LABEL = "gate.dev/component"

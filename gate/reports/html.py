@@ -39,6 +39,7 @@ from gate.reports.charts import (
     scatter_chart,
     timeline_chart,
 )
+from gate.verdict.document import VerdictDocument
 
 ROLES = ("reference", "candidate")
 GROUPS = {
@@ -631,13 +632,14 @@ def _probes(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def report_context(
-    document: Mapping[str, Any],
+    document: VerdictDocument,
     columns: Mapping[str, Mapping[str, Columns]],
     warmup: int = 0,
     links: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the report template shows, computed once."""
-    doc = document
+    """Everything the report template shows, computed once, from the document's JSON form
+    (what the file beside the report and the API hold, so the page shows what they say)."""
+    doc = document.to_json()
     checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
     counts = {
         d: sum(1 for c in checks if c.get("decision") == d)
@@ -674,7 +676,7 @@ def report_context(
 
 
 def render_body(
-    document: Mapping[str, Any],
+    document: VerdictDocument,
     columns: Mapping[str, Mapping[str, Columns]],
     warmup: int = 0,
     links: Sequence[tuple[str, str]] | None = None,
@@ -686,22 +688,23 @@ def render_body(
 
 
 def render_report(
-    document: Mapping[str, Any], columns: Mapping[str, Mapping[str, Columns]], warmup: int = 0
+    document: VerdictDocument, columns: Mapping[str, Mapping[str, Columns]], warmup: int = 0
 ) -> str:
     """The self-contained file: inline CSS and SVG, no script, nothing fetched."""
     body = render_body(document, columns, warmup)
-    title = f"{str(document.get('verdict', 'hold')).upper()} · {document.get('name', 'gate')}"
+    title = f"{document.verdict.upper()} · {document.name or 'gate'}"
     return environment().get_template("report.html.j2").render(body=body, title=title)
 
 
 def write_report(
-    document: Mapping[str, Any],
+    document: VerdictDocument,
     columns: Mapping[str, Mapping[str, Columns]],
     path: Path,
     warmup: int = 0,
 ) -> None:
+    """The report at `path` and the verdict document's JSON beside it (`.json`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(document, columns, warmup), encoding="utf-8")
     path.with_suffix(".json").write_text(
-        json.dumps(document, indent=2, allow_nan=False), encoding="utf-8"
+        json.dumps(document.to_json(), indent=2, allow_nan=False), encoding="utf-8"
     )

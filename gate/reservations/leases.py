@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import transaction
+from gate.core.errors import BlockedReservation as BlockedReservation  # it lived here: re-exported
 from gate.core.errors import ReservationError
 from gate.models import GpuLease, InventoryLock, Reservation
 from gate.reservations.allocator import Blocked, Placement, ShapeRequest, allocate
@@ -34,12 +35,6 @@ class Grant:
         return "; ".join(
             f"{e.role} on {e.node} GPU {e.cuda_visible_devices}" for e in self.placement.engines
         )
-
-
-class BlockedReservation(ReservationError):
-    def __init__(self, blocked: Blocked) -> None:
-        self.blocked = blocked
-        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
 
 
 def _now() -> datetime:

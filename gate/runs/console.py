@@ -3,7 +3,6 @@ and a summary table at the end. Everything goes to stderr so `--json` keeps stdo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from gate.spec import GateSpec
+from gate.verdict.document import CheckDoc, VerdictDocument
 
 STYLE = {"reference": "blue", "candidate": "dark_orange", "gate": "white"}
 
@@ -78,21 +78,28 @@ class ConsoleProgress:
         self.stop()
 
 
-def _fmt_threshold(check: Mapping[str, Any]) -> str:
+def _fmt_threshold(check: CheckDoc) -> str:
     """In the check's own unit: a ratio for latency, seconds for startup, a rate for errors."""
-    thr = check.get("threshold")
+    thr = check.threshold
     if thr is None:
         return ""
-    if check.get("group") == "latency":
+    if check.group == "latency":
         return f"{thr:.3f}x"
-    if check.get("group") == "startup":
+    if check.group == "startup":
         return f"{thr:.1f} s"
-    if check.get("group") == "errors":
+    if check.group == "errors":
         return f"{thr:.2%}"
     return f"{thr:.3f}"
 
 
-def _fmt_ratio(v: Any) -> str:
+def _fmt_interval(check: CheckDoc) -> str:
+    iv = check.interval
+    if not iv or iv[0] is None:
+        return ""
+    return f"{iv[0]:.3f}-" + ("inf" if iv[1] is None else f"{iv[1]:.3f}")
+
+
+def _fmt_ratio(v: float | None) -> str:
     return "" if v is None else f"{v:.3f}x"
 
 
@@ -105,39 +112,31 @@ def _stderr_console() -> Console:
     return console
 
 
-def print_summary(doc: dict[str, Any], console: Console | None = None) -> None:
+def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
     console = console or _stderr_console()
-    checks = doc.get("checks") or []
-    if checks:
+    if doc.checks:
         table = Table(title="checks", title_justify="left", show_lines=False)
         for col in ("check", "decision", "ratio", "interval", "threshold", "samples"):
             table.add_column(col, justify="right" if col not in ("check", "decision") else "left")
         colors = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
-        for c in checks:
-            iv = c.get("interval")
-            interval = ""
-            if iv and iv[0] is not None:
-                interval = f"{iv[0]:.3f}-" + ("inf" if iv[1] is None else f"{iv[1]:.3f}")
+        for c in doc.checks:
             table.add_row(
-                c["id"],
-                f"[{colors.get(c['decision'], 'white')}]{c['decision']}[/]",
-                _fmt_ratio(c.get("ratio")),
-                interval,
+                c.id,
+                f"[{colors.get(c.decision, 'white')}]{c.decision}[/]",
+                _fmt_ratio(c.ratio),
+                _fmt_interval(c),
                 _fmt_threshold(c),
-                f"{c['samples'][0]}/{c['samples'][1]}",
+                f"{c.samples[0]}/{c.samples[1]}",
             )
         console.print(table)
-    for note in doc.get("notes") or []:
+    for note in doc.notes:
         console.print(f"[dim]note: {note}[/dim]")
-    verdict = doc.get("verdict", "hold")
-    color = "green" if verdict == "continue" else "red"
-    console.print(
-        f"\n[bold {color}]{verdict.upper()}[/bold {color}]  gate {doc.get('gate_id', '')}"
-    )
-    for r in doc.get("reasons") or []:
-        console.print(f"  [{color}]-[/{color}] {r['check']}: {r['message']}")
-    if doc.get("report"):
-        console.print(f"report: {doc['report']}")
+    color = "green" if doc.verdict == "continue" else "red"
+    console.print(f"\n[bold {color}]{doc.verdict.upper()}[/bold {color}]  gate {doc.gate_id or ''}")
+    for r in doc.reasons:
+        console.print(f"  [{color}]-[/{color}] {r.check}: {r.message}")
+    if doc.report:
+        console.print(f"report: {doc.report}")
 
 
 def print_capacity(doc: dict[str, Any], console: Console | None = None) -> None:

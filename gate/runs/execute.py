@@ -19,16 +19,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
+from gate.core.database import make_engine, make_sessionmaker, upgrade
 from gate.core.errors import GateError
+from gate.core.errors import WorkerStopping as WorkerStopping  # it lived here: re-exported
 from gate.core.settings import Settings
-from gate.models import GateRun, Reservation
 from gate.reservations import leases
 from gate.runs import store
-from gate.runs.service import GateOutcome, GateRunner
+from gate.runs.runner import GateOutcome, GateRunner
 from gate.spec import parse_spec
 
 log = logging.getLogger("gate.runs")
@@ -118,13 +118,6 @@ _running_lock = threading.RLock()  # re-entered by a signal handler on the main 
 _stopping: str | None = None  # set once this process stops: it claims no more gates
 
 
-class WorkerStopping(GateError):
-    """This process is shutting down and takes no new gate; the gate stays pending."""
-
-    status_code = 503
-    code = "worker_stopping"
-
-
 def running_gates() -> list[str]:
     """The gates this process is running now."""
     with _running_lock:
@@ -148,17 +141,13 @@ def stop_running_gates(reason: str) -> list[str]:
 
 
 def _stop(entry: _Running, reason: str) -> None:
-    runner = entry.runner
-    if entry.task.done() or runner.cancel_reason is not None or runner.outcome is not None:
+    if entry.task.done():
         return
-    if runner.factory is None:  # still migrating, before its try/finally: ask again shortly
+    stopped = entry.runner.request_stop(reason)
+    if stopped is None:  # still migrating, before its stages began: ask again shortly
         entry.loop.call_later(0.05, _stop, entry, reason)
-        return
-    if any(role == "gate" and phase == "judging" for role, phase, _, _ in runner.phase_rows):
-        return
-    log.warning("gate %s: stopping (%s)", runner.gate_id, reason)
-    runner.cancel_reason = reason
-    entry.task.cancel()
+    elif stopped:
+        log.warning("gate %s: stopping (%s)", entry.runner.gate_id, reason)
 
 
 async def _run_registered(runner: GateRunner) -> GateOutcome:
@@ -237,7 +226,7 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
         if isinstance(exc, Exception | asyncio.CancelledError):
             return "error"
         raise
-    state = str(outcome.document["state"])
+    state = outcome.doc.state
     log.info(
         "gate %s finished: %s, verdict %s",
         gate_id,
@@ -263,16 +252,5 @@ def _notify(
 def _fail(factory: sessionmaker[Session], gate_id: str, check: str, message: str) -> None:
     """End a gate that is still running (or pending) as an error with a hold, and release
     whatever reservation it still holds."""
-    with transaction(factory) as s:
-        run = s.get(GateRun, gate_id, with_for_update=True)
-        if run is not None and run.state not in store.FINISHED:
-            store._end(run, "error", check, message)
-        held = list(
-            s.scalars(
-                select(Reservation.id).where(
-                    Reservation.gate_id == gate_id, Reservation.state == "active"
-                )
-            )
-        )
-    for reservation_id in held:
+    for reservation_id in store.fail_gate(factory, gate_id, check, message):
         leases.release(factory, reservation_id, "gate failed")

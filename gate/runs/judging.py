@@ -44,6 +44,13 @@ from gate.analysis.samples import (
     take_requests,
 )
 from gate.analysis.sequential import Look, SequentialJudge
+from gate.verdict.document import (
+    Answered,
+    CorrectnessDoc,
+    DivergenceExample,
+    EarlyStopDoc,
+    EngineFailure,
+)
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
 
@@ -92,15 +99,15 @@ class EarlyStop:
             "could not change its verdict."
         )
 
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "planned": self.planned,
-            "upto": self.upto,
-            "reason": self.reason,
-            "checks": list(self.checks),
-            "message": self.message,
-        }
+    def describe(self) -> EarlyStopDoc:
+        return EarlyStopDoc(
+            requests=self.requests,
+            planned=self.planned,
+            upto=self.upto,
+            reason=self.reason,
+            checks=list(self.checks),
+            message=self.message,
+        )
 
 
 @dataclass
@@ -424,11 +431,11 @@ def merge_divergence(parts: Sequence[DivergenceSamples]) -> DivergenceSamples | 
 
 def divergence_examples(
     run: CorrectnessRun, policy: Policy, limit: int = MAX_EXAMPLES
-) -> list[dict[str, Any]]:
+) -> list[DivergenceExample]:
     """The greedy outputs where the candidate left the reference, worst first (a token
     outside the reference's top-k, then the largest margin): what a person looks at first."""
     dp = policy.divergence
-    found: list[tuple[float, dict[str, Any]]] = []
+    found: list[tuple[float, DivergenceExample]] = []
     for r, c in zip(run.reference, run.candidate, strict=True):
         a, b = _greedy(r, run.max_tokens), _greedy(c, run.max_tokens)
         if isinstance(a, str) or isinstance(b, str):
@@ -441,38 +448,38 @@ def divergence_examples(
         found.append(
             (
                 worst,
-                {
-                    "prompt": r.prompt,
-                    "reference_tokens": [str(t) for t in a.token_ids[:_EXAMPLE_TOKENS]],
-                    "candidate_tokens": [str(t) for t in b.token_ids[:_EXAMPLE_TOKENS]],
-                    "index": st.first_divergence,
-                    "margin": round(margin, 4) if margin is not None else None,
-                    "outside_top_k": st.outside_top_k,
-                    "scenario": run.name,
-                },
+                DivergenceExample(
+                    prompt=r.prompt,
+                    reference_tokens=[str(t) for t in a.token_ids[:_EXAMPLE_TOKENS]],
+                    candidate_tokens=[str(t) for t in b.token_ids[:_EXAMPLE_TOKENS]],
+                    index=st.first_divergence,
+                    margin=round(margin, 4) if margin is not None else None,
+                    outside_top_k=st.outside_top_k,
+                    scenario=run.name,
+                ),
             )
         )
     found.sort(key=lambda kv: -kv[0])
     return [doc for _, doc in found[:limit]]
 
 
-def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> dict[str, Any]:
+def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> CorrectnessDoc:
     """A correctness scenario's summary for the verdict document."""
 
     def answered(results: Sequence[catalogue.CorrectnessResult]) -> int:
         return sum(not isinstance(_greedy(x, run.max_tokens), str) for x in results)
 
     exact = sum(p.a.token_ids == p.b.token_ids for p in data.greedy)
-    return {
-        "name": run.name,
-        "probes": len(run.reference),
-        "answered": {
-            "reference": answered(run.reference),
-            "candidate": answered(run.candidate),
-            "reference_under_load": answered(run.reference_loaded),
-        },
-        "exact_matches": exact,
-        "envelope_exact_matches": sum(p.a.token_ids == p.b.token_ids for p in data.envelope_greedy),
-        "teacher_forced": len(data.teacher),
-        "failures": [{"engine": role, "message": m[:300]} for role, m in data.failures[:20]],
-    }
+    return CorrectnessDoc(
+        name=run.name,
+        probes=len(run.reference),
+        answered=Answered(
+            reference=answered(run.reference),
+            candidate=answered(run.candidate),
+            reference_under_load=answered(run.reference_loaded),
+        ),
+        exact_matches=exact,
+        envelope_exact_matches=sum(p.a.token_ids == p.b.token_ids for p in data.envelope_greedy),
+        teacher_forced=len(data.teacher),
+        failures=[EngineFailure(engine=role, message=m[:300]) for role, m in data.failures[:20]],
+    )

@@ -14,8 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gate.access.network import UrlRefused, check_allowed
-from gate.core.errors import FieldProblem, SpecError
+from gate.access.network import check_allowed
+from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits, spec_limit_problems
 from gate.core.settings import Settings
 from gate.runs.templates import EngineTemplate, fill, image_allowed, image_repository

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -18,28 +20,27 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.analysis.samples import Columns
+from gate.analysis.types import Check
 from gate.core.clock import now
 from gate.core.database import reading, transaction
+from gate.core.errors import GateConflict as GateConflict  # these four lived here: re-exported
 from gate.core.errors import GateError
-from gate.models import GatePhase, GateRun, GpuLease, Reservation, SampleSet, WebhookDelivery
+from gate.core.errors import GateForbidden as GateForbidden
+from gate.core.errors import GateNotFound as GateNotFound
+from gate.core.errors import TooManyGates as TooManyGates
+from gate.core.vocabulary import FINISHED, FinishedState
+from gate.models import (
+    CheckResult,
+    GatePhase,
+    GateRun,
+    GpuLease,
+    Reservation,
+    SampleSet,
+    WebhookDelivery,
+)
 from gate.spec import GateSpec, spec_to_dict
-
-FINISHED = ("complete", "error", "cancelled")
-STATES = ("pending", "running", *FINISHED)
-VERDICTS = ("continue", "hold")
-
-
-class GateNotFound(GateError):
-    status_code = 404
-    code = "not_found"
-
-    def __init__(self, gate_id: str) -> None:
-        super().__init__(f"no gate with id {gate_id!r}")
-
-
-class GateConflict(GateError):
-    status_code = 409
-    code = "conflict"
+from gate.verdict.build import ended_document
+from gate.verdict.document import EndedElsewhere, VerdictDocument
 
 
 def _aware(t: datetime | None) -> datetime | None:
@@ -194,9 +195,9 @@ def sample_columns(factory: sessionmaker[Session], gate_id: str) -> dict[str, di
     """The gate's stored samples: scenario -> role -> columns."""
     with transaction(factory) as s:
         rows = s.execute(
-            select(SampleSet.scenario, SampleSet.role, SampleSet.columns).where(
-                SampleSet.gate_id == gate_id
-            )
+            select(SampleSet.scenario, SampleSet.role, SampleSet.columns)
+            .where(SampleSet.gate_id == gate_id)
+            .order_by(SampleSet.id)
         ).all()
     out: dict[str, dict[str, Columns]] = {}
     for scenario, role, blob in rows:
@@ -285,16 +286,6 @@ def list_gates(factory: sessionmaker[Session], f: GateFilter) -> tuple[list[Gate
         return list(rows), int(total)
 
 
-class TooManyGates(GateError):
-    status_code = 429
-    code = "too_busy"
-
-
-class GateForbidden(GateError):
-    status_code = 403
-    code = "forbidden"
-
-
 def request_cancel(
     factory: sessionmaker[Session],
     gate_id: str,
@@ -342,25 +333,14 @@ def claim(factory: sessionmaker[Session], gate_id: str, worker: str) -> GateRun 
         return s.get(GateRun, gate_id)
 
 
-def _end(run: GateRun, state: str, check: str, message: str) -> None:
+def _end(run: GateRun, state: FinishedState, check: str, message: str) -> None:
     finished = now()
     run.state = state
     run.phase = "finished"
     run.verdict = "hold"
     run.reason = message
     run.finished_at = finished
-    run.document = {
-        "gate_id": run.id,
-        "name": run.name,
-        "state": state,
-        "verdict": "hold",
-        "reasons": [{"check": check, "message": message}],
-        "checks": [],
-        "notes": ["The gate could not finish, so it cannot vouch for the candidate: hold."],
-        "error": {"code": check.removeprefix("gate."), "message": message},
-        "finished_at": finished.isoformat(),
-        "exit_code": 130 if state == "cancelled" else 2,
-    }
+    run.document = ended_document(run.id, run.name, state, check, message, finished).to_json()
 
 
 def reap_lost(
@@ -554,3 +534,151 @@ def verdict_summary(run: GateRun, public_url: str) -> dict[str, Any]:
         "reason": run.reason if finished else f"gate is {run.state} ({run.phase})",
         "report_url": f"{public_url.rstrip('/')}/gates/{run.id}",
     }
+
+
+# -- one run's own records (the runner writes these, through here only) ----------------------
+
+
+def start_run(
+    factory: sessionmaker[Session],
+    gate_id: str,
+    spec: GateSpec,
+    *,
+    started: datetime,
+    worker: str | None,
+) -> None:
+    """Mark the gate running (creating its row when the command line runs it directly)."""
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id)
+        if run is None:
+            run = GateRun(id=gate_id, name=spec.name, spec=spec_to_dict(spec))
+            s.add(run)
+        run.state = "running"
+        run.phase = "created"
+        run.started_at = started
+        run.worker = worker
+        run.heartbeat_at = started
+        run.attempts = (run.attempts or 0) + 1
+        run.reference_label = spec.reference.label
+        run.candidate_label = spec.candidate.label
+
+
+def record_phase(
+    factory: sessionmaker[Session],
+    gate_id: str,
+    role: str,
+    phase: str,
+    at_s: float,
+    detail: str | None,
+) -> None:
+    """One phase row, and the gate's current phase (`role:phase` for an engine's)."""
+    with transaction(factory) as s:
+        s.add(GatePhase(gate_id=gate_id, role=role, phase=phase, at_s=at_s, detail=detail))
+        run = s.get(GateRun, gate_id)
+        if run is not None:
+            run.phase = phase if role == "gate" else f"{role}:{phase}"
+
+
+def beat(
+    factory: sessionmaker[Session], gate_id: str, progress: dict[str, Any] | None
+) -> str | None:
+    """Write a running gate's heartbeat and progress; return why it must stop, if it must."""
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id)
+        if run is None:
+            return "the gate's record was deleted"
+        if run.state != "running":  # the reaper ended it: our worker looked lost
+            return f"the gate was ended elsewhere while running ({run.reason})"
+        run.heartbeat_at = datetime.now(UTC)
+        run.progress = progress or None
+        if run.cancel_requested:
+            return run.reason or "cancelled on request before the gate could decide"
+        return None
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _check_row(gate_id: str, c: Check) -> CheckResult:
+    lo, hi = c.interval if c.interval else (None, None)
+    return CheckResult(
+        gate_id=gate_id,
+        check_id=c.id,
+        group=c.group,
+        scenario=c.scenario,
+        metric=c.metric,
+        quantile=c.quantile,
+        reference=_finite(c.reference),
+        candidate=_finite(c.candidate),
+        ratio=_finite(c.ratio),
+        interval_lo=_finite(lo),
+        interval_hi=_finite(hi),
+        threshold=_finite(c.threshold),
+        decision=c.decision,
+        samples_reference=c.samples[0],
+        samples_candidate=c.samples[1],
+        alpha=c.alpha,
+        message=c.message,
+    )
+
+
+def finish_run(
+    factory: sessionmaker[Session],
+    document: VerdictDocument,
+    checks: Sequence[Check],
+    samples: Iterable[tuple[str, str, Columns]],
+    *,
+    finished: datetime,
+) -> VerdictDocument:
+    """Store a finished run: its document, every check, each scenario's request columns per
+    role. A gate the reaper ended while it ran keeps that ending (its heartbeat looked lost):
+    the document returned, and stored, says so beside what the run saw before it stopped."""
+    gate_id = document.gate_id
+    assert gate_id is not None
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id, with_for_update=True)
+        assert run is not None
+        if run.state in FINISHED:
+            elsewhere = EndedElsewhere(state=run.state, reason=run.reason)
+            document = document.model_copy(
+                update={"ended_elsewhere": elsewhere, "state": run.state}
+            )
+        run.state = document.state
+        run.phase = "finished"
+        run.verdict = document.verdict
+        run.reason = document.reason_text
+        run.document = document.to_json()
+        run.report_path = document.report
+        run.finished_at = finished
+        for scenario, role, cols in samples:
+            s.add(
+                SampleSet(
+                    gate_id=gate_id,
+                    scenario=scenario,
+                    role=role,
+                    requests=len(cols),
+                    columns=cols.to_bytes(),
+                )
+            )
+        for c in checks:
+            s.add(_check_row(gate_id, c))
+    return document
+
+
+def fail_gate(factory: sessionmaker[Session], gate_id: str, check: str, message: str) -> list[int]:
+    """End a gate that is still running (or pending) as an error with a hold; returns the
+    reservations it still holds, for the caller to release."""
+    with transaction(factory) as s:
+        run = s.get(GateRun, gate_id, with_for_update=True)
+        if run is not None and run.state not in FINISHED:
+            _end(run, "error", check, message)
+        return list(
+            s.scalars(
+                select(Reservation.id).where(
+                    Reservation.gate_id == gate_id, Reservation.state == "active"
+                )
+            )
+        )

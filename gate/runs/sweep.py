@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.errors import GateError
+from gate.reservations.kubernetes import connect, reap_namespaces
 from gate.runs import store
 from gate.spec import parse_spec
 
@@ -50,9 +51,6 @@ def sweep_lost_gates(factory: sessionmaker[Session], within_s: float = WINDOW_S)
     found = targets(store.lost_gate_specs(factory, within_s))
     if not found:
         return []
-    # Imported only when there is something to sweep: the client is slow to import.
-    from gate.engines.kubernetes import connect, reap_namespaces
-
     reaped: list[str] = []
     for (kubeconfig, context, in_cluster), namespaces in found.items():
         try:

@@ -32,10 +32,13 @@ from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
 from gate.access.sessions import BrowserSession
+from gate.core.errors import GateNotFound
+from gate.core.vocabulary import FINISHED, STATES, VERDICTS
 from gate.http.deps import Ctx, authorize, get_ctx, request_token
 from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.reports.html import environment, format_time, render_body
 from gate.runs import store
+from gate.verdict.document import VerdictDocument
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import GateRun
@@ -146,7 +149,7 @@ def gates_page(
     if (denied := _denied(request)) is not None:
         return denied
     ctx = get_ctx(request)
-    state, verdict = _choice(state, store.STATES), _choice(verdict, store.VERDICTS)
+    state, verdict = _choice(state, STATES), _choice(verdict, VERDICTS)
     candidate = candidate.strip()[:200]
     number = int(page) if page.isdigit() and 0 < int(page) < 1_000_000 else 1
     rows, total = store.list_gates(
@@ -180,8 +183,8 @@ def gates_page(
         state=state,
         verdict=verdict,
         candidate=candidate,
-        states=store.STATES,
-        verdicts=store.VERDICTS,
+        states=STATES,
+        verdicts=VERDICTS,
         filtered=bool(filters),
     )
 
@@ -199,9 +202,9 @@ def _row(run: GateRun) -> dict[str, Any]:
         "name": run.name,
         "state": run.state,
         "phase": run.phase,
-        "verdict": run.verdict if run.state in store.FINISHED else None,
+        "verdict": run.verdict if run.state in FINISHED else None,
         "progress": progress_view(run.state, run.phase, run.progress)["text"]
-        if run.state not in store.FINISHED
+        if run.state not in FINISHED
         else "",
         "reference": run.reference_label or "",
         "candidate": run.candidate_label or "",
@@ -280,7 +283,7 @@ def _report_body(ctx: Ctx, run: GateRun) -> Markup:
     body = _bodies.get(key)
     if body is None:
         body = render_body(
-            run.document,
+            VerdictDocument.read(run.document),
             store.sample_columns(ctx.factory, run.id),
             _warmup(run),
             gate_links(run.id),
@@ -296,9 +299,9 @@ def gate_page(request: Request, gate_id: str) -> Response:
     ctx = get_ctx(request)
     try:
         run = store.get_gate(ctx.factory, gate_id)
-    except store.GateNotFound:
+    except GateNotFound:
         return _not_found(request, gate_id)
-    finished = run.state in store.FINISHED
+    finished = run.state in FINISHED
     if finished and run.document is not None:
         verdict = str(run.document.get("verdict") or run.verdict or "hold")
         return _page(

@@ -36,8 +36,9 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core.errors import WorkerStopping
 from gate.core.settings import Settings
-from gate.runs.execute import WorkerStopping, execute_gate, open_factory, worker_name
+from gate.runs.execute import execute_gate, open_factory, worker_name
 
 log = logging.getLogger("gate.worker")
 

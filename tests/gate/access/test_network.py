@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.access.network import UrlRefused, check_allowed, check_always, check_syntax
+from gate.access.network import check_allowed, check_always, check_syntax
+from gate.core.errors import UrlRefused
 
 
 def resolver(table: dict[str, list[str]]):  # type: ignore[no-untyped-def]

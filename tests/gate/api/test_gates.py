@@ -11,8 +11,8 @@ from apitools import auth, poll_finished, spec_dict, wait_for
 from fastapi.testclient import TestClient
 
 from gate.access import tokens as token_mod
-from gate.api.documents import RejudgeResult, VerdictDocument
 from gate.core.settings import Settings
+from gate.verdict import RejudgeResult, VerdictDocument
 
 pytestmark = pytest.mark.slow
 

@@ -618,7 +618,7 @@ def test_a_callers_url_is_held_to_the_allow_list_again_when_it_attaches(
     import asyncio
 
     from gate.runs import store
-    from gate.runs.service import run_gate
+    from gate.runs.runner import run_gate
 
     allowed = settings.model_copy(update={"engine_url_allow": ["127.0.0.1"]})
     app = create_app(allowed, start_workers=False)

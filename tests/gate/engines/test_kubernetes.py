@@ -33,18 +33,13 @@ from k8s_fake import (
 )
 from kubernetes import client
 
-from gate.core.errors import EngineError, ReadinessTimeout
+from gate.core.errors import ClusterError, EngineError, ReadinessTimeout
 from gate.engines.kubernetes import (
     KUBERNETES_PHASES,
-    ClusterError,
     GateLease,
     KubernetesEngine,
-    cluster_inventory,
-    connect,
     find_crash,
     pod_view,
-    reap_expired_leases,
-    reap_namespaces,
 )
 from gate.engines.lifecycle import Clock, PhaseLog
 from gate.engines.manifests import (
@@ -53,6 +48,12 @@ from gate.engines.manifests import (
     gate_labels,
     lease_name,
     render_lease,
+)
+from gate.reservations.kubernetes import (
+    cluster_inventory,
+    connect,
+    reap_expired_leases,
+    reap_namespaces,
 )
 
 NS = "llm-gate"

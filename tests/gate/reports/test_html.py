@@ -17,6 +17,7 @@ from gate.reports.charts import (
     timeline_chart,
 )
 from gate.reports.html import render_report, scenario_charts, write_report
+from gate.verdict import VerdictDocument
 from loadgen.records import RequestRecord
 
 EVIL = "<script>alert('x')</script>"
@@ -110,14 +111,14 @@ def test_report_escapes_engine_output_and_has_charts(tmp_path: Path) -> None:
             "candidate": columns_from_records(_records(50, 60), 0),
         }
     }
-    html = render_report(_doc(), cols, warmup=5)
+    html = render_report(VerdictDocument.read(_doc()), cols, warmup=5)
     assert EVIL not in html
     assert "&lt;script&gt;alert(" in html
     assert html.count("<svg") >= 4  # TTFT CDF, ITL CDF, TTFT over time, lifecycle
     assert "HOLD" in html and "steady.ttft.p50" in html
     assert "http://" not in html.replace("http://127.0.0.1", "").replace("http://www.w3.org", "")
     out = tmp_path / "r.html"
-    write_report(_doc(), cols, out)
+    write_report(VerdictDocument.read(_doc()), cols, out)
     assert out.read_text() and out.with_suffix(".json").is_file()
 
 
@@ -224,7 +225,7 @@ def test_report_of_a_gate_that_could_not_finish() -> None:
         "finished_at": "2026-11-30T00:00:00+00:00",
         "exit_code": 2,
     }
-    html = render_report(doc, {})
+    html = render_report(VerdictDocument.read(doc), {})
     assert "could not finish" in html and "the worker stopped &lt;b&gt;" in html
     assert "<svg" not in html and "Checks" not in html
 
@@ -289,7 +290,7 @@ def test_units_divergence_examples_and_no_script() -> None:
             "failures": [{"engine": "candidate", "message": EVIL}],
         }
     ]
-    html = render_report(doc, {})
+    html = render_report(VerdictDocument.read(doc), {})
     assert "0.20%" in html and "0.40%" in html and "1.00%" in html  # error fractions
     assert "1.50 s" in html and "4.00 s" in html  # startup seconds
     assert "-6.6 to +6.6 pts" in html and "2.0 pts" in html  # collapse difference
@@ -297,7 +298,7 @@ def test_units_divergence_examples_and_no_script() -> None:
     assert "margin <strong>0.0123</strong>" in html and "outside the reference" in html
     assert "<script" not in html and EVIL not in html
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
-    plain = render_report(_doc(), {})
+    plain = render_report(VerdictDocument.read(_doc()), {})
     assert 'id="divergence-heading"' not in plain  # absent examples: no section
 
 
@@ -308,8 +309,8 @@ def test_a_scenario_that_ended_at_its_plan_is_not_called_stopped_early() -> None
         "planned_requests": 792,
         "early_stop": early | {"message": "steady ended at its planned 792 requests per arm"},
     }
-    html = render_report(doc, {})
+    html = render_report(VerdictDocument.read(doc), {})
     assert "<strong>ended</strong> (planned 792 requests): steady ended at its planned" in html
     assert "stopped early" not in html
     doc["scenarios"][0]["early_stop"] = early | {"reason": "hold", "message": "held at 500"}
-    assert "<strong>stopped early</strong>" in render_report(doc, {})
+    assert "<strong>stopped early</strong>" in render_report(VerdictDocument.read(doc), {})

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, text
 
 from gate.core.database import make_engine, make_sessionmaker
 from gate.core.settings import Settings
-from gate.runs import service, store
-from gate.runs.service import run_gate
+from gate.runs import inputs, store
+from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
@@ -159,7 +159,7 @@ class SlowJudge:
 @pytest.fixture
 def slow_judge(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowJudge]:
     judge = SlowJudge()
-    monkeypatch.setattr(service, "judge", judge)
+    monkeypatch.setattr(inputs, "judge", judge)
     yield judge
     judge.release.set()
 

@@ -379,7 +379,7 @@ def test_divergence_samples_pair_the_runs_and_name_failures() -> None:
     assert by_id["correctness.finite"].decision == "fail"  # the NaN teacher-forced score
     examples = divergence_examples(run, Policy())
     assert len(examples) == 1
-    ex = examples[0]
+    ex = examples[0].to_json()
     assert ex["index"] == 1 and ex["margin"] == pytest.approx(0.4)
     assert ex["reference_tokens"] == same and ex["candidate_tokens"][1] == "alt"
     assert ex["prompt"] == "prompt 1" and not ex["outside_top_k"]

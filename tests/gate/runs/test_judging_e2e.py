@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gate.core.settings import Settings
-from gate.runs.service import run_gate
+from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow

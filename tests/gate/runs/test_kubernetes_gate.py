@@ -43,7 +43,7 @@ from gate.engines.kubernetes import KubernetesEngine
 from gate.engines.launchers import free_port
 from gate.engines.manifests import MANAGED_BY_LABEL, MANAGER, gate_labels, render_lease
 from gate.runs.progress import NullProgress
-from gate.runs.service import GateOutcome, run_gate
+from gate.runs.runner import GateOutcome, run_gate
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow

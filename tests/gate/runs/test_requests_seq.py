@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate.runs.service import LazyRequests, _Chained
+from gate.runs.schedules import Chained, LazyRequests
 from gate.spec import ScenarioSpec, parse_spec
 
 
@@ -39,7 +39,7 @@ def test_an_extension_is_numbered_on_from_the_schedule() -> None:
     sc = scenario()
     first = LazyRequests(sc, seed=1, length=5)
     then = LazyRequests(sc, seed=2, length=3)
-    chained = _Chained(first, then)
+    chained = Chained(first, then)
     assert len(chained) == 8
     assert [r.request_id for r in chained] == list(range(8))
     assert chained[4] == first[4]

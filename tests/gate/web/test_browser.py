@@ -32,7 +32,7 @@ from services import service_missing
 from gate.access.tokens import create_token
 from gate.api.app import create_app
 from gate.core.settings import Settings
-from gate.runs.service import run_gate
+from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 CONTRAST = [
@@ -346,9 +346,12 @@ def test_engine_output_never_runs(
     pg, watch = page
     gid = site.seed.finished(columns=wt.evil_columns(), name="xss")
     from gate.reports.html import write_report
+    from gate.verdict import VerdictDocument
 
     file_report = tmp_path / "xss.html"
-    write_report(wt.evil_document(gid), wt.evil_columns(), file_report, warmup=4)
+    write_report(
+        VerdictDocument.read(wt.evil_document(gid)), wt.evil_columns(), file_report, warmup=4
+    )
     for url in (f"{site.url}/gates/{gid}", file_report.as_uri()):
         pg.goto(url)
         pg.wait_for_timeout(300)  # an onerror would have fired by now

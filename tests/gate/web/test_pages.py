@@ -18,6 +18,7 @@ from gate.access.tokens import create_token
 from gate.api.app import create_app
 from gate.core.settings import Settings
 from gate.reports.html import render_body, write_report
+from gate.verdict import VerdictDocument
 from gate.web.pages import progress_view, safe_next
 
 
@@ -47,7 +48,7 @@ def test_gate_page_is_the_file_report_with_links(
     run = get_gate(doc, gid)
     assert run.document is not None
     body = render_body(
-        run.document,
+        VerdictDocument.read(run.document),
         wt.evil_columns(),
         4,
         [
@@ -58,7 +59,7 @@ def test_gate_page_is_the_file_report_with_links(
     )
     assert str(body) in html
     out = tmp_path / "r.html"
-    write_report(run.document, wt.evil_columns(), out, warmup=4)
+    write_report(VerdictDocument.read(run.document), wt.evil_columns(), out, warmup=4)
     file_html = out.read_text()
     # The file links the JSON written beside it; the page links the API's documents.
     assert 'href="r.json"' in file_html and 'href="r.json"' not in html

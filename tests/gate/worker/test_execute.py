@@ -18,7 +18,7 @@ from gate.reservations import leases
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
 from gate.runs import execute, store
-from gate.runs.service import GateRunner
+from gate.runs.runner import GateRunner
 from gate.spec import parse_spec
 
 

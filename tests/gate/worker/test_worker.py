@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import transaction
 from gate.core.settings import Settings
+from gate.core.vocabulary import FINISHED
 from gate.models import GatePhase, GateRun, GpuLease, Reservation
 from gate.runs import store
 from gate.runs.dispatch import Reaper
@@ -98,7 +99,7 @@ def wait_gate(
 
 
 def finished(run: GateRun) -> bool:
-    return run.state in store.FINISHED
+    return run.state in FINISHED
 
 
 def measuring(run: GateRun) -> bool:

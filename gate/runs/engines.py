@@ -1,0 +1,190 @@
+"""The gate's two engines: built from the spec by their kind, started together, warmed up,
+watched for crashes while load runs, torn down whatever happened, and described for the
+verdict document.
+
+An engine kind is a function from the spec's engine to an `Engine` (gate/engines): `process`
+(a local command), `endpoint` (an attached URL), `kubernetes` (a Pod or LeaderWorkerSet). A new
+kind is one entry in `ENGINE_KINDS` and the `describe` of its engine class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gate.core.errors import EngineError, GateError
+from gate.core.vocabulary import ROLES, Role
+from gate.engines.describe import placement_doc, unlaunched_doc
+from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
+from gate.engines.lifecycle import CrashInfo
+from gate.reservations.allocator import Placement
+from gate.runs.context import RunContext
+from gate.runs.schedules import LazyRequests
+from gate.spec import EngineSpec
+from gate.verdict.document import EngineDoc
+from loadgen.client import Target
+from loadgen.runner import run_paired
+
+ENGINE_WARMUP_REQUESTS = 4
+CRASH_POLL_S = 0.1
+
+EngineKind = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
+
+
+def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
+    assert es.url is not None
+    ctx = engines.ctx
+    return EndpointEngine(
+        role=role,
+        base_url=es.url,
+        model=ctx.spec.model,
+        phases=ctx.phase_log(role),
+        readiness_timeout_s=es.readiness_timeout_s,
+        allow=list(ctx.settings.engine_url_allow) if es.caller_url else None,
+    )
+
+
+def _process(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
+    ctx = engines.ctx
+    log_dir = ctx.settings.data_dir / "logs" / ctx.gate_id
+    return ProcessEngine(
+        role=role,
+        argv_template=es.argv_template(),
+        model=ctx.spec.model,
+        phases=ctx.phase_log(role),
+        log_path=log_dir / f"{role}.log",
+        placement=placement.for_role(role) if placement else None,
+        env=dict(es.env),
+        cwd=es.cwd,
+        readiness_timeout_s=es.readiness_timeout_s,
+    )
+
+
+def _kubernetes(
+    engines: Engines, role: Role, es: EngineSpec, placement: Placement | None
+) -> Engine:
+    # Imported here: the kubernetes client takes a second to import, which other gates skip.
+    from gate.runs.kubernetes import kubernetes_engine
+
+    if placement is None:  # the reservation stage reserves for every kubernetes engine
+        raise EngineError(role, "launched", "a kubernetes engine needs reserved GPUs")
+    return kubernetes_engine(engines.ctx, role, es, placement, list(engines.built.values()))
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {
+    "endpoint": _endpoint,
+    "process": _process,
+    "kubernetes": _kubernetes,
+}
+
+
+@dataclass
+class Engines:
+    """Both engines of one gate, and the crashes seen so far (the first of each role)."""
+
+    ctx: RunContext
+    placement: Placement | None
+    built: dict[Role, Engine] = field(default_factory=dict)
+    crashes: list[CrashInfo] = field(default_factory=list)
+
+    async def launch(self) -> None:
+        """Build both, then start both at once; the first failure in role order is raised."""
+        for role in ROLES:
+            es = self.ctx.spec.engine(role)
+            self.built[role] = ENGINE_KINDS[es.kind](self, role, es, self.placement)
+        tasks = [asyncio.create_task(self.built[r].start()) for r in ROLES]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:  # the first failure in role order names the engine that blocked
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+    def targets(self, api: str) -> list[Target]:
+        return [
+            Target(
+                name=role,
+                base_url=self.built[role].base_url,
+                api=api,  # type: ignore[arg-type]
+                model=self.ctx.spec.model,
+            )
+            for role in ROLES
+        ]
+
+    async def warm_up(self) -> None:
+        """A few requests per engine before any measurement: first-request costs (lazy
+        compilation, CUDA graph capture, connection set-up) are not what we compare."""
+        spec = self.ctx.spec
+        first = spec.scenarios[0]
+        reqs = LazyRequests(first, seed=spec.seed + 7_919, length=ENGINE_WARMUP_REQUESTS)
+        result = await run_paired(self.targets(first.api), reqs, concurrency=2)
+        failed = [(role, r) for role, recs in result.records.items() for r in recs if r.error_kind]
+        self.check_crashes()
+        if self.crashes:
+            raise GateError(f"{self.crashes[0].summary()} during warm-up")
+        for role in ROLES:
+            self.built[role].phases.mark("warmup_done")
+            self.built[role].phases.mark("ready")
+        if failed:
+            who, rec = failed[0]
+            self.ctx.gate_phase(
+                "warmup_errors",
+                f"{len(failed)} warm-up requests failed; first: "
+                f"{who} {rec.error_kind}: {rec.error_message}",
+            )
+
+    def check_crashes(self) -> None:
+        seen = {c.role for c in self.crashes}
+        for role in ROLES:
+            eng = self.built.get(role)
+            if eng is None or role in seen:
+                continue
+            crash = eng.crashed()
+            if crash is not None:
+                self.crashes.append(crash)
+                self.ctx.phase(role, "crashed", crash.at_s, crash.description)
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Poll for a crash until `stop`; a crash sets `stop` (the scenario ends, aborted)."""
+        while not stop.is_set():
+            before = len(self.crashes)
+            self.check_crashes()
+            if len(self.crashes) > before:
+                stop.set()
+                return
+            await asyncio.sleep(CRASH_POLL_S)
+
+    async def teardown(self) -> None:
+        for role in ROLES:
+            eng = self.built.get(role)
+            if eng is None:
+                continue
+            try:
+                await asyncio.shield(eng.stop())
+            except BaseException:  # a second Ctrl-C: fall back to SIGKILL, synchronously
+                kill = getattr(eng, "kill_now", None)
+                if kill is not None:
+                    kill()
+            if eng.launched:
+                eng.phases.mark("stopped")
+
+    def describe(self) -> dict[Role, EngineDoc]:
+        """Both engines for the verdict document, built or not."""
+        out: dict[Role, EngineDoc] = {}
+        for role in ROLES:
+            es = self.ctx.spec.engine(role)
+            placement = None
+            if self.placement is not None and es.kind in ("process", "kubernetes"):
+                every_node = es.kind == "kubernetes"
+                placement = placement_doc(self.placement.for_role(role), every_node=every_node)
+            crash = next((c for c in self.crashes if c.role == role), None)
+            eng = self.built.get(role)
+            if eng is None:
+                out[role] = unlaunched_doc(es.kind, es.url, placement)
+            else:
+                out[role] = eng.describe(placement, crash)
+        return out

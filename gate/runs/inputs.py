@@ -1,0 +1,147 @@
+"""The judge's inputs, built one way for the live run and for re-judge: each load scenario's
+per-request columns (cut to the prefix its last look saw, after the warm-up), its load phases,
+the engines' facts and the compatibility probes, all read from what the verdict document and
+the stored columns hold. A re-judge therefore sees exactly what the live judge saw."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gate.analysis.compat import ProbePair, ProbeResult
+from gate.analysis.divergence import DivergenceSamples
+from gate.analysis.judge import judge
+from gate.analysis.load import OverloadPhase, PeakPhase
+from gate.analysis.plan import Plan
+from gate.analysis.policy import Policy
+from gate.analysis.samples import Columns, select_requests
+from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
+from gate.core.vocabulary import ROLES, Role
+from gate.runs.judging import load_phases
+from gate.spec import ScenarioSpec
+from gate.verdict.document import CrashDoc, EngineDoc, ProbeDoc, ScenarioDoc
+
+
+@dataclass(frozen=True)
+class RanScenario:
+    """One load scenario as it ran: columns by role, the schedule prefix judged (None: all),
+    and its phase marks (name, start second)."""
+
+    name: str
+    columns: Mapping[str, Columns]
+    upto: int | None = None
+    marks: Sequence[tuple[str, float]] = ()
+
+    @classmethod
+    def stored(cls, columns: Mapping[str, Columns], doc: ScenarioDoc | None) -> RanScenario:
+        """From stored columns and the scenario's entry in the document."""
+        upto = doc.early_stop.upto if doc is not None and doc.early_stop is not None else None
+        marks = [(p.name, p.start_s) for p in doc.phases] if doc is not None else []
+        name = doc.name if doc is not None else ""
+        return cls(name, columns, upto, marks)
+
+
+@dataclass(frozen=True)
+class JudgeInputs:
+    scenarios: list[ScenarioSamples]
+    peaks: list[PeakPhase]
+    overloads: list[OverloadPhase]
+    facts: list[EngineFacts]
+    probes: list[ProbePair]
+
+
+def phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
+    """Time spent reaching each startup phase, from launch to ready (not teardown phases)."""
+    order = sorted(
+        ((name, at) for name, at in reached.items() if name not in ("stopped", "crashed")),
+        key=lambda kv: kv[1],
+    )
+    out: dict[str, float] = {}
+    for (_, prev), (name, at) in itertools.pairwise(order):
+        out[name] = max(0.0, at - prev)
+        if name == "ready":
+            break
+    return out
+
+
+def crash_detail(crash: CrashDoc) -> str:
+    tail = " | ".join(line for line in crash.log_tail[-3:] if line.strip())
+    out = f"{crash.description} at {crash.at_s:.1f}s into the gate"
+    return f"{out}; last log lines: {tail}" if tail else out
+
+
+def engine_facts(engines: Mapping[Role, EngineDoc] | None) -> list[EngineFacts]:
+    """What the judge compares of the engines: ready time, startup phases, crashes."""
+    facts = []
+    for role in ROLES:
+        eng = (engines or {}).get(role)
+        ready = eng.ready_s if eng is not None else None
+        crash = eng.crash if eng is not None else None
+        phases = phase_durations(eng.phases) if eng is not None and ready is not None else {}
+        facts.append(
+            EngineFacts(
+                role=role,
+                ready_s=ready,
+                crashed=crash is not None,
+                crash_detail=crash_detail(crash) if crash is not None else None,
+                phases=phases,
+            )
+        )
+    return facts
+
+
+def probe_pairs(probes: Sequence[ProbeDoc] | None) -> list[ProbePair]:
+    def side(doc: ProbeDoc, role: Role) -> ProbeResult:
+        r = doc.reference if role == "reference" else doc.candidate
+        return ProbeResult(
+            ok=r.ok,
+            status=r.status or 0,
+            well_formed=not r.problems,
+            problems=tuple(r.problems),
+        )
+
+    return [ProbePair(p.name, side(p, "reference"), side(p, "candidate")) for p in probes or []]
+
+
+def judge_inputs(
+    scenarios: Mapping[str, ScenarioSpec],
+    ran: Iterable[RanScenario],
+    engines: Mapping[Role, EngineDoc] | None,
+    probes: Sequence[ProbeDoc] | None,
+    warmup: int,
+) -> JudgeInputs:
+    """Everything but divergence (its raw probes live only in the run that made them)."""
+    samples: list[ScenarioSamples] = []
+    peaks: list[PeakPhase] = []
+    overloads: list[OverloadPhase] = []
+    for r in ran:
+        sc = scenarios.get(r.name)
+        if sc is None or set(r.columns) != set(ROLES):
+            continue
+        ref = select_requests(r.columns["reference"], warmup, r.upto)
+        cand = select_requests(r.columns["candidate"], warmup, r.upto)
+        samples.append(ScenarioSamples(r.name, ref.to_arm(), cand.to_arm()))
+        p, o = load_phases(r.name, sc.suite, sc.settings, ref, cand, list(r.marks))
+        peaks.extend(p)
+        overloads.extend(o)
+    return JudgeInputs(samples, peaks, overloads, engine_facts(engines), probe_pairs(probes))
+
+
+def judge_gate(
+    inputs: JudgeInputs,
+    policy: Policy,
+    *,
+    plan: Plan | None = None,
+    divergence: DivergenceSamples | None = None,
+) -> Verdict:
+    return judge(
+        inputs.scenarios,
+        inputs.facts,
+        policy,
+        plan=plan,
+        peaks=inputs.peaks,
+        overloads=inputs.overloads,
+        probes=inputs.probes,
+        divergence=divergence,
+    )

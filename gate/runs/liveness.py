@@ -1,0 +1,123 @@
+"""How a running gate stays alive and is stopped: its heartbeat (on a thread of its own, so it
+beats while the event loop is busy), a cancel request read from the gate row, the gate's
+deadline, and a worker shutting down. Exactly one of them stops a run; the first wins."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gate.core.errors import DeadlinePassed, GateCancelled, GateError
+from gate.core.vocabulary import FinishedState
+from gate.runs import store
+from gate.runs.context import RunContext
+
+_T = TypeVar("_T")
+
+
+class Stops:
+    """Why the run was stopped from outside its own flow, and by whom: a cancel (the API, a
+    worker shutting down) or the deadline, set once under one lock."""
+
+    def __init__(self) -> None:
+        self.cancel_reason: str | None = None
+        self.deadline_reason: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def stopped(self) -> bool:
+        return self.cancel_reason is not None or self.deadline_reason is not None
+
+    def cancel(self, reason: str) -> bool:
+        """Record a cancel; False when the run was already being stopped."""
+        with self._lock:
+            if self.stopped:
+                return False
+            self.cancel_reason = reason
+            return True
+
+    def deadline(self, reason: str) -> bool:
+        with self._lock:
+            if self.stopped:
+                return False
+            self.deadline_reason = reason
+            return True
+
+    def error(self) -> tuple[GateError, FinishedState]:
+        """The error and state a stopped run ends with."""
+        if self.deadline_reason is not None and self.cancel_reason is None:
+            return DeadlinePassed(self.deadline_reason), "error"
+        why = self.cancel_reason or "the gate was interrupted before it could decide"
+        return GateCancelled(why), "cancelled"
+
+
+class Heartbeat:
+    """The gate's own heartbeat thread: it proves the worker process is alive (a gate whose
+    heartbeat stops is ended by the reaper), publishes progress, and obeys a cancel request
+    by cancelling the run on its loop."""
+
+    def __init__(self, ctx: RunContext, stops: Stops, main: asyncio.Task[Any] | None) -> None:
+        self.ctx, self.stops, self.main = ctx, stops, main
+        self.loop = asyncio.get_running_loop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"gate-heartbeat-{ctx.gate_id[:8]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def signal(self) -> None:
+        """Beat no more (the run is ending)."""
+        self._stop.set()
+
+    async def join(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 10.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ctx.settings.heartbeat_s):
+            try:
+                state = dict(self.ctx.progress.state)
+                cancel = store.beat(self.ctx.factory, self.ctx.gate_id, state)
+            except Exception:  # a database hiccup must not kill the run; the next beat retries
+                continue
+            if cancel is not None and self.stops.cancel_reason is None and self.main is not None:
+                if not self.stops.cancel(cancel):
+                    return  # the deadline is stopping it already
+                self.loop.call_soon_threadsafe(self.main.cancel)
+                return
+
+
+async def in_daemon_thread(fn: Callable[[], _T], name: str) -> _T:
+    """`fn()` on a thread of its own, awaited without blocking the event loop.
+
+    Not `asyncio.to_thread`: a cancelled await leaves a to_thread call running in the loop's
+    default executor, which `asyncio.run` joins at its end, so a gate cancelled while judging
+    would still hold its process until the judge finished. A daemon thread is abandoned
+    instead: the cancel ends the gate at once (teardown, release), and its result, if it ever
+    comes, is dropped."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, exc: BaseException | None) -> None:
+        if done.done():
+            return  # cancelled meanwhile
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result, exc = fn(), None
+        except BaseException as e:  # handed to the awaiting task
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await done

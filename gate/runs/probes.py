@@ -1,0 +1,107 @@
+"""The probe suites: compatibility (the same fixed probes to both engines; a probe the
+reference answers well and the candidate does not fails a check) and correctness (greedy
+probes with logprobs, the reference's own envelope alone and under load, and teacher-forced
+scoring where the engines allow it; judged in judging.divergence_samples)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gate.analysis.divergence import DivergenceSamples
+from gate.runs.context import RunContext
+from gate.runs.engines import Engines
+from gate.runs.judging import CorrectnessRun, correctness_doc, divergence_samples
+from gate.runs.schedules import scenario_seed
+from gate.spec import ScenarioSpec
+from gate.verdict.document import CorrectnessDoc, ProbeDoc, ProbeSide
+from loadgen import suite as suite_catalogue
+from loadgen.client import Target
+
+
+def _side(r: suite_catalogue.ProbeResult) -> ProbeSide:
+    return ProbeSide(status=r.status, ok=r.ok, problems=list(r.problems))
+
+
+async def compatibility(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> list[ProbeDoc]:
+    """The compatibility suite, one probe at a time on each engine."""
+    ctx.gate_phase(f"scenario:{sc.name}", "compatibility probes")
+    cap = ctx.limits.max_prompt_tokens  # the operator's, not the engine's, context
+    ref, cand = await asyncio.gather(
+        *(suite_catalogue.run_probes(t, max_context=cap) for t in engines.targets(sc.api))
+    )
+    engines.check_crashes()
+    by_name = {p.name: p for p in cand}
+    return [
+        ProbeDoc(name=r.name, reference=_side(r), candidate=_side(by_name[r.name]))
+        for r in ref
+        if r.name in by_name
+    ]
+
+
+@dataclass(frozen=True)
+class CorrectnessResult:
+    run: CorrectnessRun
+    samples: DivergenceSamples
+
+    def describe(self) -> CorrectnessDoc:
+        return correctness_doc(self.run, self.samples)
+
+
+async def _teacher_forced(
+    ctx: RunContext,
+    run: CorrectnessRun,
+    cfg: suite_catalogue.Correctness,
+    targets: tuple[Target, Target],
+    seed: int,
+) -> None:
+    """Score the reference's continuations on both engines and on the reference under load."""
+    ref_t, cand_t = targets
+    ref = run.reference
+    run.scored = [i for i, r in enumerate(ref) if r.prompt_token_ids and r.token_ids]
+    items = [(ref[i].prompt_token_ids or [], ref[i].token_ids or []) for i in run.scored]
+    if not items:
+        if any(r.error is None for r in ref):
+            ctx.notes.append(
+                f"Teacher-forced scoring in {run.name} skipped: the reference returns no "
+                "prompt and output token ids (vLLM's return_token_ids); free-run greedy only."
+            )
+        return
+    k = cfg.top_logprobs
+    s_ref, s_cand = await asyncio.gather(
+        suite_catalogue.score_continuations(ref_t, items, top_logprobs=k),
+        suite_catalogue.score_continuations(cand_t, items, top_logprobs=k),
+    )
+    s_load = await suite_catalogue.score_continuations(
+        ref_t,
+        items,
+        top_logprobs=k,
+        concurrent=True,
+        background=cfg.envelope_load,
+        scenario=cfg,
+        seed=seed,
+    )
+    run.scores = {"reference": s_ref, "candidate": s_cand, "loaded": s_load}
+
+
+async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> CorrectnessResult:
+    """The correctness suite: greedy probes on both engines one at a time, the same probes on
+    the reference again all at once beside `envelope_load` other requests, then teacher-forced
+    scoring when the suite asks for it."""
+    cfg = suite_catalogue.get("correctness", **sc.settings)
+    assert isinstance(cfg, suite_catalogue.Correctness)
+    seed = scenario_seed(ctx.spec, sc)
+    ctx.gate_phase(f"scenario:{sc.name}", f"{cfg.probes_count} correctness probes")
+    ref_t, cand_t = engines.targets("completions")
+    ref, cand = await asyncio.gather(
+        suite_catalogue.run_correctness(ref_t, scenario=cfg, seed=seed),
+        suite_catalogue.run_correctness(cand_t, scenario=cfg, seed=seed),
+    )
+    loaded = await suite_catalogue.run_correctness(
+        ref_t, scenario=cfg, seed=seed, concurrent=True, background=cfg.envelope_load
+    )
+    run = CorrectnessRun(sc.name, cfg.max_tokens, ref, cand, loaded)
+    if cfg.teacher_forced:
+        await _teacher_forced(ctx, run, cfg, (ref_t, cand_t), seed)
+    engines.check_crashes()
+    return CorrectnessResult(run, divergence_samples(run, ctx.notes))

@@ -1,0 +1,276 @@
+"""The verdict document: everything a gate decided and why, as one typed model.
+
+The runner builds it (also for errors and cancellations), the store saves its JSON form, the
+CLI prints it, the API returns it (OpenAPI describes it from these classes), the report renders
+it and re-judge reads it back. Nothing else spells it as a dict.
+
+Its JSON form (`to_json`) has the keys that were given when it was built: a full run's document
+names every field (None where nothing applies), a gate the reaper ended has the few it knows.
+Reading a stored document back (`read`) and writing it again gives the same JSON.
+
+Unknown keys are refused: a typo in a builder fails a test instead of reaching users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gate.core.vocabulary import CheckDecision, FinishedState, GateDecision, Role
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values, only the fields that were given (see the module docstring)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class CheckDoc(_Doc):
+    """One check: what was compared, the estimates, the interval, the threshold, the decision."""
+
+    id: str = Field(description="e.g. steady.ttft.p50, startup.ready, crash.candidate")
+    group: str | None = None
+    scenario: str | None = None
+    metric: str | None = None
+    quantile: float | None = None
+    reference: float | None = Field(None, description="the reference's estimate (ms, s, a rate)")
+    candidate: float | None = Field(None, description="the candidate's estimate")
+    ratio: float | None = Field(None, description="candidate / reference, for ratio checks")
+    interval: list[float | None] | None = Field(
+        None, description="the decision interval (anytime-valid); a null end is unbounded"
+    )
+    estimate_interval: list[float | None] | None = Field(
+        None, description="a block-bootstrap interval for people; it decides nothing"
+    )
+    threshold: float | None = None
+    decision: CheckDecision
+    samples: list[int] = Field(
+        default_factory=lambda: [0, 0], description="[reference, candidate] samples judged"
+    )
+    alpha: float | None = None
+    message: str
+
+
+class Reason(_Doc):
+    """Why a gate holds: a failed or undecided check, or what stopped the gate."""
+
+    check: str
+    message: str
+
+
+class ErrorDoc(_Doc):
+    code: str = Field(description="the error's code, e.g. invalid_spec, deadline, worker_lost")
+    message: str
+
+
+class NodeGpus(_Doc):
+    node: str
+    gpus: list[int]
+
+
+class PlacementDoc(_Doc):
+    """Where an engine the gate launched ran. Kubernetes engines also name every node and the
+    topology domain their GPUs share."""
+
+    node: str
+    gpus: list[int]
+    sku: str | None = None
+    nodes: list[NodeGpus] | None = None
+    domain: str | None = None
+
+
+class KubernetesDoc(_Doc):
+    namespace: str
+    image: str
+    workload: str = Field(description="Pod NAME or LeaderWorkerSet NAME")
+    clique: str | None = None
+    service_url: str | None = None
+    lease: str | None = Field(None, description="the gate's Lease that owns every object")
+    objects: list[str] = Field(default_factory=list, description="KIND namespace/name")
+
+
+class CrashDoc(_Doc):
+    at_s: float = Field(description="seconds into the gate")
+    exit_code: int | None = None
+    description: str
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class EngineDoc(_Doc):
+    """One engine as the gate saw it: how it was run, its startup phases, a crash, its log."""
+
+    kind: Literal["process", "endpoint", "kubernetes"]
+    url: str | None = None
+    pid: int | None = None
+    placement: PlacementDoc | None = None
+    kubernetes: KubernetesDoc | None = None
+    phases: dict[str, float] = Field(
+        default_factory=dict, description="phase -> seconds into the gate it was reached"
+    )
+    ready_s: float | None = Field(None, description="launch to ready; null for attached ones")
+    crash: CrashDoc | None = None
+    log: str | None = Field(None, description="the engine's log file (process engines)")
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class ReservationReleased(_Doc):
+    state: Literal["released"]
+    id: int
+    fence: int = Field(description="the fence token: reservation ids only ever grow")
+    placement: dict[str, Any] = Field(description="every engine's node, GPUs and domain")
+
+
+class ReservationBlocked(_Doc):
+    """Nothing fitted: the first layer that left nothing, and what each layer removed."""
+
+    state: Literal["blocked"]
+    code: str
+    message: str
+    retryable: bool
+    eliminated: dict[str, int] = Field(default_factory=dict)
+    per_domain: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PhaseMark(_Doc):
+    name: str
+    start_s: float
+
+
+class EarlyStopDoc(_Doc):
+    requests: int = Field(description="requests per arm judged, after the warm-up")
+    planned: int
+    upto: int = Field(description="the schedule's first `upto` requests were judged")
+    reason: Literal["hold", "decided", "planned"]
+    checks: list[str]
+    message: str
+
+
+class ScenarioDoc(_Doc):
+    """A load scenario: what each engine served (loadgen.metrics.summarize) and how it ended."""
+
+    name: str
+    duration_s: float
+    aborted: bool = False
+    phases: list[PhaseMark] = Field(default_factory=list)
+    reference: dict[str, Any] = Field(description="the reference's run summary")
+    candidate: dict[str, Any] = Field(description="the candidate's run summary")
+    planned_requests: int | None = None
+    looks: int = 0
+    early_stop: EarlyStopDoc | None = None
+
+
+class ProbeSide(_Doc):
+    status: int | None = None
+    ok: bool
+    problems: list[str] = Field(default_factory=list)
+
+
+class ProbeDoc(_Doc):
+    """One compatibility probe, as each engine answered it."""
+
+    name: str
+    reference: ProbeSide
+    candidate: ProbeSide
+
+
+class Answered(_Doc):
+    reference: int
+    candidate: int
+    reference_under_load: int | None = None  # absent from documents of older gates
+
+
+class EngineFailure(_Doc):
+    engine: Role
+    message: str
+
+
+class CorrectnessDoc(_Doc):
+    """A correctness scenario: how many greedy probes each engine answered and matched."""
+
+    name: str
+    probes: int
+    answered: Answered
+    exact_matches: int
+    envelope_exact_matches: int
+    teacher_forced: int
+    failures: list[EngineFailure] = Field(default_factory=list)
+
+
+class DivergenceExample(_Doc):
+    """A greedy output where the candidate left the reference: the tokens around it."""
+
+    prompt: str
+    reference_tokens: list[str]
+    candidate_tokens: list[str]
+    index: int | None = Field(None, description="the first token that differs")
+    margin: float | None = None
+    outside_top_k: bool | None = None
+    scenario: str | None = None
+
+
+class EndedElsewhere(_Doc):
+    """The reaper ended the gate while it ran (its heartbeat looked lost): that stands."""
+
+    state: FinishedState
+    reason: str | None = None
+
+
+DocumentState = FinishedState | Literal["invalid"]
+
+
+class VerdictDocument(_Doc):
+    """Everything a gate decided and why: its checks with their evidence, the reasons for a
+    hold, notes, scenarios, engines (phases, crashes, log tails) and the reservation.
+    `state` "invalid" is the command line's answer to a spec refused before any gate began
+    (then there is no `gate_id`)."""
+
+    gate_id: str | None = None
+    name: str | None = None
+    model: str | None = None
+    state: DocumentState
+    verdict: GateDecision
+    reasons: list[Reason]
+    checks: list[CheckDoc]
+    notes: list[str] = Field(default_factory=list)
+    report: str | None = Field(None, description="the HTML report's path on the worker")
+    document: str | None = Field(None, description="this document's JSON file beside it")
+    error: ErrorDoc | None = None
+    engines: dict[Role, EngineDoc] | None = None
+    reservation: ReservationReleased | ReservationBlocked | None = Field(
+        None, discriminator="state"
+    )
+    scenarios: list[ScenarioDoc] | None = None
+    probes: list[ProbeDoc] | None = None
+    correctness: list[CorrectnessDoc] | None = None
+    divergence_examples: list[DivergenceExample] | None = None
+    started_at: str | None = Field(None, description="ISO 8601, UTC")
+    finished_at: str | None = Field(None, description="ISO 8601, UTC")
+    duration_s: float | None = None
+    exit_code: int | None = Field(None, description="what `gate run` exits with: 0, 1, 2, 130")
+    ended_elsewhere: EndedElsewhere | None = None
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> Self:
+        """A stored document (the JSON column, a file) as the model."""
+        return cls.model_validate(stored)
+
+    @property
+    def reason_text(self) -> str | None:
+        """The reasons as one line, as the gate row keeps them."""
+        return " ".join(r.message for r in self.reasons) or None
+
+
+class RejudgeResult(_Doc):
+    """A finished gate's stored samples judged again under another policy."""
+
+    gate_id: str
+    verdict: GateDecision
+    original_verdict: GateDecision | None
+    checks: list[CheckDoc]
+    reasons: list[CheckDoc]
+    notes: list[str]
+    policy: dict[str, Any] = Field(description="the policy judged by, defaults filled in")

@@ -1,0 +1,203 @@
+"""The Check constructors fill what they are given, leave the rest None, and build plain Checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+from gate.analysis.checks import quotient, ratio_check, rule_check, statistic_check
+from gate.analysis.types import Check
+
+STATS = ("quantile", "reference", "candidate", "ratio", "interval", "threshold", "alpha")
+
+
+def unset(check: Check) -> set[str]:
+    return {f.name for f in fields(check) if getattr(check, f.name) is None}
+
+
+def test_rule_check_leaves_every_statistic_none() -> None:
+    check = rule_check("crash.candidate", "crash", "crashed", "fail", "It crashed.")
+    assert (check.id, check.group, check.metric) == ("crash.candidate", "crash", "crashed")
+    assert (check.decision, check.message, check.samples) == ("fail", "It crashed.", (0, 0))
+    assert unset(check) == {"scenario", "estimate_interval", *STATS}
+
+
+def test_rule_check_fills_the_observed_values() -> None:
+    check = rule_check(
+        "compat.probe",
+        "compatibility",
+        "probe",
+        "pass",
+        "Same.",
+        reference=200.0,
+        candidate=200.0,
+        samples=(1, 1),
+    )
+    assert (check.reference, check.candidate, check.samples) == (200.0, 200.0, (1, 1))
+    assert unset(check) == {
+        "scenario",
+        "quantile",
+        "ratio",
+        "interval",
+        "threshold",
+        "alpha",
+        "estimate_interval",
+    }
+
+
+def test_statistic_check_fills_interval_and_alpha() -> None:
+    check = statistic_check(
+        "peak.goodput",
+        "peak",
+        "goodput",
+        "pass",
+        "Fine.",
+        scenario="peak",
+        reference=0.9,
+        candidate=0.8,
+        ratio=quotient(0.9, 0.8),
+        interval=(-0.02, 0.01),
+        threshold=-0.05,
+        samples=(100, 100),
+        alpha=0.01,
+    )
+    assert check.ratio is not None and math.isclose(check.ratio, 0.8 / 0.9)
+    assert (check.interval, check.threshold, check.alpha) == ((-0.02, 0.01), -0.05, 0.01)
+    assert unset(check) == {"quantile", "estimate_interval"}
+    bare = statistic_check("s.errors", "errors", "errors", "inconclusive", "Empty.")
+    assert unset(bare) == {"scenario", "estimate_interval", *STATS}
+
+
+def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
+    check = ratio_check(
+        "s.ttft.p99",
+        "ttft",
+        "inconclusive",
+        "No samples.",
+        scenario="s",
+        quantile=0.99,
+        threshold=1.1,
+        samples=(0, 5),
+    )
+    assert (check.group, check.scenario, check.quantile, check.threshold) == (
+        "latency",
+        "s",
+        0.99,
+        1.1,
+    )
+    assert unset(check) == {
+        "reference",
+        "candidate",
+        "ratio",
+        "interval",
+        "alpha",
+        "estimate_interval",
+    }
+
+
+def test_quotient_needs_both_values_and_a_nonzero_reference() -> None:
+    assert quotient(2.0, 1.0) == 0.5
+    assert quotient(0.0, 1.0) is None
+    assert quotient(None, 1.0) is None
+    assert quotient(1.0, None) is None
+
+
+def test_helper_built_checks_equal_the_ones_spelled_out_in_full() -> None:
+    full = Check(
+        id="s.ttft.p99",
+        group="latency",
+        scenario="s",
+        metric="ttft",
+        quantile=0.99,
+        reference=100.0,
+        candidate=math.nan,
+        ratio=math.inf,
+        interval=(0.9, math.inf),
+        threshold=1.1,
+        decision="inconclusive",
+        samples=(50, 60),
+        alpha=0.002,
+        message="Undecided.",
+        estimate_interval=(0.95, 1.2),
+    )
+    built = ratio_check(
+        "s.ttft.p99",
+        "ttft",
+        "inconclusive",
+        "Undecided.",
+        scenario="s",
+        quantile=0.99,
+        reference=100.0,
+        candidate=math.nan,
+        ratio=math.inf,
+        interval=(0.9, math.inf),
+        threshold=1.1,
+        samples=(50, 60),
+        alpha=0.002,
+        estimate_interval=(0.95, 1.2),
+    )
+    assert built.to_dict() == full.to_dict()
+
+    full_rule = Check(
+        id="s.outputs",
+        group="correctness",
+        scenario="s",
+        metric="outputs",
+        quantile=None,
+        reference=0.0,
+        candidate=3.0,
+        ratio=None,
+        interval=None,
+        threshold=0.0,
+        decision="fail",
+        samples=(10, 10),
+        alpha=None,
+        message="Broken.",
+    )
+    built_rule = rule_check(
+        "s.outputs",
+        "correctness",
+        "outputs",
+        "fail",
+        "Broken.",
+        scenario="s",
+        reference=0.0,
+        candidate=3.0,
+        threshold=0.0,
+        samples=(10, 10),
+    )
+    assert built_rule == full_rule
+    assert built_rule.to_dict() == full_rule.to_dict()
+
+    full_test = Check(
+        id="s.errors",
+        group="errors",
+        scenario="s",
+        metric="errors",
+        quantile=None,
+        reference=0.01,
+        candidate=0.02,
+        ratio=2.0,
+        interval=None,
+        threshold=0.05,
+        decision="pass",
+        samples=(100, 100),
+        alpha=0.01,
+        message="Fine.",
+    )
+    built_test = statistic_check(
+        "s.errors",
+        "errors",
+        "errors",
+        "pass",
+        "Fine.",
+        scenario="s",
+        reference=0.01,
+        candidate=0.02,
+        ratio=quotient(0.01, 0.02),
+        threshold=0.05,
+        samples=(100, 100),
+        alpha=0.01,
+    )
+    assert built_test == full_test
+    assert built_test.to_dict() == full_test.to_dict()
