@@ -169,3 +169,56 @@ def test_type_checking_imports_are_not_edges() -> None:
     )
     names = [a.name for node in _imports(tree) for a in node.names]
     assert "gate.web" not in names and "gate.runs" in names
+
+
+# -- the gate run's room (issue 15): a state machine over stages, the ORM behind the store ----
+
+RUNS = GATE / "runs"
+RUNNER_MAX_LINES = 300
+FUNCTION_MAX_LINES = 60
+ORM_ONLY_IN = {"store.py"}  # of gate/runs: the one module that reads and writes the ORM
+
+
+def _functions(path: Path) -> Iterator[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            yield node.name, node.end_lineno - node.lineno + 1
+
+
+def test_the_runner_is_a_small_state_machine() -> None:
+    lines = len((RUNS / "runner.py").read_text().splitlines())
+    assert lines < RUNNER_MAX_LINES, f"gate/runs/runner.py has {lines} lines"
+
+
+def test_no_function_in_gate_runs_is_longer_than_a_screen() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for path in sorted(RUNS.glob("*.py"))
+        for name, n in _functions(path)
+        if n > FUNCTION_MAX_LINES
+    ]
+    assert not long, f"functions over {FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def test_only_the_store_of_gate_runs_touches_the_orm() -> None:
+    offences = []
+    for path in sorted(RUNS.glob("*.py")):
+        if path.name in ORM_ONLY_IN:
+            continue
+        for imported, node in _imported_modules(path):
+            if imported == "gate.models" or imported.startswith("gate.models."):
+                offences.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}")
+            if imported == "sqlalchemy" or (
+                imported.startswith("sqlalchemy.") and not imported.startswith("sqlalchemy.orm")
+            ):
+                offences.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}")
+    assert not offences, "persistence goes through gate/runs/store.py:\n" + "\n".join(offences)
+
+
+def test_the_function_size_rule_sees_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_MAX_LINES))
+    path = tmp_path / "m.py"
+    path.write_text(f"def long():\n{body}\n\ndef short():\n    return 1\n")
+    assert dict(_functions(path)) == {"long": FUNCTION_MAX_LINES + 1, "short": 2}

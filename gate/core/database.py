@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import gate
@@ -105,3 +105,24 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+MIGRATION_LOCK = 0x6A7E_0001  # pg_advisory_lock key: one process migrates at a time
+
+
+def open_migrated(url: str) -> sessionmaker[Session]:
+    """A sessionmaker on a schema brought to head. On PostgreSQL the migration runs under an
+    advisory lock, so an API and workers starting together against a fresh database do not
+    race to create the same tables (the later ones find the schema at head)."""
+    engine = make_engine(url)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
+            try:
+                upgrade(engine)
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+                conn.commit()
+    else:
+        upgrade(engine)
+    return make_sessionmaker(engine)

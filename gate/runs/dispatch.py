@@ -11,12 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import transaction
 from gate.core.settings import Settings
-from gate.models import GateRun
 from gate.runs import store
 from gate.runs.execute import execute_gate, worker_name
 from gate.runs.notify import notify_due
@@ -81,8 +78,7 @@ class InProcessDispatcher:
     def resubmit_pending(self) -> int:
         """After a restart: queue every gate still pending (their submissions died with the
         previous process)."""
-        with transaction(self.factory) as s:
-            ids = list(s.scalars(select(GateRun.id).where(GateRun.state == "pending")))
+        ids = store.pending_gate_ids(self.factory)
         for gid in ids:
             self.submit(gid)
         return len(ids)

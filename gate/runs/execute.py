@@ -19,10 +19,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import make_engine, make_sessionmaker, upgrade
+from gate.core.database import open_migrated
 from gate.core.errors import GateError
 from gate.core.errors import WorkerStopping as WorkerStopping  # it lived here: re-exported
 from gate.core.settings import Settings
@@ -36,29 +35,14 @@ log = logging.getLogger("gate.runs")
 #: The gate the current thread (or asyncio task) works for: log records carry it.
 CURRENT_GATE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gate_id", default=None)
 
-MIGRATION_LOCK = 0x6A7E_0001  # pg_advisory_lock key: one process migrates at a time
-
 
 def worker_name(kind: str) -> str:
     return f"{kind}@{socket.gethostname()}:{os.getpid()}"
 
 
 def open_factory(settings: Settings) -> sessionmaker[Session]:
-    """A sessionmaker on a schema brought to head. On PostgreSQL the migration runs under an
-    advisory lock, so an API and workers starting together against a fresh database do not
-    race to create the same tables (the later ones find the schema at head)."""
-    engine = make_engine(settings.resolved_database_url())
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
-            try:
-                upgrade(engine)
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
-                conn.commit()
-    else:
-        upgrade(engine)
-    return make_sessionmaker(engine)
+    """A sessionmaker on the settings' database, its schema at head (`open_migrated`)."""
+    return open_migrated(settings.resolved_database_url())
 
 
 class LogProgress:

@@ -44,6 +44,7 @@ from gate.analysis.samples import (
     take_requests,
 )
 from gate.analysis.sequential import Look, SequentialJudge
+from gate.core.vocabulary import ROLES, Role
 from gate.verdict.document import (
     Answered,
     CorrectnessDoc,
@@ -54,7 +55,6 @@ from gate.verdict.document import (
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
 
-ROLES = ("reference", "candidate")
 MAX_EXAMPLES = 5
 _EXAMPLE_TOKENS = 64
 
@@ -174,7 +174,7 @@ class LiveLooks:
         self._due = (judged // self.look_every + 1) * self.look_every
         if judged < self.planned < self._due:
             self._due = self.planned  # a look exactly at the planned size: extend or not
-        batches = {}
+        batches: dict[str, list[RequestRecord]] = {}
         for r in ROLES:
             ready = self._ready[r]
             take = upto - (self._next[r] - len(ready))
@@ -348,14 +348,17 @@ def _scored(score: catalogue.ScoreResult) -> Scored | str:
     return Scored(score.logprobs, cast("list[Mapping[Token, float]]", score.top))
 
 
-def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSamples:
-    """Candidate pairs (reference vs candidate) and envelope pairs (reference alone vs the
-    reference under load), free-run greedy and teacher-forced, plus every probe an engine
-    could not answer."""
-    failures: list[tuple[Literal["reference", "candidate"], str]] = []
+Failures = list[tuple[Role, str]]
+
+
+def _greedy_pairs(
+    run: CorrectnessRun, failures: Failures
+) -> tuple[list[GreedyPair], list[GreedyPair], set[int]]:
+    """Free-run greedy pairs (reference vs candidate; reference alone vs under load), and
+    the probes the reference answered usably."""
     greedy: list[GreedyPair] = []
-    env_greedy: list[GreedyPair] = []
-    usable_ref: set[int] = set()
+    envelope: list[GreedyPair] = []
+    usable: set[int] = set()
     for i, (r, c, rl) in enumerate(
         zip(run.reference, run.candidate, run.reference_loaded, strict=True)
     ):
@@ -363,7 +366,7 @@ def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSampl
         if isinstance(a, str):
             failures.append(("reference", a))
             continue
-        usable_ref.add(i)
+        usable.add(i)
         b = _greedy(c, run.max_tokens)
         if isinstance(b, str):
             failures.append(("candidate", b))
@@ -373,40 +376,59 @@ def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSampl
         if isinstance(e, str):
             failures.append(("reference", f"under load: {e}"))
         else:
-            env_greedy.append(GreedyPair(a, e))
+            envelope.append(GreedyPair(a, e))
+    return greedy, envelope, usable
+
+
+def _teacher_pairs(
+    run: CorrectnessRun, usable: set[int], failures: Failures, notes: list[str]
+) -> tuple[list[TeacherForcedPair], list[TeacherForcedPair]]:
+    """Teacher-forced pairs of the reference's continuations, scored by both engines and by
+    the reference under load; none when an engine does not do prompt_logprobs (a note)."""
     teacher: list[TeacherForcedPair] = []
-    env_teacher: list[TeacherForcedPair] = []
-    if run.scores:
-        s_ref, s_cand, s_load = (run.scores[k] for k in ("reference", "candidate", "loaded"))
-        unsupported = [
-            role
-            for role, scores in (("reference", s_ref), ("candidate", s_cand))
-            if scores and not any(s.supported for s in scores)
-        ]
-        if unsupported:
-            notes.append(
-                f"Teacher-forced scoring in {run.name} skipped: the {' and '.join(unsupported)} "
-                "does not support prompt_logprobs; free-run greedy only."
-            )
+    envelope: list[TeacherForcedPair] = []
+    if not run.scores:
+        return teacher, envelope
+    s_ref, s_cand, s_load = (run.scores[k] for k in ("reference", "candidate", "loaded"))
+    unsupported = [
+        role
+        for role, scores in (("reference", s_ref), ("candidate", s_cand))
+        if scores and not any(s.supported for s in scores)
+    ]
+    if unsupported:
+        notes.append(
+            f"Teacher-forced scoring in {run.name} skipped: the {' and '.join(unsupported)} "
+            "does not support prompt_logprobs; free-run greedy only."
+        )
+        return teacher, envelope
+    for j, i in enumerate(run.scored):
+        if i not in usable:
+            continue
+        ids = run.reference[i].token_ids or []
+        sa = _scored(s_ref[j])
+        if isinstance(sa, str):
+            failures.append(("reference", f"teacher-forced scoring: {sa}"))
+            continue
+        sb = _scored(s_cand[j])
+        if isinstance(sb, str):
+            failures.append(("candidate", f"teacher-forced scoring: {sb}"))
         else:
-            for j, i in enumerate(run.scored):
-                if i not in usable_ref:
-                    continue
-                ids = run.reference[i].token_ids or []
-                sa = _scored(s_ref[j])
-                if isinstance(sa, str):
-                    failures.append(("reference", f"teacher-forced scoring: {sa}"))
-                    continue
-                sb = _scored(s_cand[j])
-                if isinstance(sb, str):
-                    failures.append(("candidate", f"teacher-forced scoring: {sb}"))
-                else:
-                    teacher.append(TeacherForcedPair(ids, sa, sb))
-                se = _scored(s_load[j])
-                if isinstance(se, str):
-                    failures.append(("reference", f"teacher-forced scoring under load: {se}"))
-                else:
-                    env_teacher.append(TeacherForcedPair(ids, sa, se))
+            teacher.append(TeacherForcedPair(ids, sa, sb))
+        se = _scored(s_load[j])
+        if isinstance(se, str):
+            failures.append(("reference", f"teacher-forced scoring under load: {se}"))
+        else:
+            envelope.append(TeacherForcedPair(ids, sa, se))
+    return teacher, envelope
+
+
+def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSamples:
+    """Candidate pairs (reference vs candidate) and envelope pairs (reference alone vs the
+    reference under load), free-run greedy and teacher-forced, plus every probe an engine
+    could not answer."""
+    failures: Failures = []
+    greedy, env_greedy, usable = _greedy_pairs(run, failures)
+    teacher, env_teacher = _teacher_pairs(run, usable, failures, notes)
     return DivergenceSamples(
         teacher=teacher,
         greedy=greedy,

@@ -67,50 +67,13 @@ def resolve_spec(
         where = f"spec {spec_name!r}"
     else:
         assert spec is not None
-        data = dict(spec)
-        where = source
-        if data.get("inventory") is not None:
-            problems.append(FieldProblem("inventory", INVENTORY_IS_THE_OPERATORS))
-        model = data.get("model")
-        if isinstance(model, str) and not CALLER_MODEL_RE.fullmatch(model):
-            problems.append(FieldProblem("model", MODEL_NOT_A_PATH))
-        for role in ("reference", "candidate"):
-            if role in data:
-                data[role] = callers.engine(role, data[role], problems)
+        data, where = _caller_spec(spec, callers, problems), source
     for role, given in (("reference", reference), ("candidate", candidate)):
         if given is not None:
             data[role] = callers.engine(role, given, problems)
     for role, image in (("reference", reference_image), ("candidate", candidate_image)):
-        if image is None:
-            continue
-        engine = data.get(role)
-        if spec_name is None or not isinstance(engine, Mapping):
-            problems.append(
-                FieldProblem(
-                    f"{role}_image", "goes with `spec_name`: it replaces a named spec's image"
-                )
-            )
-            continue
-        if not isinstance(engine.get("kubernetes"), Mapping):
-            problems.append(
-                FieldProblem(
-                    f"{role}_image",
-                    f"the spec's {role} is not a kubernetes engine, so it has no image to replace",
-                )
-            )
-            continue
-        own = str(engine["kubernetes"].get("image", ""))
-        allow = [image_repository(own), *settings.image_allow]
-        if not image_allowed(image, allow):
-            problems.append(
-                FieldProblem(
-                    f"{role}_image",
-                    f"repository {image_repository(image)!r} is neither the spec's own "
-                    f"({image_repository(own)!r}) nor on GATE_IMAGE_ALLOW",
-                )
-            )
-            continue
-        data[role] = {**engine, "kubernetes": {**engine["kubernetes"], "image": image}}
+        if image is not None:
+            _replace_image(settings, data, role, image, named=spec_name is not None, out=problems)
     try:
         parsed = parse_spec(data, where)
     except SpecError as exc:  # every mistake at once: the allow-list's and the spec's
@@ -121,6 +84,57 @@ def resolve_spec(
     if problems:
         raise SpecError(problems, where)
     return parsed
+
+
+def _caller_spec(
+    spec: Mapping[str, Any], callers: _CallerEngines, problems: list[FieldProblem]
+) -> dict[str, Any]:
+    """A caller's inline spec: no inventory, a model that is a repository id, engines only
+    as the operator's templates or allowed URLs."""
+    data = dict(spec)
+    if data.get("inventory") is not None:
+        problems.append(FieldProblem("inventory", INVENTORY_IS_THE_OPERATORS))
+    model = data.get("model")
+    if isinstance(model, str) and not CALLER_MODEL_RE.fullmatch(model):
+        problems.append(FieldProblem("model", MODEL_NOT_A_PATH))
+    for role in ("reference", "candidate"):
+        if role in data:
+            data[role] = callers.engine(role, data[role], problems)
+    return data
+
+
+def _replace_image(
+    settings: Settings,
+    data: dict[str, Any],
+    role: str,
+    image: str,
+    *,
+    named: bool,
+    out: list[FieldProblem],
+) -> None:
+    """`<role>_image`: another tag of a named spec's Kubernetes image (or an image on
+    GATE_IMAGE_ALLOW) in place of the spec's, or a problem saying why not."""
+    field = f"{role}_image"
+    engine = data.get(role)
+    if not named or not isinstance(engine, Mapping):
+        out.append(FieldProblem(field, "goes with `spec_name`: it replaces a named spec's image"))
+        return
+    if not isinstance(engine.get("kubernetes"), Mapping):
+        why = f"the spec's {role} is not a kubernetes engine, so it has no image to replace"
+        out.append(FieldProblem(field, why))
+        return
+    own = str(engine["kubernetes"].get("image", ""))
+    allow = [image_repository(own), *settings.image_allow]
+    if not image_allowed(image, allow):
+        out.append(
+            FieldProblem(
+                field,
+                f"repository {image_repository(image)!r} is neither the spec's own "
+                f"({image_repository(own)!r}) nor on GATE_IMAGE_ALLOW",
+            )
+        )
+        return
+    data[role] = {**engine, "kubernetes": {**engine["kubernetes"], "image": image}}
 
 
 def _ancestors(path: str) -> list[str]:

@@ -682,3 +682,9 @@ def fail_gate(factory: sessionmaker[Session], gate_id: str, check: str, message:
                 )
             )
         )
+
+
+def pending_gate_ids(factory: sessionmaker[Session]) -> list[str]:
+    """Every gate still waiting for a worker."""
+    with reading(factory) as s:
+        return list(s.scalars(select(GateRun.id).where(GateRun.state == "pending")))

@@ -1,4 +1,5 @@
-"""Whole gates on real sim engine processes: every engine must die with its gate."""
+"""Whole gates on real sim engine processes (gate/runs, gate/verdict): every engine must die with
+its gate."""
 
 from __future__ import annotations
 
