@@ -4,6 +4,7 @@ object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -13,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
-from gate.core.errors import FieldProblem, GateConflict, SpecError
+from gate.core.errors import DocumentUnreadable, FieldProblem, GateConflict, SpecError
 from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED
@@ -26,6 +27,8 @@ from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import GateRun
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["gates"])
 
@@ -383,7 +386,11 @@ def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
     run = store.get_gate(ctx.factory, gate_id)
     if run.document is None:
         raise GateConflict(f"gate {gate_id} is {run.state}; its document comes at the end")
-    return VerdictDocument.read(run.document).to_json()
+    try:
+        return VerdictDocument.read(run.document).to_json()
+    except DocumentUnreadable as exc:  # stored by another version: what was stored stands
+        log.warning("%s; serving it as stored", exc.message)
+        return run.document
 
 
 @router.post(

@@ -172,3 +172,11 @@ class ClusterError(GateError):
 
     status_code = 502
     code = "cluster_error"
+
+
+class DocumentUnreadable(GateError):
+    """A stored verdict document that this version's model cannot read (written by another
+    version, or edited by hand): the message names the first fields that do not fit."""
+
+    status_code = 500
+    code = "document_unreadable"

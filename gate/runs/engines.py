@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from gate.core.errors import EngineError, GateError
 from gate.core.vocabulary import ROLES, Role
-from gate.engines.describe import placement_doc, unlaunched_doc
+from gate.engines.describe import placement_doc, timing_doc, unlaunched_doc
 from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import Placement
@@ -172,6 +172,16 @@ class Engines:
             if eng.launched:
                 eng.phases.mark("stopped")
 
+    def _crash(self, role: Role) -> CrashInfo | None:
+        return next((c for c in self.crashes if c.role == role), None)
+
+    def timings(self) -> dict[Role, EngineDoc]:
+        """The engines as the judge reads them: exact phases, ready times and crashes."""
+        return {
+            role: timing_doc(eng, self.ctx.spec.engine(role).kind, self._crash(role))
+            for role, eng in self.built.items()
+        }
+
     def describe(self) -> dict[Role, EngineDoc]:
         """Both engines for the verdict document, built or not."""
         out: dict[Role, EngineDoc] = {}
@@ -181,7 +191,7 @@ class Engines:
             if self.placement is not None and es.kind in ("process", "kubernetes"):
                 every_node = es.kind == "kubernetes"
                 placement = placement_doc(self.placement.for_role(role), every_node=every_node)
-            crash = next((c for c in self.crashes if c.role == role), None)
+            crash = self._crash(role)
             eng = self.built.get(role)
             if eng is None:
                 out[role] = unlaunched_doc(es.kind, es.url, placement)

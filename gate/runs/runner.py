@@ -29,6 +29,7 @@ from gate.core.errors import DeadlinePassed, GateError, SpecError
 from gate.core.limits import spec_limit_problems
 from gate.core.settings import Settings
 from gate.core.vocabulary import EXIT_ERROR, FinishedState
+from gate.engines.lifecycle import Clock
 from gate.reservations.allocator import Placement
 from gate.reservations.service import GateReservation
 from gate.runs import inputs, store
@@ -88,6 +89,8 @@ class GateRunner:
         self.judging = False
         self.outcome: GateOutcome | None = None
         self.stage = "the start"  # where the gate is, for a deadline's message
+        self.started = datetime.now(UTC)
+        self.clock = Clock()
         self.booking: GateReservation | None = None
         self._main: asyncio.Task[Any] | None = None
 
@@ -105,10 +108,12 @@ class GateRunner:
     async def run(self) -> GateOutcome:
         engine = make_engine(self.db_url or self.settings.resolved_database_url())
         await asyncio.to_thread(upgrade, engine)
-        started = datetime.now(UTC)
+        started = self.started
         factory = make_sessionmaker(engine)
         store.start_run(factory, self.gate_id, self.spec, started=started, worker=self.worker)
-        ctx = RunContext(self.gate_id, self.spec, self.settings, factory, self.progress)
+        ctx = RunContext(
+            self.gate_id, self.spec, self.settings, factory, self.progress, clock=self.clock
+        )
         self.ctx, self._main = ctx, asyncio.current_task()
         ctx.gate_phase("requested")
         seen = Observed(engines=Engines(ctx, None))
@@ -159,7 +164,6 @@ class GateRunner:
         if over := spec_limit_problems(self.spec, ctx.limits):
             raise SpecError(over, f"gate {self.gate_id}")
         gplan = plan_gate(self.spec, ctx.limits)
-        ctx.notes.extend(gplan.notes)
         self.stage = "the reservation"
         engines = seen.engines
         assert engines is not None
@@ -198,6 +202,8 @@ class GateRunner:
             elif sc.suite == "correctness":
                 seen.correctness.append(await bounded(ctx, sc, correctness(ctx, engines, sc)))
             else:
+                if not seen.scenarios:  # why nothing stops early, said where it applies
+                    ctx.notes.extend(gplan.notes)
                 result = await LoadScenario(ctx, engines, gplan, sc).run()
                 seen.scenarios.append(result)
                 if result.overran is not None:
@@ -218,12 +224,13 @@ class GateRunner:
         found = inputs.judge_inputs(
             {sc.name: sc for sc in self.spec.scenarios},
             ran,
-            seen.engines.describe(),
+            seen.engines.timings(),
             seen.probes,
             self.spec.policy.warmup_requests,
         )
         divergence = merge_divergence([c.samples for c in seen.correctness])
-        return inputs.judge_gate(found, self.spec.policy, plan=gplan.plan, divergence=divergence)
+        plan = gplan.plan if seen.scenarios else None  # fixed for the load that ran
+        return inputs.judge_gate(found, self.spec.policy, plan=plan, divergence=divergence)
 
     async def _teardown(self, ctx: RunContext, seen: Observed, state: FinishedState) -> None:
         booked = self.booking
@@ -232,6 +239,8 @@ class GateRunner:
         assert seen.engines is not None
         await seen.engines.teardown()
         if booked is not None:
+            if booked.grant is not None and seen.engines.placement is None:
+                seen.engines.placement = booked.grant.placement  # granted as it was stopped
             released = await booked.release(f"gate {state}")
             seen.reservation = booked.describe()
             if released is not None:

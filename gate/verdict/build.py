@@ -24,7 +24,7 @@ from gate.verdict.document import (
     EngineDoc,
     ErrorDoc,
     ProbeDoc,
-    Reason,
+    ReasonDoc,
     ReservationBlocked,
     ReservationReleased,
     ScenarioDoc,
@@ -82,12 +82,12 @@ def gate_document(
 ) -> VerdictDocument:
     """The document of a gate that ran: judged (`verdict`), or stopped by `error`."""
     if verdict is not None:
-        reasons = [Reason(check=c.id, message=c.message) for c in verdict.reasons]
+        reasons = [ReasonDoc(check=c.id, message=c.message) for c in verdict.reasons]
         checks = [check_doc(c) for c in verdict.checks]
         notes = [*verdict.notes, *evidence.notes]
     else:
         assert error is not None, "a gate without a verdict ended with an error"
-        reasons = [Reason(check=f"gate.{error.code}", message=error.message)]
+        reasons = [ReasonDoc(check=f"gate.{error.code}", message=error.message)]
         checks, notes = [], [UNFINISHED_NOTE]
     return VerdictDocument(
         gate_id=header.gate_id,
@@ -129,7 +129,7 @@ def ended_document(
         name=name,
         state=state,
         verdict="hold",
-        reasons=[Reason(check=check, message=message)],
+        reasons=[ReasonDoc(check=check, message=message)],
         checks=[],
         notes=[UNFINISHED_NOTE],
         error=ErrorDoc(code=check.removeprefix("gate."), message=message),
@@ -143,8 +143,9 @@ def invalid_spec_document(exc: SpecError) -> VerdictDocument:
     return VerdictDocument(
         state="invalid",
         verdict="hold",
-        reasons=[Reason(check=f"spec.{p.path}", message=p.message) for p in exc.problems],
+        reasons=[ReasonDoc(check=f"spec.{p.path}", message=p.message) for p in exc.problems],
         checks=[],
+        notes=[],
         report=None,
         error=ErrorDoc(code=exc.code, message=exc.message),
         exit_code=EXIT_ERROR,

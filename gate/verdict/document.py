@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gate.core.errors import DocumentUnreadable
 from gate.core.vocabulary import CheckDecision, FinishedState, GateDecision, Role
+
+MAX_READ_PROBLEMS = 5  # an unreadable document is named by its first few misfits
 
 
 class _Doc(BaseModel):
@@ -55,7 +58,7 @@ class CheckDoc(_Doc):
     message: str
 
 
-class Reason(_Doc):
+class ReasonDoc(_Doc):
     """Why a gate holds: a failed or undecided check, or what stopped the gate."""
 
     check: str
@@ -233,9 +236,9 @@ class VerdictDocument(_Doc):
     model: str | None = None
     state: DocumentState
     verdict: GateDecision
-    reasons: list[Reason]
+    reasons: list[ReasonDoc]
     checks: list[CheckDoc]
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str]
     report: str | None = Field(None, description="the HTML report's path on the worker")
     document: str | None = Field(None, description="this document's JSON file beside it")
     error: ErrorDoc | None = None
@@ -255,8 +258,19 @@ class VerdictDocument(_Doc):
 
     @classmethod
     def read(cls, stored: Mapping[str, Any]) -> Self:
-        """A stored document (the JSON column, a file) as the model."""
-        return cls.model_validate(stored)
+        """A stored document (the JSON column, a file) as the model; one that does not fit
+        raises DocumentUnreadable naming the fields."""
+        try:
+            return cls.model_validate(stored)
+        except ValidationError as exc:
+            where = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}"
+                for e in exc.errors()[:MAX_READ_PROBLEMS]
+            )
+            gate = stored.get("gate_id") if isinstance(stored, Mapping) else None
+            raise DocumentUnreadable(
+                f"the stored verdict document of gate {gate} does not fit this version: {where}"
+            ) from None
 
     @property
     def reason_text(self) -> str | None:

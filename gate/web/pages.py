@@ -32,7 +32,7 @@ from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
 from gate.access.sessions import BrowserSession
-from gate.core.errors import GateNotFound
+from gate.core.errors import DocumentUnreadable, GateNotFound
 from gate.core.vocabulary import FINISHED, STATES, VERDICTS
 from gate.http.deps import Ctx, authorize, get_ctx, request_token
 from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
@@ -304,12 +304,11 @@ def gate_page(request: Request, gate_id: str) -> Response:
     finished = run.state in FINISHED
     if finished and run.document is not None:
         verdict = str(run.document.get("verdict") or run.verdict or "hold")
-        return _page(
-            request,
-            "gate.html.j2",
-            title=f"{verdict.upper()} · {run.name}",
-            body=_report_body(ctx, run),
-        )
+        try:
+            body = _report_body(ctx, run)
+        except DocumentUnreadable as exc:
+            return _page(request, "error.html.j2", 500, title="Unreadable", message=exc.message)
+        return _page(request, "gate.html.j2", title=f"{verdict.upper()} · {run.name}", body=body)
     phases = store.all_phases(ctx.factory, gate_id)
     return _page(
         request,

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from gate.analysis.checks import ratio_check, rule_check
 from gate.analysis.types import Verdict
 from gate.api.app import create_app
-from gate.core.errors import DeadlinePassed, FieldProblem, SpecError
+from gate.core.errors import DeadlinePassed, DocumentUnreadable, FieldProblem, SpecError
 from gate.core.settings import Settings
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
@@ -151,10 +150,38 @@ def test_a_refused_spec_is_a_hold_naming_every_mistake() -> None:
 
 def test_a_key_the_model_does_not_know_is_refused_by_name() -> None:
     good = ended_document("g3", "n", "error", "gate.x", "m", T0).to_json()
-    with pytest.raises(ValidationError, match="verdit"):
+    with pytest.raises(DocumentUnreadable, match=r"gate g3 .*verdit: Extra inputs"):
         VerdictDocument.read({**good, "verdit": "continue"})
-    with pytest.raises(ValidationError, match="verdict"):
+    with pytest.raises(DocumentUnreadable, match="verdict: Input should be 'continue' or 'hold'"):
         VerdictDocument.read({**good, "verdict": "maybe"})
+
+
+def test_an_unreadable_stored_document_is_served_as_stored_and_named_on_its_page(
+    tmp_path: Path,
+) -> None:
+    """A document another version wrote (a key this one does not know): the API serves what
+    was stored, the page says plainly why it cannot show it, and re-judge names it."""
+    from fastapi.testclient import TestClient
+
+    from gate.access.tokens import create_token
+    from gate.analysis.policy import Policy
+    from gate.core.database import open_migrated, transaction
+    from gate.models import GateRun
+    from gate.runs.rejudge import rejudge
+
+    settings = Settings(data_dir=tmp_path / ".gate")
+    factory = open_migrated(settings.resolved_database_url())
+    stored = {**ended_document("g4", "n", "error", "gate.x", "m", T0).to_json(), "future": 1}
+    with transaction(factory) as s:
+        s.add(GateRun(id="g4", name="n", spec={}, state="error", verdict="hold", document=stored))
+    token = create_token(factory, "reader", ["read"])
+    with TestClient(create_app(settings)) as client:
+        auth = {"Authorization": f"Bearer {token}"}
+        assert client.get("/v1/gates/g4/document", headers=auth).json() == stored
+        page = client.get("/gates/g4", headers=auth)
+        assert page.status_code == 500 and "future: Extra inputs" in page.text
+    with pytest.raises(DocumentUnreadable, match="future"):
+        rejudge(factory, "g4", Policy())
 
 
 def test_the_openapi_document_describes_the_model_itself(tmp_path: Path) -> None:
