@@ -169,8 +169,10 @@ def _spec_error(exc: SpecError, as_json: bool) -> int:
 
 
 def _run(spec: Any, settings: Settings, args: argparse.Namespace) -> int:
+    from gate.engines.orphans import sweep_orphans
     from gate.runs.runner import GateRunner
 
+    sweep_orphans()  # what a gate killed on this host left behind
     progress = ConsoleProgress()
     runner = GateRunner(
         spec, settings, report_dir=args.report_dir, db_url=args.db, progress=progress

@@ -17,12 +17,14 @@ from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
 from gate.core.errors import GateError, SpecError
 from gate.core.settings import Settings
+from gate.engines.orphans import sweep_orphans
 from gate.http.deps import Ctx
 from gate.http.guards import FiniteJson, SessionGuard
 from gate.http.guards import problem as _problem
 from gate.runs.dispatch import InProcessDispatcher, Reaper
 from gate.runs.execute import open_factory
 from gate.worker.dispatch import CeleryDispatcher, make_dispatcher
+from gate.worker.liveness import BrokerLiveness
 
 log = logging.getLogger("gate.api")
 
@@ -46,8 +48,12 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if start_workers:
+            sweep_orphans()  # engine processes a gate killed on this host left behind
             requeue = ctx.dispatcher if isinstance(ctx.dispatcher, CeleryDispatcher) else None
-            ctx.reaper = Reaper(settings, factory, requeue=requeue).start()
+            liveness = None
+            if requeue is not None and settings.broker_url:
+                liveness = BrokerLiveness(settings.broker_url, settings.lost_after_s)
+            ctx.reaper = Reaper(settings, factory, requeue=requeue, liveness=liveness).start()
             ctx.reaper.once()
             if isinstance(ctx.dispatcher, InProcessDispatcher):
                 ctx.dispatcher.resubmit_pending()
@@ -85,6 +91,14 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @app.exception_handler(GateError)
     async def gate_error(_request: Request, exc: GateError) -> JSONResponse:
         return _problem(exc.status_code, exc.code, exc.message)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # Never a plain-text 500: the documented error shape, and the cause in the log.
+        log.error("unhandled error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return _problem(
+            500, "internal_error", "the gate service failed on this request; see its log"
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -234,7 +234,9 @@ def submit(
     owner: str,
 ) -> tuple[GateRun, bool]:
     """Store the gate (or find the key's) and, when it is new, hand it to the workers. A new
-    gate past the owner's share of active gates is refused (429)."""
+    gate past the owner's share of active gates is refused (429). A broker that cannot take
+    the task does not fail the request: the gate is stored, so the answer is its id (202),
+    and the reapers queue it once the broker is back (GATE_REQUEUE_AFTER_S)."""
     run, created = store.create_gate(
         ctx.factory,
         spec,
@@ -245,7 +247,17 @@ def submit(
         max_active=ctx.settings.max_active_gates_per_token,
     )
     if created:
-        ctx.dispatcher.submit(run.id)
+        try:
+            ctx.dispatcher.submit(run.id)
+        except Exception as exc:
+            log.warning(
+                "gate %s stored, but the broker did not take its task (%s: %s); the reapers "
+                "queue it when the broker is back",
+                run.id,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+                extra={"gate_id": run.id},
+            )
     return run, created
 
 

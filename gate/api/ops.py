@@ -4,7 +4,7 @@ Prometheus sends it with `authorization: {credentials: <token>}`, unless GATE_OP
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -117,6 +117,25 @@ def inventory(ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
 PHASE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
+def phase_durations(
+    rows: Iterable[tuple[str, str, str, float]],
+) -> dict[tuple[str, str], list[float]]:
+    """Seconds spent in each phase, by (role, phase), from phase rows `(gate_id, role, phase,
+    at_s)` sorted by gate, role and `at_s` (`store.service_counts`): a phase lasts from its
+    own `at_s` to the `at_s` of the next row of the same gate and role, so a phase with no
+    next row (the last one, or the one a running gate is in now) has no duration yet. All
+    `scenario:NAME` phases are one label, `scenario`: scenario names are the specs', not
+    bounded."""
+    durations: dict[tuple[str, str], list[float]] = {}
+    prev: tuple[str, str, str, float] | None = None
+    for gate_id, role, phase, at in rows:
+        if prev is not None and prev[0] == gate_id and prev[1] == role:
+            name = "scenario" if prev[2].startswith("scenario:") else prev[2]
+            durations.setdefault((role, name), []).append(max(0.0, at - prev[3]))
+        prev = (gate_id, role, phase, at)
+    return durations
+
+
 class ServiceCollector(Collector):
     """Read at scrape time from the database, so every API replica reports the same truth."""
 
@@ -130,12 +149,20 @@ class ServiceCollector(Collector):
         )
         phases = HistogramMetricFamily(
             "gate_engine_phase_seconds",
-            "Time from one engine lifecycle phase to the next (launch to ready)",
+            "Seconds an engine spent in each lifecycle phase: from the phase's row to that "
+            "engine's next one (launched: until its process was up; model_listed: its warm-up; "
+            "ready: serving the scenarios until stopped). The last phase (stopped, crashed) "
+            "and the one an engine is in now are not counted.",
             labels=["role", "phase"],
         )
         gate_phases = HistogramMetricFamily(
             "gate_phase_seconds",
-            "Time from one gate phase to the next (reserved, each scenario, judging, released)",
+            "Seconds a gate spent in each of its phases: from the phase's row to the gate's "
+            "next one (requested: until it reserved or began to wait for capacity; "
+            "waiting_for_capacity; reserved: the engines' launch and warm-up; scenario: each "
+            "scenario, one label for all; judging: the judgment and teardown). Not the time "
+            "since the gate started: the last phase (released) and the one a gate is in now "
+            "are not counted.",
             labels=["phase"],
         )
         db = store.service_counts(ctx.factory)
@@ -143,15 +170,7 @@ class ServiceCollector(Collector):
             gates.add_metric([state, verdict or ""], n)
         active, held, rows = db.active_reservations, db.gpus_held, db.phases
         yield gates
-        durations: dict[tuple[str, str], list[float]] = {}
-        prev: tuple[str, str, float] | None = None
-        for gate_id, role, phase, at in rows:
-            if prev is not None and prev[0] == gate_id and prev[1] == role:
-                # one label per kind of phase: scenario names are the spec's, unbounded
-                name = "scenario" if phase.startswith("scenario:") else phase
-                durations.setdefault((role, name), []).append(max(0.0, at - prev[2]))
-            prev = (gate_id, role, at)
-        for (role, phase), values in sorted(durations.items()):
+        for (role, phase), values in sorted(phase_durations(rows).items()):
             counts = [sum(1 for v in values if v <= b) for b in PHASE_BUCKETS]
             buckets = [(str(b), c) for b, c in zip(PHASE_BUCKETS, counts, strict=True)]
             buckets.append(("+Inf", len(values)))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, func, literal, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import gate
@@ -105,6 +106,22 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock, now, inside the caller's transaction: what every expiry and
+    heartbeat is written and compared with, so no two hosts' clocks are ever compared.
+
+    PostgreSQL: `clock_timestamp()`, the time of this statement (not `now()`, which is the
+    transaction's start and may be long past when a lock was waited for). SQLite: the database
+    is a file on this host, so this host's clock, read after the transaction's first statement
+    (its BEGIN IMMEDIATE waits for the write lock), i.e. at the moment the write may happen."""
+    if session.get_bind().dialect.name == "postgresql":
+        at: datetime | None = session.scalar(select(func.clock_timestamp()))
+        assert at is not None
+        return at if at.tzinfo else at.replace(tzinfo=UTC)
+    session.execute(select(literal(1)))
+    return datetime.now(UTC)
 
 
 MIGRATION_LOCK = 0x6A7E_0001  # pg_advisory_lock key: one process migrates at a time

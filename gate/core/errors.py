@@ -180,3 +180,12 @@ class DocumentUnreadable(GateError):
 
     status_code = 500
     code = "document_unreadable"
+
+
+class LeaseLost(GateError):
+    """The gate's reservation lease was lost while it ran (it could not be renewed in time,
+    or it was ended elsewhere): the gate stopped its engines before the GPUs could go to
+    anyone else."""
+
+    status_code = 409
+    code = "lease_lost"

@@ -19,7 +19,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(
         default=Path(".gate"),
-        description="Where the embedded default keeps its SQLite file, reports and engine logs.",
+        description="Where the embedded default keeps its SQLite file, and where reports "
+        "(reports/), engine logs (logs/<gate id>/) and worker health files (workers/) go.",
     )
     database_url: str | None = Field(
         default=None,
@@ -27,9 +28,15 @@ class Settings(BaseSettings):
     )
     inventory: Path | None = Field(
         default=None,
-        description="GPU inventory YAML; unset means the embedded local example inventory.",
+        description="GPU inventory YAML; unset means the embedded local example inventory. The "
+        "API and every worker must name the same file: leases are keyed by its name.",
     )
-    lease_ttl_s: float = Field(default=600.0, gt=0, description="Reservation lease lifetime.")
+    lease_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Reservation lease lifetime, renewed every third of it; a gate that cannot "
+        "renew it for 0.75 x this stops its engines and ends `lease_lost`.",
+    )
     spec_dir: Path | None = Field(
         default=None,
         description="Named gate specs (NAME.yaml) that rollout controllers and webhooks may "
@@ -55,8 +62,16 @@ class Settings(BaseSettings):
     lost_after_s: float = Field(
         default=30.0,
         gt=0,
-        description="A running gate whose heartbeat is older than this has lost its worker: "
-        "it ends in hold and its reservation is released.",
+        description="A running gate whose heartbeat is older than this, and (with a broker) "
+        "whose proof-of-life key in the broker, which lives this long, has expired too, has "
+        "lost its worker: it ends in hold (`worker_lost`) and its reservation is released.",
+    )
+    state_write_retry_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="How long a gate keeps retrying a write of its state (its phases, its "
+        "finished record, the release of its GPUs) while the database is unreachable; every "
+        "failure is logged.",
     )
     requeue_after_s: float = Field(
         default=60.0,
@@ -128,7 +143,9 @@ class Settings(BaseSettings):
     )
     public_url: str = Field(
         default="http://127.0.0.1:8080",
-        description="Where the service is reachable, for report links in verdicts.",
+        description="Where the service is reachable: the start of report links in verdicts "
+        "and commit statuses (the default points at 127.0.0.1), Secure cookies, the pages' "
+        "Origin check.",
     )
     max_body_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest request body the API accepts."

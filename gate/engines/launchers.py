@@ -21,6 +21,7 @@ from typing import IO, Protocol
 
 from gate.access.network import check_allowed, check_always
 from gate.core.errors import EngineError, UrlRefused
+from gate.engines import orphans
 from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
 from gate.engines.readiness import wait_ready
@@ -109,8 +110,10 @@ class ProcessEngine:
     cwd: str | None = None
     readiness_timeout_s: float = 300.0
     host: str = "127.0.0.1"
+    gate_id: str = ""  # names the engine's processes (orphans.py); default: this object
 
     def __post_init__(self) -> None:
+        self.gate_id = self.gate_id or f"engine-{os.getpid()}-{id(self):x}"
         self.port = free_port(self.host)
         self.base_url = f"http://{self.host}:{self.port}"
         self.pid: int | None = None
@@ -135,6 +138,7 @@ class ProcessEngine:
         plus the spec's `env`, CUDA_VISIBLE_DEVICES from the reservation."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(SERVICE_ENV_PREFIX)}
         env.update(self.env or {})
+        env[orphans.MARK] = orphans.mark_for(self.gate_id, self.role)  # after the spec's env
         if self.placement is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.placement.cuda_visible_devices
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -231,12 +235,15 @@ class ProcessEngine:
         return engine_doc(self, "process", placement, crash, log=str(self.log_path))
 
     def kill_now(self) -> None:
-        """Synchronous last resort: SIGKILL the whole group (used when async teardown can't run)."""
+        """Synchronous last resort: SIGKILL the whole group (used when async teardown can't
+        run), and whatever of the engine left the group."""
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
+        if self._proc is not None:
+            orphans.kill_marked(self.gate_id, self.role)
 
     async def stop(self) -> None:
         self._stopped = True

@@ -8,14 +8,14 @@ the fresh state. Expired leases (a crashed holder stopped its heartbeat) are rea
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import transaction
+from gate.core.database import db_now, transaction
 from gate.core.errors import BlockedReservation as BlockedReservation  # it lived here: re-exported
 from gate.core.errors import ReservationError
 from gate.models import GpuLease, InventoryLock, Reservation
@@ -37,12 +37,9 @@ class Grant:
         )
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def reap_expired(session: Session, now: datetime | None = None) -> int:
-    now = now or _now()
+    """End the leases whose expiry has passed by the database's clock (or `now`)."""
+    now = now or db_now(session)
     expired = list(
         session.scalars(
             select(Reservation.id).where(
@@ -100,7 +97,7 @@ def reserve(
                 result = allocate(inventory.nodes, shape, [(n, g) for n, g in held])
                 if isinstance(result, Blocked):
                     raise BlockedReservation(result)
-                expires = _now() + timedelta(seconds=ttl_s)
+                expires = db_now(session) + timedelta(seconds=ttl_s)
                 res = Reservation(
                     gate_id=gate_id,
                     holder=holder,
@@ -132,9 +129,15 @@ def reserve(
 
 
 def heartbeat(factory: sessionmaker[Session], reservation_id: int, ttl_s: float) -> bool:
-    """Extend an active lease; False when it was already reaped or released."""
-    expires = _now() + timedelta(seconds=ttl_s)
+    """Extend an active lease to `ttl_s` past the database's clock at the moment of the
+    write (a renewal that waited for a lock does not write an expiry already past); False
+    when it was already reaped or released."""
     with transaction(factory) as session:
+        # The row first (a lock another writer holds is waited for here), then the clock.
+        session.execute(
+            select(Reservation.id).where(Reservation.id == reservation_id).with_for_update()
+        )
+        expires = db_now(session) + timedelta(seconds=ttl_s)
         renewed = session.scalars(
             update(Reservation)
             .where(Reservation.id == reservation_id, Reservation.state == "active")
@@ -151,14 +154,21 @@ def heartbeat(factory: sessionmaker[Session], reservation_id: int, ttl_s: float)
         return True
 
 
-def release(factory: sessionmaker[Session], reservation_id: int, reason: str) -> None:
+def release(factory: sessionmaker[Session], reservation_id: int, reason: str) -> str | None:
+    """Release an active lease. Returns None when this released it, else how it had ended
+    before (its state and reason: reaped as expired, released by a reaper)."""
     with transaction(factory) as session:
         session.execute(delete(GpuLease).where(GpuLease.reservation_id == reservation_id))
-        session.execute(
+        done = session.scalars(
             update(Reservation)
             .where(Reservation.id == reservation_id, Reservation.state == "active")
-            .values(state="released", released_at=_now(), release_reason=reason)
-        )
+            .values(state="released", released_at=db_now(session), release_reason=reason)
+            .returning(Reservation.id)
+        ).all()
+        if done:
+            return None
+        row = session.get(Reservation, reservation_id)
+        return "unknown" if row is None else f"{row.state} ({row.release_reason})"
 
 
 def active_leases(factory: sessionmaker[Session]) -> list[GpuLease]:

@@ -14,6 +14,7 @@ from gate.core.limits import Limits
 from gate.core.settings import Settings
 from gate.engines.lifecycle import Clock, PhaseLog
 from gate.runs import store
+from gate.runs.journal import PhaseJournal, PhaseRow
 from gate.runs.progress import Progress
 from gate.spec import GateSpec
 
@@ -57,11 +58,16 @@ class RunContext:
 
     def __post_init__(self) -> None:
         self.limits = Limits.from_settings(self.settings)
+        self.journal = PhaseJournal(self._write_phase, self.gate_id)
+
+    def _write_phase(self, row: PhaseRow) -> None:
+        store.record_phase(self.factory, self.gate_id, *row)
 
     def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
-        """The phase sink: the caller's progress and the gate's phase rows."""
+        """The phase sink: the caller's progress, and the gate's phase rows (written off the
+        event loop, retried while the database is unreachable: journal.py)."""
         self.progress.phase(role, phase, at_s, detail)
-        store.record_phase(self.factory, self.gate_id, role, phase, at_s, detail)
+        self.journal.record((role, phase, at_s, detail))
 
     def gate_phase(self, phase: str, detail: str | None = None) -> None:
         self.phase("gate", phase, self.clock.now_s(), detail)

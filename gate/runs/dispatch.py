@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
 from gate.runs import store
-from gate.runs.execute import execute_gate, worker_name
+from gate.runs.execute import execute_gate, running_gates, worker_name
 from gate.runs.notify import notify_due
 from gate.runs.sweep import sweep_lost_gates
 
@@ -111,6 +111,10 @@ class Requeue(Protocol):
     def submit(self, gate_id: str) -> None: ...
 
 
+class Liveness(Protocol):
+    def alive_ids(self) -> set[str] | None: ...
+
+
 class Reaper:
     """A daemon thread that, every heartbeat period, makes sure no gate is lost or stuck:
 
@@ -136,11 +140,13 @@ class Reaper:
         *,
         alive_file: Path | None = None,
         requeue: Requeue | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.settings = settings
         self.factory = factory
         self.alive_file = alive_file
         self.requeue = requeue
+        self.liveness = liveness
         self._next_sweep = 0.0  # monotonic; the first pass sweeps
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
@@ -153,9 +159,31 @@ class Reaper:
         while not self._stop.wait(self.settings.heartbeat_s):
             self.once()
 
+    def _spare(self) -> set[str] | None:
+        """Gates known alive whatever their database heartbeat says: the ones this process
+        runs, and those the broker holds a proof of life for; None when the broker cannot
+        be read (then no heartbeat proves a death)."""
+        spare = set(running_gates())
+        if self.liveness is not None:
+            alive = self.liveness.alive_ids()
+            if alive is None:
+                return None
+            spare |= alive
+        return spare
+
     def once(self) -> list[str]:
+        spare = self._spare()
         try:
-            ended = store.reap_lost(self.factory, self.settings.lost_after_s)
+            if spare is None:
+                log.warning("the broker cannot be read: no gate is ended as lost this pass")
+                ended: list[str] = []
+            else:
+                ended = store.reap_lost(
+                    self.factory,
+                    self.settings.lost_after_s,
+                    spare=spare,
+                    broker=self.liveness is not None,
+                )
         except Exception:
             log.exception("reaper pass failed")
             return []

@@ -58,6 +58,7 @@ def _process(engines: Engines, role: Role, es: EngineSpec, placement: Placement 
         env=dict(es.env),
         cwd=es.cwd,
         readiness_timeout_s=es.readiness_timeout_s,
+        gate_id=ctx.gate_id,
     )
 
 

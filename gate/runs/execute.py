@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,8 +27,12 @@ from gate.core.errors import WorkerStopping as WorkerStopping  # it lived here: 
 from gate.core.settings import Settings
 from gate.reservations import leases
 from gate.runs import store
+from gate.runs.journal import persist_sync
 from gate.runs.runner import GateOutcome, GateRunner
 from gate.spec import parse_spec
+
+if TYPE_CHECKING:
+    from gate.models import GateRun
 
 log = logging.getLogger("gate.runs")
 
@@ -149,25 +153,34 @@ async def _run_registered(runner: GateRunner) -> GateOutcome:
             _running.pop(runner.gate_id, None)
 
 
+class ProofOfLife(Protocol):
+    def beat(self, gate_id: str, worker: str) -> None: ...
+
+    def forget(self, gate_id: str) -> None: ...
+
+
 def execute_gate(
     gate_id: str,
     settings: Settings,
     worker: str,
     factory: sessionmaker[Session] | None = None,
+    liveness: ProofOfLife | None = None,
 ) -> str:
     """Run the stored gate `gate_id`; returns what happened: its final state, or `skipped`
-    when it was not pending (already run, running elsewhere, or cancelled)."""
+    when it was not pending (already run, running elsewhere, or cancelled). `liveness`: a
+    second proof of life beside the database heartbeat (the broker's, gate/worker)."""
     token = CURRENT_GATE.set(gate_id)
     try:
-        return _execute(gate_id, settings, worker, factory or open_factory(settings))
+        return _execute(gate_id, settings, worker, factory or open_factory(settings), liveness)
     finally:
         CURRENT_GATE.reset(token)
+        if liveness is not None:
+            liveness.forget(gate_id)
 
 
-def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmaker[Session]) -> str:
+def _claim(factory: sessionmaker[Session], gate_id: str, worker: str) -> GateRun | None:
+    """The gate, now ours; None (logged) when it was not pending."""
     extra = {"gate_id": gate_id}
-    if _stopping is not None:
-        raise WorkerStopping(f"{worker} is shutting down; gate {gate_id} stays pending")
     run = store.claim(factory, gate_id, worker)
     if run is None:
         current = store.get_gate(factory, gate_id)
@@ -178,12 +191,28 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
             current.worker or "none",
             extra=extra,
         )
-        return "skipped"
+        return None
     log.info("gate %s claimed by %s", gate_id, worker, extra=extra)
+    return run
+
+
+def _execute(
+    gate_id: str,
+    settings: Settings,
+    worker: str,
+    factory: sessionmaker[Session],
+    liveness: ProofOfLife | None = None,
+) -> str:
+    extra = {"gate_id": gate_id}
+    if _stopping is not None:
+        raise WorkerStopping(f"{worker} is shutting down; gate {gate_id} stays pending")
+    run = _claim(factory, gate_id, worker)
+    if run is None:
+        return "skipped"
     try:
         spec = parse_spec(run.spec, source=f"gate {gate_id}")
     except GateError as exc:  # stored specs were validated; a schema change could break one
-        _fail(factory, gate_id, "gate.invalid_spec", exc.message)
+        _fail(factory, gate_id, "gate.invalid_spec", exc.message, settings.state_write_retry_s)
         _notify(factory, gate_id, settings, run.callback)
         return "error"
     runner = GateRunner(
@@ -193,6 +222,7 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
         progress=LogProgress(gate_id),
         gate_id=gate_id,
         worker=worker,
+        alive=None if liveness is None else (lambda: liveness.beat(gate_id, worker)),
     )
     try:
         outcome = asyncio.run(_run_registered(runner))
@@ -205,6 +235,7 @@ def _execute(gate_id: str, settings: Settings, worker: str, factory: sessionmake
             gate_id,
             "gate.internal_error",
             f"the gate failed on {worker}: {type(exc).__name__}: {exc}",
+            settings.state_write_retry_s,
         )
         _notify(factory, gate_id, settings, run.callback)
         if isinstance(exc, Exception | asyncio.CancelledError):
@@ -233,8 +264,16 @@ def _notify(
         notify(factory, gate_id, settings)
 
 
-def _fail(factory: sessionmaker[Session], gate_id: str, check: str, message: str) -> None:
+def _fail(
+    factory: sessionmaker[Session], gate_id: str, check: str, message: str, retry_s: float
+) -> None:
     """End a gate that is still running (or pending) as an error with a hold, and release
     whatever reservation it still holds."""
-    for reservation_id in store.fail_gate(factory, gate_id, check, message):
+    held = persist_sync(
+        "the failed gate",
+        lambda: store.fail_gate(factory, gate_id, check, message),
+        retry_s,
+        gate_id,
+    )
+    for reservation_id in held:
         leases.release(factory, reservation_id, "gate failed")

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gate.core.errors import DeadlinePassed, GateCancelled, GateError
+from gate.core.errors import DeadlinePassed, GateCancelled, GateError, LeaseLost
 from gate.core.vocabulary import FinishedState
 from gate.runs import store
 from gate.runs.context import RunContext
 
 _T = TypeVar("_T")
+log = logging.getLogger("gate.runs")
 
 
 class Stops:
@@ -25,11 +28,12 @@ class Stops:
     def __init__(self) -> None:
         self.cancel_reason: str | None = None
         self.deadline_reason: str | None = None
+        self.lease_reason: str | None = None
         self._lock = threading.Lock()
 
     @property
     def stopped(self) -> bool:
-        return self.cancel_reason is not None or self.deadline_reason is not None
+        return (self.cancel_reason or self.deadline_reason or self.lease_reason) is not None
 
     def cancel(self, reason: str) -> bool:
         """Record a cancel; False when the run was already being stopped."""
@@ -46,8 +50,17 @@ class Stops:
             self.deadline_reason = reason
             return True
 
+    def lease_lost(self, reason: str) -> bool:
+        with self._lock:
+            if self.stopped:
+                return False
+            self.lease_reason = reason
+            return True
+
     def error(self) -> tuple[GateError, FinishedState]:
         """The error and state a stopped run ends with."""
+        if self.lease_reason is not None:
+            return LeaseLost(self.lease_reason), "error"
         if self.deadline_reason is not None and self.cancel_reason is None:
             return DeadlinePassed(self.deadline_reason), "error"
         why = self.cancel_reason or "the gate was interrupted before it could decide"
@@ -59,9 +72,18 @@ class Heartbeat:
     heartbeat stops is ended by the reaper), publishes progress, and obeys a cancel request
     by cancelling the run on its loop."""
 
-    def __init__(self, ctx: RunContext, stops: Stops, main: asyncio.Task[Any] | None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        stops: Stops,
+        main: asyncio.Task[Any] | None,
+        alive: Callable[[], None] | None = None,
+    ) -> None:
         self.ctx, self.stops, self.main = ctx, stops, main
+        self.alive = alive
         self.loop = asyncio.get_running_loop()
+        self._down_since: float | None = None
+        self._failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"gate-heartbeat-{ctx.gate_id[:8]}", daemon=True
@@ -69,6 +91,22 @@ class Heartbeat:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _failed(self, exc: Exception) -> None:
+        first = self._down_since is None
+        if first:
+            self._down_since = time.monotonic()
+        down = time.monotonic() - (self._down_since or 0.0)
+        self._failures += 1
+        if first or self._failures % 10 == 0:  # the first, then every tenth
+            log.warning(
+                "gate %s: writing the heartbeat failed (%s: %s), %.0f s without the database; "
+                "the gate runs on and retries",
+                self.ctx.gate_id,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+                down,
+            )
 
     def signal(self) -> None:
         """Beat no more (the run is ending)."""
@@ -80,11 +118,22 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.ctx.settings.heartbeat_s):
+            if self.alive is not None:
+                self.alive()  # the broker's copy: the reaper's proof of life when the database
+                # cannot be written (gate/worker/liveness.py)
             try:
                 state = dict(self.ctx.progress.state)
                 cancel = store.beat(self.ctx.factory, self.ctx.gate_id, state)
-            except Exception:  # a database hiccup must not kill the run; the next beat retries
+            except Exception as exc:  # an outage must not kill the run; the next beat retries
+                self._failed(exc)
                 continue
+            if self._down_since is not None:
+                log.warning(
+                    "gate %s: heartbeat written again after %.0f s without the database",
+                    self.ctx.gate_id,
+                    time.monotonic() - self._down_since,
+                )
+                self._down_since = None
             if cancel is not None and self.stops.cancel_reason is None and self.main is not None:
                 if not self.stops.cancel(cancel):
                     return  # the deadline is stopping it already

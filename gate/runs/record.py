@@ -14,6 +14,7 @@ from gate.reports.html import write_report
 from gate.runs import store
 from gate.runs.context import RunContext
 from gate.runs.engines import Engines
+from gate.runs.journal import persist_sync
 from gate.runs.judging import divergence_examples
 from gate.runs.probes import CorrectnessResult
 from gate.runs.scenarios import ScenarioResult
@@ -77,4 +78,12 @@ def finish(
     write_report(doc, columns, report, warmup=ctx.spec.policy.warmup_requests)
     samples = [(r.name, role, r.columns[role]) for r in seen.scenarios for role in ROLES]
     checks = verdict.checks if verdict is not None else ()
-    return store.finish_run(ctx.factory, doc, checks, samples, finished=finished)
+    budget = ctx.settings.state_write_retry_s
+    ctx.journal.flush(budget)  # every phase row before the record that ends the gate
+    ctx.journal.close()
+    return persist_sync(
+        "the finished gate",
+        lambda: store.finish_run(ctx.factory, doc, checks, samples, finished=finished),
+        budget,
+        ctx.gate_id,
+    )

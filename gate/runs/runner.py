@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ from gate.reservations.service import GateReservation
 from gate.runs import inputs, store
 from gate.runs.context import LiveProgress, RunContext
 from gate.runs.engines import Engines
+from gate.runs.journal import persist
 from gate.runs.judging import merge_divergence
 from gate.runs.liveness import Heartbeat, Stops, in_daemon_thread
 from gate.runs.probes import compatibility, correctness
@@ -79,8 +81,11 @@ class GateRunner:
         progress: Progress | None = None,
         gate_id: str = "",
         worker: str | None = None,
+        alive: Callable[[], None] | None = None,
     ) -> None:
+        """`alive`: called with every heartbeat, a second proof of life (the broker's)."""
         self.spec, self.settings, self.report_dir = spec, settings, report_dir
+        self.alive = alive
         self.db_url, self.worker = db_url, worker
         self.gate_id = gate_id or uuid.uuid4().hex
         self.progress = LiveProgress(progress or NullProgress())
@@ -127,7 +132,7 @@ class GateRunner:
         self, ctx: RunContext, seen: Observed
     ) -> tuple[Verdict | None, GateError | None, FinishedState]:
         """The stages under the gate's deadline and heartbeat; teardown whatever happened."""
-        heartbeat = Heartbeat(ctx, self.stops, self._main)
+        heartbeat = Heartbeat(ctx, self.stops, self._main, self.alive)
         heartbeat.start()
         deadline_s = ctx.limits.gate_deadline_s(self.spec)
         loop = asyncio.get_running_loop()
@@ -157,6 +162,13 @@ class GateRunner:
         if self._main is None or self.ctx is None or not self.stops.deadline(reason):
             return
         self.ctx.gate_phase("deadline", reason)
+        self._main.cancel()
+
+    def _lease_lost(self, reason: str) -> None:
+        """The reservation's lease could expire or is gone: stop now, teardown first."""
+        if self._main is None or self.ctx is None or not self.stops.lease_lost(reason):
+            return
+        self.ctx.gate_phase("lease_lost", reason)
         self._main.cancel()
 
     async def _stages(self, ctx: RunContext, seen: Observed) -> Verdict:
@@ -189,7 +201,7 @@ class GateRunner:
         self.booking = booked
         grant = await booked.reserve()
         ctx.gate_phase("reserved", grant.describe())
-        booked.start_keep_alive()
+        booked.start_keep_alive(self._lease_lost)
         return grant.placement
 
     async def _scenarios(
@@ -241,7 +253,12 @@ class GateRunner:
         if booked is not None:
             if booked.grant is not None and seen.engines.placement is None:
                 seen.engines.placement = booked.grant.placement  # granted as it was stopped
-            released = await booked.release(f"gate {state}")
+            released = await persist(
+                "the release of the GPUs",
+                lambda: booked.release_now(f"gate {state}"),
+                ctx.settings.state_write_retry_s,
+                ctx.gate_id,
+            )
             seen.reservation = booked.describe()
             if released is not None:
                 ctx.gate_phase("released", f"reservation {released}")

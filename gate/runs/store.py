@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.analysis.samples import Columns
 from gate.analysis.types import Check
 from gate.core.clock import now
-from gate.core.database import reading, transaction
+from gate.core.database import db_now, reading, transaction
 from gate.core.errors import GateConflict as GateConflict  # these four lived here: re-exported
 from gate.core.errors import GateError
 from gate.core.errors import GateForbidden as GateForbidden
@@ -325,7 +325,7 @@ def claim(factory: sessionmaker[Session], gate_id: str, worker: str) -> GateRun 
         taken = s.scalars(
             update(GateRun)
             .where(GateRun.id == gate_id, GateRun.state == "pending")
-            .values(state="running", phase="claimed", worker=worker, heartbeat_at=now())
+            .values(state="running", phase="claimed", worker=worker, heartbeat_at=db_now(s))
             .returning(GateRun.id)
         ).all()
         if not taken:
@@ -344,47 +344,68 @@ def _end(run: GateRun, state: FinishedState, check: str, message: str) -> None:
 
 
 def reap_lost(
-    factory: sessionmaker[Session], lost_after_s: float, at: datetime | None = None
+    factory: sessionmaker[Session],
+    lost_after_s: float,
+    at: datetime | None = None,
+    *,
+    spare: Collection[str] = (),
+    broker: bool = False,
 ) -> list[str]:
     """End every running gate whose heartbeat stopped: hold with the reason, its reservation
     released. Its engine processes died with their worker (they are launched with a parent
-    death signal); Kubernetes objects are owned by the reservation's Lease and collected."""
-    at = at or now()
-    cutoff = at - timedelta(seconds=lost_after_s)
+    death signal); Kubernetes objects are owned by the reservation's Lease and collected.
+
+    Heartbeats are compared with the database's clock (`at` for tests). `spare`: gates known
+    alive another way (this process runs them; the broker holds their proof of life), which a
+    database outage kept from writing: they are not ended. `broker`: whether the broker was
+    asked, for the reason's words."""
     ended: list[str] = []
     with transaction(factory) as s:
+        at = at or db_now(s)
+        cutoff = at - timedelta(seconds=lost_after_s)
         lost = s.scalars(
             select(GateRun)
             .where(GateRun.state == "running", GateRun.heartbeat_at < cutoff)
             .with_for_update(skip_locked=True)
         ).all()
         for run in lost:
-            last = _aware(run.heartbeat_at)
-            ago = (at - last).total_seconds() if last else float("nan")
-            worker = run.worker or "unknown worker"
-            _end(
-                run,
-                "error",
-                "gate.worker_lost",
-                f"the worker running this gate ({worker}) stopped sending heartbeats "
-                f"{ago:.0f}s ago; the gate ended without a verdict",
-            )
-            held = list(
-                s.scalars(
-                    select(Reservation.id).where(
-                        Reservation.gate_id == run.id, Reservation.state == "active"
-                    )
-                )
-            )
-            if held:
-                s.execute(delete(GpuLease).where(GpuLease.reservation_id.in_(held)))
-                s.execute(
-                    update(Reservation)
-                    .where(Reservation.id.in_(held))
-                    .values(state="released", released_at=at, release_reason="worker lost")
-                )
+            if run.id in spare:
+                continue
+            _end_lost(s, run, at, broker)
             ended.append(run.id)
     return ended
+
+
+def _end_lost(s: Session, run: GateRun, at: datetime, broker: bool) -> None:
+    last = _aware(run.heartbeat_at)
+    ago = (at - last).total_seconds() if last else float("nan")
+    worker = run.worker or "unknown worker"
+    silent = (
+        "to the database and to the broker: it died or is cut off from both"
+        if broker
+        else "to the database (no broker to ask whether it is alive)"
+    )
+    _end(
+        run,
+        "error",
+        "gate.worker_lost",
+        f"the worker running this gate ({worker}) stopped sending heartbeats "
+        f"{ago:.0f}s ago, {silent}; the gate ended without a verdict",
+    )
+    held = list(
+        s.scalars(
+            select(Reservation.id).where(
+                Reservation.gate_id == run.id, Reservation.state == "active"
+            )
+        )
+    )
+    if held:
+        s.execute(delete(GpuLease).where(GpuLease.reservation_id.in_(held)))
+        s.execute(
+            update(Reservation)
+            .where(Reservation.id.in_(held))
+            .values(state="released", released_at=at, release_reason="worker lost")
+        )
 
 
 # -- stuck pending gates and undelivered callbacks (the reapers' other two jobs) ---------------
@@ -557,7 +578,7 @@ def start_run(
         run.phase = "created"
         run.started_at = started
         run.worker = worker
-        run.heartbeat_at = started
+        run.heartbeat_at = db_now(s)
         run.attempts = (run.attempts or 0) + 1
         run.reference_label = spec.reference.label
         run.candidate_label = spec.candidate.label
@@ -589,7 +610,7 @@ def beat(
             return "the gate's record was deleted"
         if run.state != "running":  # the reaper ended it: our worker looked lost
             return f"the gate was ended elsewhere while running ({run.reason})"
-        run.heartbeat_at = datetime.now(UTC)
+        run.heartbeat_at = db_now(s)
         run.progress = progress or None
         if run.cancel_requested:
             return run.reason or "cancelled on request before the gate could decide"

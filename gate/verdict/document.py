@@ -121,10 +121,14 @@ class EngineDoc(_Doc):
 
 
 class ReservationReleased(_Doc):
-    state: Literal["released"]
+    """The GPUs the gate held. `lost`: the lease ended while the gate held it (it could not
+    be renewed, or was reaped): the gate stopped its engines, and says why here."""
+
+    state: Literal["released", "lost"]
     id: int
     fence: int = Field(description="the fence token: reservation ids only ever grow")
     placement: dict[str, Any] = Field(description="every engine's node, GPUs and domain")
+    lost: str | None = None
 
 
 class ReservationBlocked(_Doc):

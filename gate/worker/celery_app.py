@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.core.errors import WorkerStopping
 from gate.core.settings import Settings
 from gate.runs.execute import execute_gate, open_factory, worker_name
+from gate.worker.liveness import BrokerLiveness
 
 log = logging.getLogger("gate.worker")
 
@@ -95,6 +96,23 @@ class _Factory:
             return self._factory
 
 
+class _Liveness:
+    """The broker's proof-of-life client, made on first use (the API only sends tasks)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: BrokerLiveness | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> BrokerLiveness | None:
+        if not self.settings.broker_url:
+            return None
+        with self._lock:
+            if self._client is None:
+                self._client = BrokerLiveness(self.settings.broker_url, self.settings.lost_after_s)
+            return self._client
+
+
 def make_celery(settings: Settings, factory: sessionmaker[Session] | None = None) -> Any:
     """The Celery app for `settings` (broker `GATE_BROKER_URL`), with the `gate.run` task.
     The API uses it only to send tasks; `gate worker` runs them."""
@@ -103,11 +121,12 @@ def make_celery(settings: Settings, factory: sessionmaker[Session] | None = None
     app = Celery("gate", set_as_current=False)
     app.conf.update(celery_config(settings))
     db = _Factory(settings, factory)
+    liveness = _Liveness(settings)
 
     def run_gate_task(task: Any, gate_id: str) -> str:
         """Claim and run one stored gate; `skipped` when another delivery already did."""
         try:
-            return execute_gate(gate_id, settings, worker_name("worker"), db.get())
+            return execute_gate(gate_id, settings, worker_name("worker"), db.get(), liveness.get())
         except WorkerStopping as exc:
             from celery.exceptions import Reject
 
@@ -126,13 +145,18 @@ def make_celery(settings: Settings, factory: sessionmaker[Session] | None = None
             countdown = min(RETRY_BACKOFF_MAX_S, 2**retries)
             raise task.retry(exc=exc, countdown=countdown, max_retries=RETRY_MAX) from exc
 
+    # `shared=False`: the task belongs to this app alone. Celery's default (shared) also
+    # registers it on every app finalized afterwards, so the second app of one process (the
+    # worker's own and its reaper's CeleryDispatcher) met two `gate.run` callables and printed
+    # a DuplicateTaskNameWarning at every `gate worker` start. No `queue=` either: a task's
+    # queue attribute is deprecated (Celery 6 ignores it); `task_routes` sends it to QUEUE.
     app.task(
         name=TASK_NAME,
+        shared=False,
         bind=True,
         acks_late=True,
         reject_on_worker_lost=True,
         acks_on_failure_or_timeout=True,
         ignore_result=True,
-        queue=QUEUE,
     )(run_gate_task)
     return app

@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.settings import Settings
+from gate.engines.orphans import sweep_orphans
 from gate.runs.dispatch import Reaper
 from gate.runs.execute import open_factory, running_gates, stop_running_gates, worker_name
 from gate.worker.celery_app import QUEUE, make_celery
 from gate.worker.dispatch import CeleryDispatcher
+from gate.worker.liveness import BrokerLiveness
 from gate.worker.logs import configure_logging
 
 log = logging.getLogger("gate.worker")
@@ -53,6 +55,7 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
         print("gate: --concurrency must be at least 1", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging()
+    sweep_orphans()  # engine processes a gate killed on this host left behind
     from celery import signals
 
     name = worker_name("worker")
@@ -97,7 +100,11 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
 
     reaper = Reaper(
-        settings, factory, alive_file=alive_file(settings), requeue=CeleryDispatcher(settings)
+        settings,
+        factory,
+        alive_file=alive_file(settings),
+        requeue=CeleryDispatcher(settings),
+        liveness=BrokerLiveness(settings.broker_url, settings.lost_after_s),
     ).start()
     reaper.once()
     worker = app.Worker(

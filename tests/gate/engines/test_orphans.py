@@ -1,0 +1,136 @@
+"""No orphans: every process an engine started dies with its gate, including the ones that
+left its process group, and a sweep at the next start kills what a SIGKILLed gate left."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gate.engines import orphans
+from gate.engines.launchers import ProcessEngine
+from gate.engines.lifecycle import Clock, PhaseLog
+
+SLEEPER = "import time, sys; time.sleep(600)"
+
+
+def _detached(tag: str, mark: str) -> subprocess.Popen[bytes]:
+    """A process in a session of its own (as a TP worker that calls setsid), marked."""
+    env = {**os.environ, orphans.MARK: mark}
+    return subprocess.Popen([sys.executable, "-c", SLEEPER, tag], env=env, start_new_session=True)
+
+
+def _gone(proc: subprocess.Popen[bytes], within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_sweep_kills_what_a_dead_owner_left_and_spares_a_live_owners(tag: str) -> None:
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    start = orphans.start_time(os.getpid())
+    assert start is not None
+    orphan = _detached(tag, f"{dead_owner.pid}:{start}:gate-a:reference")
+    ours = _detached(tag, orphans.mark_for("gate-b", "candidate"))
+    try:
+        time.sleep(0.3)  # exec'd, environment readable
+        killed = orphans.sweep_orphans()
+        assert orphan.pid in killed and _gone(orphan)
+        assert ours.poll() is None, "a process of a live gate was swept"
+        assert orphans.kill_marked("gate-b", "candidate") == [ours.pid] and _gone(ours)
+    finally:
+        for p in (orphan, ours):
+            p.kill()
+            p.wait()
+
+
+def test_a_pid_reused_by_another_process_is_not_the_owner() -> None:
+    me = os.getpid()
+    start = orphans.start_time(me)
+    assert start is not None
+    assert orphans.Mark.parse(f"{me}:{start}:g:reference") == orphans.Mark(
+        me, start, "g", "reference"
+    )
+    assert orphans.Mark.parse("not a mark") is None
+    assert not orphans._owner_alive(orphans.Mark(me, start + 1, "g", "reference"))
+
+
+WRAPPER = (
+    "import os, subprocess, sys; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
+    " start_new_session=True); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
+    " '--model', sys.argv[3], '--tag', sys.argv[1]])"
+)
+
+
+def test_an_engine_grandchild_that_left_the_group_dies_at_teardown(
+    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+) -> None:
+    engine = ProcessEngine(
+        role="reference",
+        argv_template=["python", "-c", WRAPPER, tag, "{port}", "{model}"],
+        model="demo-model",
+        phases=PhaseLog("reference", Clock()),
+        log_path=tmp_path / "reference.log",
+        readiness_timeout_s=60,
+        gate_id="gate-teardown",
+    )
+
+    async def run() -> list[int]:
+        await engine.start()
+        try:
+            return find_processes(tag)
+        finally:
+            await engine.stop()
+
+    during = asyncio.run(run())
+    assert len(during) >= 2, f"the engine and its detached grandchild should both run: {during}"
+    deadline = time.monotonic() + 5
+    while find_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert find_processes(tag) == []
+
+
+def test_a_sigkilled_gate_run_leaves_an_orphan_that_the_next_start_sweeps(
+    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+) -> None:
+    engine = {"command": ["python", "-c", WRAPPER, tag, "{port}", "{model}"]}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: orphans\nmodel: demo-model\n"
+        f"reference: {json.dumps(engine)}\ncandidate: {json.dumps(engine)}\n"
+        "scenarios: [{name: steady, rate: 2, requests: 400, max_tokens: 4}]\n"
+    )
+    env = {**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")}
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "gate", "run", str(spec), "--db", f"sqlite:///{tmp_path / 'g.db'}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while len(find_processes(tag)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)  # two engines, two detached grandchildren
+    assert len(find_processes(tag)) >= 4, "the gate's engines did not start"
+    gate.send_signal(signal.SIGKILL)
+    gate.wait()
+    time.sleep(1.0)  # the parent-death signal takes the engines' leaders
+    left = find_processes(tag)
+    assert len(left) == 2, f"the two detached grandchildren outlive a SIGKILLed gate: {left}"
+    killed = orphans.sweep_orphans()  # what `gate run`, `gate worker`, `gate serve` do first
+    assert set(left) <= set(killed)
+    deadline = time.monotonic() + 5
+    while find_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert find_processes(tag) == []
