@@ -147,6 +147,7 @@ class Reaper:
         self.alive_file = alive_file
         self.requeue = requeue
         self.liveness = liveness
+        self.spared: list[str] = []  # the last pass's stale gates known alive
         self._next_sweep = 0.0  # monotonic; the first pass sweeps
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
@@ -178,12 +179,22 @@ class Reaper:
                 log.warning("the broker cannot be read: no gate is ended as lost this pass")
                 ended: list[str] = []
             else:
+                self.spared = []
                 ended = store.reap_lost(
                     self.factory,
                     self.settings.lost_after_s,
                     spare=spare,
                     broker=self.liveness is not None,
+                    spared=self.spared,
                 )
+                for gid in self.spared:
+                    log.warning(
+                        "gate %s: no database heartbeat for over %g s, but its worker is alive "
+                        "(this process, or the broker): not ended",
+                        gid,
+                        self.settings.lost_after_s,
+                        extra={"gate_id": gid},
+                    )
         except Exception:
             log.exception("reaper pass failed")
             return []

@@ -350,6 +350,7 @@ def reap_lost(
     *,
     spare: Collection[str] = (),
     broker: bool = False,
+    spared: list[str] | None = None,
 ) -> list[str]:
     """End every running gate whose heartbeat stopped: hold with the reason, its reservation
     released. Its engine processes died with their worker (they are launched with a parent
@@ -358,7 +359,7 @@ def reap_lost(
     Heartbeats are compared with the database's clock (`at` for tests). `spare`: gates known
     alive another way (this process runs them; the broker holds their proof of life), which a
     database outage kept from writing: they are not ended. `broker`: whether the broker was
-    asked, for the reason's words."""
+    asked, for the reason's words. `spared` collects the stale gates that were spared."""
     ended: list[str] = []
     with transaction(factory) as s:
         at = at or db_now(s)
@@ -370,6 +371,8 @@ def reap_lost(
         ).all()
         for run in lost:
             if run.id in spare:
+                if spared is not None:
+                    spared.append(run.id)
                 continue
             _end_lost(s, run, at, broker)
             ended.append(run.id)
