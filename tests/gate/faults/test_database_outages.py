@@ -202,6 +202,10 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     phases = [(p.role, p.phase) for p in store.all_phases(factory, out.gate_id)]
     assert ("gate", "judging") in phases and ("gate", "released") in phases  # none lost
     assert leases.active_leases(factory) == []
+    print(
+        f"\nFAULT postgres down 4 s (lease 12 s): {out.doc.state}, {out.doc.verdict}, "
+        f"reservation {out.doc.reservation.state}, {len(phases)} phase rows"
+    )
 
 
 def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_gpus(
@@ -249,6 +253,12 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     assert out.doc.reservation is not None and out.doc.reservation.state == "lost"
     assert store.get_gate(factory, out.gate_id).state == "error"  # written once it was back
     leases.release(factory, grant.reservation_id, "test over")
+    print(
+        f"\nFAULT postgres down 14 s (lease 8 s): engines stopped {stopped_after:.1f} s "
+        f"into the outage; {out.doc.state}/{out.doc.verdict} {out.doc.error.code}; "
+        f"reservation {out.doc.reservation.state}; next grant {grant.reservation_id} found "
+        f"no engine of the first"
+    )
 
 
 def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
@@ -297,6 +307,11 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
         out = gate.wait(180)
         assert out.doc.state == "complete", out.doc.reasons
         assert out.doc.ended_elsewhere is None
+        print(
+            f"\nFAULT postgres down 9 s, worker cut off (lost_after 4 s): heartbeat "
+            f"{age.total_seconds():.0f} s stale, spared by the broker; {out.doc.state}, "
+            f"{out.doc.verdict}"
+        )
     finally:
         cut.clear()
         broker.forget(gate.runner.gate_id)
