@@ -168,6 +168,16 @@ def _wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _gpus_of(pid: int) -> set[int]:
+    """The GPUs a running engine process was given, from its environment."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    for item in environ:
+        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+            value = item.split(b"=", 1)[1].decode()
+            return {int(g) for g in value.split(",") if g}
+    return set()
+
+
 def _factory(pg: Postgres) -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(pg.url))
 
@@ -222,6 +232,14 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     assert first.state == "running"
     engines_during = find_processes(tag)
     assert len(engines_during) == 2
+    booked = gate.runner.booking
+    assert booked is not None and booked.grant is not None
+    placed = booked.grant.placement.engines
+    # What the engines were given is what the lease rows hold.
+    assert sorted(set().union(*(_gpus_of(p) for p in engines_during))) == sorted(
+        {g for e in placed for g in e.gpus}
+    )
+    held = {(e.node, g) for e in placed for g in e.gpus}
     postgres.stop()
     down_at = time.monotonic()
     _wait_for(lambda: find_processes(tag) == [], 12, "the gate to stop its engines")
@@ -229,7 +247,8 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     assert stopped_after < settings.lease_ttl_s, f"engines ran {stopped_after:.1f} s into it"
     time.sleep(max(0.0, 14.0 - (time.monotonic() - down_at)))
     postgres.start()
-    # The second gate asks for the same shape as soon as the database answers.
+    # The second gate asks for the whole node (8 GPUs: it fits only on the first gate's GPUs
+    # too) as soon as the database answers.
     grant = None
     deadline = time.monotonic() + 60
     while grant is None and time.monotonic() < deadline:
@@ -237,7 +256,7 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
             grant = leases.reserve(
                 factory,
                 load_inventory(None),
-                ShapeRequest(gpus_per_engine=1),
+                ShapeRequest(gpus_per_engine=4),
                 holder="second",
                 gate_id=None,
                 ttl_s=60,
@@ -245,6 +264,8 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
         except Exception:
             time.sleep(0.2)
     assert grant is not None
+    granted = {(e.node, g) for e in grant.placement.engines for g in e.gpus}
+    assert held & granted, "the second gate got the first gate's GPUs (what the fault needs)"
     assert find_processes(tag) == [], "two gates' engines on the same GPUs"
     out = gate.wait(120)
     assert (out.doc.state, out.doc.verdict) == ("error", "hold")
