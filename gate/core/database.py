@@ -42,7 +42,9 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # A server that does not answer costs a bounded wait, not the OS's TCP timeout: a gate's
+    # heartbeat and lease renewal retry instead of hanging (gate/runs/journal.py).
+    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
 
 
 def migrations_dir() -> Path:
@@ -143,3 +145,15 @@ def open_migrated(url: str) -> sessionmaker[Session]:
     else:
         upgrade(engine)
     return make_sessionmaker(engine)
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure that waiting can cure: the database unreachable, restarting, locked, timed
+    out. Anything else (a row the schema refuses, a constraint) is not."""
+    from sqlalchemy import exc as sa
+
+    if isinstance(exc, sa.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(
+        exc, sa.OperationalError | sa.InterfaceError | sa.TimeoutError | OSError | TimeoutError
+    )

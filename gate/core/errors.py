@@ -189,3 +189,15 @@ class LeaseLost(GateError):
 
     status_code = 409
     code = "lease_lost"
+
+
+class DatabaseWaited(GateError):
+    """A reaper pass waited this long for the database (a write lock held elsewhere, a
+    restart): it ended nobody, since the gates' heartbeats waited just as long."""
+
+    status_code = 503
+    code = "database_waited"
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__(f"waited {waited_s:.1f} s for the database")
+        self.waited_s = waited_s

@@ -5,12 +5,14 @@ signal on its leader. That misses what left the group (tensor-parallel workers t
 `setsid`, a daemonising launcher) and everything when the gate process itself is SIGKILLed. So
 every engine process carries a mark in its environment, inherited by all it starts:
 
-    LLM_GATE_ENGINE=<owner pid>:<owner start time>:<gate id>:<role>
+    LLM_GATE_ENGINE=<pid namespace>:<owner pid>:<owner start time>:<gate id>:<role>
 
 Teardown kills every process marked with its gate and role (`kill_marked`), and every gate
 process, worker and service sweeps at its start for marked processes whose owner is dead
 (`sweep_orphans`): the owner's pid and start time (from /proc) name it even if the pid was
-reused. Linux only (/proc); elsewhere both find nothing.
+reused. A sweep looks only at marks of its own pid namespace: a pid means nothing in another
+(a root sweeper on the host would otherwise take a container's live engines for orphans).
+Linux only (/proc); elsewhere both find nothing.
 """
 
 from __future__ import annotations
@@ -30,20 +32,29 @@ PROC = Path("/proc")
 
 @dataclass(frozen=True, slots=True)
 class Mark:
+    pid_ns: int
     owner_pid: int
     owner_start: int
     gate_id: str
     role: str
 
     def __str__(self) -> str:
-        return f"{self.owner_pid}:{self.owner_start}:{self.gate_id}:{self.role}"
+        return f"{self.pid_ns}:{self.owner_pid}:{self.owner_start}:{self.gate_id}:{self.role}"
 
     @classmethod
     def parse(cls, text: str) -> Mark | None:
         parts = text.split(":")
-        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 5 or not all(p.isdigit() for p in parts[:3]):
             return None
-        return cls(int(parts[0]), int(parts[1]), parts[2], parts[3])
+        return cls(int(parts[0]), int(parts[1]), int(parts[2]), parts[3], parts[4])
+
+
+def pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid); 0 when unknown."""
+    try:
+        return os.stat(PROC / "self" / "ns" / "pid").st_ino
+    except OSError:
+        return 0
 
 
 def start_time(pid: int) -> int | None:
@@ -64,7 +75,7 @@ def start_time(pid: int) -> int | None:
 def mark_for(gate_id: str, role: str) -> str:
     """This process's mark for an engine it launches."""
     me = os.getpid()
-    return str(Mark(me, start_time(me) or 0, gate_id, role))
+    return str(Mark(pid_namespace(), me, start_time(me) or 0, gate_id, role))
 
 
 def _mark_of(pid: int) -> Mark | None:
@@ -124,7 +135,8 @@ def _owner_alive(mark: Mark) -> bool:
 def sweep_orphans() -> list[int]:
     """SIGKILL every marked process whose owner (the gate process that launched its engine)
     is dead: what a SIGKILLed gate left on this host. Returns their pids."""
-    orphans = [(pid, m) for pid, m in marked() if not _owner_alive(m)]
+    ns = pid_namespace()
+    orphans = [(pid, m) for pid, m in marked() if m.pid_ns == ns and not _owner_alive(m)]
     killed = _kill([pid for pid, _ in orphans])
     for pid, m in orphans:
         if pid in killed:

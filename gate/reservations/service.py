@@ -33,7 +33,10 @@ from gate.verdict.document import ReservationBlocked, ReservationReleased
 log = logging.getLogger("gate.reservations")
 
 MAX_WAIT_DELAY_S = 15.0
-STOP_MARGIN = 0.25  # of the TTL: the gate stops this long before its lease could expire
+STOP_MARGIN = 0.25  # of the TTL: the gate stops this long before its lease could expire...
+TEARDOWN_S = 20.0  # ...and at least this long (up to 40% of the TTL): both engines' teardown
+RENEWALS_PER_TTL = 6  # a renewal every sixth of the TTL
+MAX_RETRY_DELAY_S = 2.0  # retries of a failed renewal: 1 s, 2 s, 2 s, ... until the deadline
 MAX_BLOCKED_DOMAINS = 50  # a blocked reservation names this many domains in the document
 
 
@@ -104,11 +107,26 @@ class GateReservation:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def margin_s(self) -> float:
+        """How long before the lease could expire the gate stops: room for its teardown."""
+        return max(self.ttl_s * STOP_MARGIN, min(TEARDOWN_S, self.ttl_s * 0.4))
+
     def _stop_by(self, held_from: float) -> float:
-        return held_from + self.ttl_s * (1 - STOP_MARGIN)
+        return held_from + self.ttl_s - self.margin_s()
 
     async def _keep_alive(self, on_lost: Callable[[str], None]) -> None:
-        period = max(1.0, self.ttl_s / 3)
+        try:
+            await self._renew_forever(on_lost)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not leave the engines on a lease nobody renews
+            why = f"the lease keep-alive failed: {type(exc).__name__}: {exc}"
+            self.lost = why
+            log.exception("gate %s: %s; stopping the gate", self.gate_id, why)
+            on_lost(why)
+
+    async def _renew_forever(self, on_lost: Callable[[str], None]) -> None:
+        period = max(1.0, self.ttl_s / RENEWALS_PER_TTL)
         stop_by = self._stop_by(self._held_from)
         while True:
             await asyncio.sleep(max(0.0, min(period, stop_by - time.monotonic())))
@@ -155,8 +173,8 @@ class GateReservation:
                     last,
                     delay,
                 )
-                await asyncio.sleep(min(delay, max(0.0, stop_by - time.monotonic())))
-                delay = min(delay * 2, period)
+                await asyncio.sleep(min(delay, max(0.0, stop_by - time.monotonic() - 0.05)))
+                delay = min(delay * 2, period, MAX_RETRY_DELAY_S)
                 continue
             if not ok:
                 return None, (

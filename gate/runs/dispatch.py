@@ -14,6 +14,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
+from gate.engines.orphans import sweep_orphans
 from gate.runs import store
 from gate.runs.execute import execute_gate, running_gates, worker_name
 from gate.runs.notify import notify_due
@@ -148,6 +149,7 @@ class Reaper:
         self.requeue = requeue
         self.liveness = liveness
         self.spared: list[str] = []  # the last pass's stale gates known alive
+        self._db_ok_since: float | None = None  # monotonic: the database's last failure
         self._next_sweep = 0.0  # monotonic; the first pass sweeps
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gate-reaper", daemon=True)
@@ -172,12 +174,21 @@ class Reaper:
             spare |= alive
         return spare
 
+    def _may_reap(self) -> bool:
+        """Not until the database has answered for GATE_LOST_AFTER_S since this reaper last
+        saw it fail or stall: heartbeats need that long to be written again after an
+        outage everyone shared."""
+        ok = self._db_ok_since
+        return ok is None or time.monotonic() - ok >= self.settings.lost_after_s
+
     def once(self) -> list[str]:
         spare = self._spare()
         try:
             if spare is None:
                 log.warning("the broker cannot be read: no gate is ended as lost this pass")
                 ended: list[str] = []
+            elif not self._may_reap():
+                ended = []
             else:
                 self.spared = []
                 ended = store.reap_lost(
@@ -186,6 +197,7 @@ class Reaper:
                     spare=spare,
                     broker=self.liveness is not None,
                     spared=self.spared,
+                    max_wait_s=max(1.0, self.settings.heartbeat_s),
                 )
                 for gid in self.spared:
                     log.warning(
@@ -195,8 +207,13 @@ class Reaper:
                         self.settings.lost_after_s,
                         extra={"gate_id": gid},
                     )
+        except store.DatabaseWaited as exc:
+            log.warning("reaper pass %s: no gate ended; reaping resumes after a quiet spell", exc)
+            self._db_ok_since = time.monotonic()
+            return []
         except Exception:
             log.exception("reaper pass failed")
+            self._db_ok_since = time.monotonic()  # counted from now, and again at each failure
             return []
         if self.alive_file is not None:
             try:
@@ -217,6 +234,7 @@ class Reaper:
                 sweep_lost_gates(self.factory)
             except Exception:
                 log.exception("cluster sweep failed")
+            sweep_orphans()  # engine processes of gates that died on this host
         return ended
 
     def requeue_stuck(self) -> list[str]:

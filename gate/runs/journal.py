@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from gate.core.database import transient
+
 log = logging.getLogger("gate.runs")
 
 _T = TypeVar("_T")
@@ -27,13 +29,15 @@ PhaseRow = tuple[str, str, float, str | None]  # role, phase, at_s, detail
 
 def persist_sync(what: str, write: Callable[[], _T], budget_s: float, gate_id: str = "") -> _T:
     """`write()` until it succeeds, logging each failure, for at most `budget_s`; the last
-    failure is raised."""
+    failure is raised, and a failure that is not transient at once."""
     deadline = time.monotonic() + budget_s
     delay, failures = 0.5, 0
     while True:
         try:
             out = write()
         except Exception as exc:
+            if not transient(exc):
+                raise
             failures += 1
             left = deadline - time.monotonic()
             first = str(exc).splitlines()[0][:200] if str(exc) else ""

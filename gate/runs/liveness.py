@@ -84,6 +84,7 @@ class Heartbeat:
         self.loop = asyncio.get_running_loop()
         self._down_since: float | None = None
         self._failures = 0
+        self._obey = True
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"gate-heartbeat-{ctx.gate_id[:8]}", daemon=True
@@ -108,9 +109,10 @@ class Heartbeat:
                 down,
             )
 
-    def signal(self) -> None:
-        """Beat no more (the run is ending)."""
-        self._stop.set()
+    def quiet(self) -> None:
+        """Obey no more cancel requests (the run is tearing down), but beat on until `join`:
+        the gate is alive through its teardown and its final write."""
+        self._obey = False
 
     async def join(self) -> None:
         self._stop.set()
@@ -119,8 +121,10 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.ctx.settings.heartbeat_s):
             if self.alive is not None:
-                self.alive()  # the broker's copy: the reaper's proof of life when the database
-                # cannot be written (gate/worker/liveness.py)
+                # The broker's copy: the reaper's proof of life when the database cannot be
+                # written (gate/worker/liveness.py). Its failures are its own to log.
+                with contextlib.suppress(Exception):
+                    self.alive()
             try:
                 state = dict(self.ctx.progress.state)
                 cancel = store.beat(self.ctx.factory, self.ctx.gate_id, state)
@@ -134,11 +138,11 @@ class Heartbeat:
                     time.monotonic() - self._down_since,
                 )
                 self._down_since = None
-            if cancel is not None and self.stops.cancel_reason is None and self.main is not None:
-                if not self.stops.cancel(cancel):
-                    return  # the deadline is stopping it already
+            if cancel is None or not self._obey or self.main is None:
+                continue  # beat on: through teardown and the final write too
+            if self.stops.cancel(cancel):  # False: something else is stopping it already
                 self.loop.call_soon_threadsafe(self.main.cancel)
-                return
+            self._obey = False
 
 
 async def in_daemon_thread(fn: Callable[[], _T], name: str) -> _T:

@@ -97,6 +97,7 @@ class GateRunner:
         self.started = datetime.now(UTC)
         self.clock = Clock()
         self.booking: GateReservation | None = None
+        self.tearing_down = False
         self._main: asyncio.Task[Any] | None = None
 
     def request_stop(self, reason: str) -> bool | None:
@@ -122,18 +123,21 @@ class GateRunner:
         self.ctx, self._main = ctx, asyncio.current_task()
         ctx.gate_phase("requested")
         seen = Observed(engines=Engines(ctx, None))
-        result = await self._guarded(ctx, seen)
-        doc = finish(ctx, seen, result, started=started, report_dir=self.report_dir)
+        heartbeat = Heartbeat(ctx, self.stops, self._main, self.alive)
+        heartbeat.start()
+        try:
+            result = await self._guarded(ctx, seen, heartbeat)
+            doc = finish(ctx, seen, result, started=started, report_dir=self.report_dir)
+        finally:
+            await heartbeat.join()  # it beat through the teardown and the final write
         self.outcome = GateOutcome(self.gate_id, doc)
         engine.dispose()
         return self.outcome
 
     async def _guarded(
-        self, ctx: RunContext, seen: Observed
+        self, ctx: RunContext, seen: Observed, heartbeat: Heartbeat
     ) -> tuple[Verdict | None, GateError | None, FinishedState]:
         """The stages under the gate's deadline and heartbeat; teardown whatever happened."""
-        heartbeat = Heartbeat(ctx, self.stops, self._main, self.alive)
-        heartbeat.start()
         deadline_s = ctx.limits.gate_deadline_s(self.spec)
         loop = asyncio.get_running_loop()
         deadline = loop.call_later(deadline_s, self._deadline, deadline_s)
@@ -150,9 +154,9 @@ class GateRunner:
             error, state = self.stops.error()
         finally:
             deadline.cancel()
-            heartbeat.signal()
+            heartbeat.quiet()
+            self.tearing_down = True
             await self._teardown(ctx, seen, state)
-            await heartbeat.join()
         return verdict, error, state
 
     def _deadline(self, deadline_s: float) -> None:
@@ -165,8 +169,11 @@ class GateRunner:
         self._main.cancel()
 
     def _lease_lost(self, reason: str) -> None:
-        """The reservation's lease could expire or is gone: stop now, teardown first."""
-        if self._main is None or self.ctx is None or not self.stops.lease_lost(reason):
+        """The reservation's lease could expire or is gone: stop now, teardown first (when
+        teardown has begun, it goes on; the document says the lease was lost)."""
+        if self.tearing_down or self._main is None or self.ctx is None:
+            return
+        if not self.stops.lease_lost(reason):
             return
         self.ctx.gate_phase("lease_lost", reason)
         self._main.cancel()
@@ -246,11 +253,10 @@ class GateRunner:
 
     async def _teardown(self, ctx: RunContext, seen: Observed, state: FinishedState) -> None:
         booked = self.booking
+        assert seen.engines is not None
+        await seen.engines.teardown()  # the lease is renewed until the engines are gone
         if booked is not None:
             await booked.stop_keep_alive()
-        assert seen.engines is not None
-        await seen.engines.teardown()
-        if booked is not None:
             if booked.grant is not None and seen.engines.placement is None:
                 seen.engines.placement = booked.grant.placement  # granted as it was stopped
             released = await persist(

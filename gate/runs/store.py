@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from gate.analysis.samples import Columns
 from gate.analysis.types import Check
 from gate.core.clock import now
 from gate.core.database import db_now, reading, transaction
+from gate.core.errors import DatabaseWaited as DatabaseWaited  # raised by reap_lost
 from gate.core.errors import GateConflict as GateConflict  # these four lived here: re-exported
 from gate.core.errors import GateError
 from gate.core.errors import GateForbidden as GateForbidden
@@ -351,6 +353,7 @@ def reap_lost(
     spare: Collection[str] = (),
     broker: bool = False,
     spared: list[str] | None = None,
+    max_wait_s: float | None = None,
 ) -> list[str]:
     """End every running gate whose heartbeat stopped: hold with the reason, its reservation
     released. Its engine processes died with their worker (they are launched with a parent
@@ -359,10 +362,17 @@ def reap_lost(
     Heartbeats are compared with the database's clock (`at` for tests). `spare`: gates known
     alive another way (this process runs them; the broker holds their proof of life), which a
     database outage kept from writing: they are not ended. `broker`: whether the broker was
-    asked, for the reason's words. `spared` collects the stale gates that were spared."""
+    asked, for the reason's words. `spared` collects the stale gates that were spared.
+    `max_wait_s`: a pass that waited longer than this for the database (a write lock held
+    elsewhere) ends nobody: the gates' heartbeats waited just as long.
+
+    Raises `DatabaseWaited` for such a pass."""
     ended: list[str] = []
     with transaction(factory) as s:
+        t0 = time.monotonic()
         at = at or db_now(s)
+        if max_wait_s is not None and time.monotonic() - t0 > max_wait_s:
+            raise DatabaseWaited(time.monotonic() - t0)
         cutoff = at - timedelta(seconds=lost_after_s)
         lost = s.scalars(
             select(GateRun)
@@ -596,11 +606,15 @@ def record_phase(
     detail: str | None,
 ) -> None:
     """One phase row, and the gate's current phase (`role:phase` for an engine's)."""
+    phase = phase[:PHASE_CHARS]  # `scenario:<name>` of a long name: the column's width
     with transaction(factory) as s:
         s.add(GatePhase(gate_id=gate_id, role=role, phase=phase, at_s=at_s, detail=detail))
         run = s.get(GateRun, gate_id)
         if run is not None:
-            run.phase = phase if role == "gate" else f"{role}:{phase}"
+            run.phase = (phase if role == "gate" else f"{role}:{phase}")[:PHASE_CHARS]
+
+
+PHASE_CHARS = 64  # gate_phases.phase and gates.phase
 
 
 def beat(
@@ -677,6 +691,10 @@ def finish_run(
         run.document = document.to_json()
         run.report_path = document.report
         run.finished_at = finished
+        # A retry of this write whose first commit did land (its answer was lost) rewrites
+        # the same rows instead of failing on them.
+        s.execute(delete(SampleSet).where(SampleSet.gate_id == gate_id))
+        s.execute(delete(CheckResult).where(CheckResult.gate_id == gate_id))
         for scenario, role, cols in samples:
             s.add(
                 SampleSet(

@@ -17,7 +17,7 @@ from typing import Any
 log = logging.getLogger("gate.worker")
 
 KEY_PREFIX = "gate:alive:"
-TIMEOUT_S = 2.0
+TIMEOUT_S = 1.0
 WARN_EVERY_S = 60.0
 
 
@@ -31,9 +31,17 @@ class BrokerLiveness:
 
     def __init__(self, url: str, ttl_s: float) -> None:
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
+        # No retries: a broker that does not answer must cost one timeout, not ten, or the
+        # heartbeat it shares a thread with would fall behind.
         self.client: Any = redis.Redis.from_url(
-            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
+            url,
+            socket_timeout=TIMEOUT_S,
+            socket_connect_timeout=TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
         )
         self.ttl_s = max(1, int(ttl_s))
         self._warned = 0.0

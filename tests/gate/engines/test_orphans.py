@@ -40,16 +40,19 @@ def test_the_sweep_kills_what_a_dead_owner_left_and_spares_a_live_owners(tag: st
     dead_owner.wait()
     start = orphans.start_time(os.getpid())
     assert start is not None
-    orphan = _detached(tag, f"{dead_owner.pid}:{start}:gate-a:reference")
+    ns = orphans.pid_namespace()
+    orphan = _detached(tag, f"{ns}:{dead_owner.pid}:{start}:gate-a:reference")
+    elsewhere = _detached(tag, f"{ns + 1}:{dead_owner.pid}:{start}:gate-c:reference")
     ours = _detached(tag, orphans.mark_for("gate-b", "candidate"))
     try:
         time.sleep(0.3)  # exec'd, environment readable
         killed = orphans.sweep_orphans()
         assert orphan.pid in killed and _gone(orphan)
         assert ours.poll() is None, "a process of a live gate was swept"
+        assert elsewhere.poll() is None, "a mark of another pid namespace was swept"
         assert orphans.kill_marked("gate-b", "candidate") == [ours.pid] and _gone(ours)
     finally:
-        for p in (orphan, ours):
+        for p in (orphan, ours, elsewhere):
             p.kill()
             p.wait()
 
@@ -58,11 +61,12 @@ def test_a_pid_reused_by_another_process_is_not_the_owner() -> None:
     me = os.getpid()
     start = orphans.start_time(me)
     assert start is not None
-    assert orphans.Mark.parse(f"{me}:{start}:g:reference") == orphans.Mark(
-        me, start, "g", "reference"
+    ns = orphans.pid_namespace()
+    assert orphans.Mark.parse(f"{ns}:{me}:{start}:g:reference") == orphans.Mark(
+        ns, me, start, "g", "reference"
     )
     assert orphans.Mark.parse("not a mark") is None
-    assert not orphans._owner_alive(orphans.Mark(me, start + 1, "g", "reference"))
+    assert not orphans._owner_alive(orphans.Mark(ns, me, start + 1, "g", "reference"))
 
 
 WRAPPER = (

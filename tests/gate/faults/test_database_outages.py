@@ -197,9 +197,9 @@ def _settings(tmp_path: Path, **kw: Any) -> Settings:
 def test_an_outage_shorter_than_the_lease_loses_nothing(
     postgres: Postgres, tmp_path: Path, tag: str
 ) -> None:
-    """Down 4 s with a 12 s lease (safe for 9 s after each renewal): the gate runs on, its
+    """Down 4 s with a 20 s lease (renewed every 3.3 s, safe for 12 s after each): it runs on, its
     heartbeats and phases are written once the database is back, it decides, and releases."""
-    settings = _settings(tmp_path, lease_ttl_s=12.0)
+    settings = _settings(tmp_path, lease_ttl_s=20.0)
     gate = _start_gate(postgres, tmp_path, tag, settings, None)
     factory = _factory(postgres)
     _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
@@ -213,7 +213,7 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     assert ("gate", "judging") in phases and ("gate", "released") in phases  # none lost
     assert leases.active_leases(factory) == []
     print(
-        f"\nFAULT postgres down 4 s (lease 12 s): {out.doc.state}, {out.doc.verdict}, "
+        f"\nFAULT postgres down 4 s (lease 20 s): {out.doc.state}, {out.doc.verdict}, "
         f"reservation {out.doc.reservation.state}, {len(phases)} phase rows"
     )
 

@@ -93,7 +93,7 @@ def test_a_lease_the_database_will_not_renew_stops_the_gate_before_it_could_expi
     factory, path = _factory(tmp_path)
     ttl = 4.0
 
-    async def scenario() -> tuple[float, float, str]:
+    async def scenario() -> tuple[float, float, str, float]:
         booked = await _held(factory, ttl)
         t0 = time.monotonic()
         lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -103,11 +103,12 @@ def test_a_lease_the_database_will_not_renew_stops_the_gate_before_it_could_expi
         why = await asyncio.wait_for(lost, ttl * 3)
         at = time.monotonic() - t0
         await booked.stop_keep_alive()
-        return at, booked._held_from - t0, why
+        return at, booked._held_from - t0, why, booked.margin_s()
 
-    at, held_from, why = asyncio.run(scenario())
-    # Told to stop by the time a quarter of the TTL was left, counted from the last write.
-    assert at <= held_from + ttl * (1 - STOP_MARGIN) + 0.5
+    at, held_from, why, margin = asyncio.run(scenario())
+    # Told to stop by the time its teardown margin was left, counted from the last write.
+    assert margin >= ttl * STOP_MARGIN
+    assert at <= held_from + ttl - margin + 0.5
     assert at < ttl, f"the gate heard of it only after {at:.1f} s, past its {ttl} s TTL"
     assert "reservation" in why and ("waited on the database" in why or "could not" in why)
 
