@@ -34,8 +34,9 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(
         default=600.0,
         gt=0,
-        description="Reservation lease lifetime, renewed every third of it; a gate that cannot "
-        "renew it for 0.75 x this stops its engines and ends `lease_lost`.",
+        description="Reservation lease lifetime, renewed every sixth of it; a gate that cannot "
+        "renew it for this less its teardown margin (max(0.25 x TTL, min(20 s, 0.4 x TTL))) "
+        "stops its engines and ends `lease_lost`.",
     )
     spec_dir: Path | None = Field(
         default=None,

@@ -96,7 +96,7 @@ class GateReservation:
                 delay = min(delay * 2, MAX_WAIT_DELAY_S)
 
     def start_keep_alive(self, on_lost: Callable[[str], None]) -> None:
-        """Renew the lease every third of its TTL until `stop_keep_alive`; `on_lost` is told
+        """Renew the lease every sixth of its TTL until `stop_keep_alive`; `on_lost` is told
         once, on the event loop, when the lease is lost or could expire."""
         self._renewer = asyncio.create_task(self._keep_alive(on_lost))
 
