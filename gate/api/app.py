@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
-from gate.core.errors import GateError, SpecError
+from gate.core.errors import GateError, SpecError, transient
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
 from gate.http.deps import Ctx
@@ -94,7 +94,15 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        # Never a plain-text 500: the documented error shape, and the cause in the log.
+        # Never a plain-text 500: the documented error shape, and the cause in the log. A
+        # database that is unreachable or restarting is a 503 the caller may retry.
+        if transient(exc):
+            log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
+            resp = _problem(
+                503, "database_unavailable", "the gate service's database is unavailable; retry"
+            )
+            resp.headers["Retry-After"] = "5"
+            return resp
         log.error("unhandled error: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return _problem(
             500, "internal_error", "the gate service failed on this request; see its log"

@@ -145,15 +145,3 @@ def open_migrated(url: str) -> sessionmaker[Session]:
     else:
         upgrade(engine)
     return make_sessionmaker(engine)
-
-
-def transient(exc: BaseException) -> bool:
-    """A failure that waiting can cure: the database unreachable, restarting, locked, timed
-    out. Anything else (a row the schema refuses, a constraint) is not."""
-    from sqlalchemy import exc as sa
-
-    if isinstance(exc, sa.DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(
-        exc, sa.OperationalError | sa.InterfaceError | sa.TimeoutError | OSError | TimeoutError
-    )

@@ -201,3 +201,15 @@ class DatabaseWaited(GateError):
     def __init__(self, waited_s: float) -> None:
         super().__init__(f"waited {waited_s:.1f} s for the database")
         self.waited_s = waited_s
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure that waiting can cure: the database unreachable, restarting, locked, timed
+    out. Anything else (a row the schema refuses, a constraint) is not."""
+    from sqlalchemy import exc as sa
+
+    if isinstance(exc, sa.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(
+        exc, sa.OperationalError | sa.InterfaceError | sa.TimeoutError | OSError | TimeoutError
+    )

@@ -38,13 +38,18 @@ class Grant:
 
 
 def reap_expired(session: Session, now: datetime | None = None) -> int:
-    """End the leases whose expiry has passed by the database's clock (or `now`)."""
+    """End the leases whose expiry has passed by the database's clock (or `now`).
+
+    Lock order, everywhere a lease is written: its `reservations` row first, then its
+    `gpu_leases` rows, so a renewal and a reaper never wait on each other in a circle. A
+    renewal that got the row first (and extended it) is not reaped: the expiry is checked
+    again on the locked row."""
     now = now or db_now(session)
     expired = list(
         session.scalars(
-            select(Reservation.id).where(
-                Reservation.state == "active", Reservation.expires_at < now
-            )
+            select(Reservation.id)
+            .where(Reservation.state == "active", Reservation.expires_at < now)
+            .with_for_update()
         )
     )
     if not expired:
@@ -52,7 +57,7 @@ def reap_expired(session: Session, now: datetime | None = None) -> int:
     session.execute(delete(GpuLease).where(GpuLease.reservation_id.in_(expired)))
     session.execute(
         update(Reservation)
-        .where(Reservation.id.in_(expired))
+        .where(Reservation.id.in_(expired), Reservation.expires_at < now)
         .values(state="expired", released_at=now, release_reason="lease expired (no heartbeat)")
     )
     return len(expired)
@@ -158,6 +163,10 @@ def release(factory: sessionmaker[Session], reservation_id: int, reason: str) ->
     """Release an active lease. Returns None when this released it, else how it had ended
     before (its state and reason: reaped as expired, released by a reaper)."""
     with transaction(factory) as session:
+        # The reservation row first (the lock order of reap_expired).
+        session.execute(
+            select(Reservation.id).where(Reservation.id == reservation_id).with_for_update()
+        )
         session.execute(delete(GpuLease).where(GpuLease.reservation_id == reservation_id))
         done = session.scalars(
             update(Reservation)

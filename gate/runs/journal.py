@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from gate.core.database import transient
+from gate.core.errors import transient
 
 log = logging.getLogger("gate.runs")
 

@@ -93,6 +93,19 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
+    def _recovered(self, down_s: float) -> None:
+        """Say what happened, once the database is back: a log line, a phase row and a note
+        on the verdict document."""
+        what = (
+            f"The gate could not write to its database for {down_s:.0f} s "
+            f"({self._failures} failed heartbeats); it ran on, and wrote its state when the "
+            "database was back."
+        )
+        log.warning("gate %s: %s", self.ctx.gate_id, what)
+        self.ctx.journal.record(("gate", "database_back", self.ctx.clock.now_s(), what))
+        self.ctx.notes.append(what)
+        self._failures = 0
+
     def _failed(self, exc: Exception) -> None:
         first = self._down_since is None
         if first:
@@ -132,11 +145,7 @@ class Heartbeat:
                 self._failed(exc)
                 continue
             if self._down_since is not None:
-                log.warning(
-                    "gate %s: heartbeat written again after %.0f s without the database",
-                    self.ctx.gate_id,
-                    time.monotonic() - self._down_since,
-                )
+                self._recovered(time.monotonic() - self._down_since)
                 self._down_since = None
             if cancel is None or not self._obey or self.main is None:
                 continue  # beat on: through teardown and the final write too

@@ -407,9 +407,9 @@ def _end_lost(s: Session, run: GateRun, at: datetime, broker: bool) -> None:
     )
     held = list(
         s.scalars(
-            select(Reservation.id).where(
-                Reservation.gate_id == run.id, Reservation.state == "active"
-            )
+            select(Reservation.id)
+            .where(Reservation.gate_id == run.id, Reservation.state == "active")
+            .with_for_update()  # the reservation rows first: leases.py's lock order
         )
     )
     if held:

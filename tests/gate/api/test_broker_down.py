@@ -54,3 +54,21 @@ def test_an_unexpected_failure_is_the_json_error_shape(
     assert r.headers["content-type"].startswith("application/")
     error = r.json()["error"]
     assert error["code"] == "internal_error" and "see its log" in error["message"]
+
+
+def test_a_database_outage_is_a_503_with_retry_after(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    app = create_app(settings)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        token = create_token(app.state.ctx.factory, "r", ["read"])
+
+        def down(*args: object, **kwargs: object) -> None:
+            raise OperationalError("SELECT 1", {}, ConnectionError("server closed the connection"))
+
+        monkeypatch.setattr(store, "list_gates", down)
+        r = client.get("/v1/gates", headers=auth(token))
+    assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+    assert r.json()["error"]["code"] == "database_unavailable"

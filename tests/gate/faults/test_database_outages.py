@@ -211,6 +211,8 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     assert out.doc.reservation is not None and out.doc.reservation.state == "released"
     phases = [(p.role, p.phase) for p in store.all_phases(factory, out.gate_id)]
     assert ("gate", "judging") in phases and ("gate", "released") in phases  # none lost
+    assert ("gate", "database_back") in phases  # and it says what happened
+    assert any("could not write to its database for" in n for n in out.doc.notes)
     assert leases.active_leases(factory) == []
     print(
         f"\nFAULT postgres down 4 s (lease 20 s): {out.doc.state}, {out.doc.verdict}, "
