@@ -113,21 +113,3 @@ class TokenChecker:
                 self._cache.popitem(last=False)
             self._cache[h] = (t, scopes, token_id)
         return scopes, token_id
-        h = digest(token)
-        t = time.monotonic()
-        with transaction(self.factory) as s:
-            row = s.scalars(
-                select(ApiToken).where(ApiToken.token_hash == h, ApiToken.revoked_at.is_(None))
-            ).first()
-            scopes = frozenset(row.scopes.split(",")) if row is not None else None
-            token_id = row.id if row is not None else None
-            if row is not None:
-                row.last_used_at = now()
-        with self._lock:
-            # least recently stored first out: a flood of made-up tokens evicts old entries
-            # one by one instead of emptying the cache of every poller's token
-            self._cache.pop(h, None)
-            while len(self._cache) >= 10_000:
-                self._cache.popitem(last=False)
-            self._cache[h] = (t, scopes, token_id)
-        return scopes

@@ -40,21 +40,18 @@ def rule_check(
     samples: tuple[int, int] = (0, 0),
 ) -> Check:
     """A deterministic rule: what was observed and the limit, no interval and no alpha."""
-    return Check(
-        id=id,
-        group=group,
+    return statistic_check(
+        id,
+        group,
+        metric,
+        decision,
+        message,
         scenario=scenario,
-        metric=metric,
-        quantile=None,
         reference=reference,
         candidate=candidate,
         ratio=ratio,
-        interval=None,
         threshold=threshold,
-        decision=decision,
         samples=samples,
-        alpha=None,
-        message=message,
     )
 
 

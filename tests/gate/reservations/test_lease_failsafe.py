@@ -30,6 +30,17 @@ def _factory(tmp_path: Path) -> tuple[sessionmaker[Session], Path]:
     return make_sessionmaker(engine), path
 
 
+def _grant(factory: sessionmaker[Session], ttl_s: float) -> leases.Grant:
+    return leases.reserve(
+        factory,
+        load_inventory(None),
+        ShapeRequest(gpus_per_engine=1),
+        holder="t",
+        gate_id=None,
+        ttl_s=ttl_s,
+    )
+
+
 def _expiry(factory: sessionmaker[Session], rid: int) -> datetime:
     with transaction(factory) as s:
         row = s.get(Reservation, rid)
@@ -58,14 +69,7 @@ def test_a_renewal_that_waited_for_the_lock_writes_its_expiry_from_the_moment_of
     tmp_path: Path,
 ) -> None:
     factory, path = _factory(tmp_path)
-    grant = leases.reserve(
-        factory,
-        load_inventory(None),
-        ShapeRequest(gpus_per_engine=1),
-        holder="t",
-        gate_id=None,
-        ttl_s=60,
-    )
+    grant = _grant(factory, 60)
     taken = threading.Event()
     holder = _hold_write_lock(path, 2.0, taken)
     assert taken.wait(5)
@@ -171,14 +175,7 @@ def test_renewals_retry_through_a_short_outage_and_keep_the_lease(
 def test_a_sweep_of_expired_leases_reads_the_database_clock(tmp_path: Path) -> None:
     """An expiry is compared with the database's time, not the reserving host's."""
     factory, _ = _factory(tmp_path)
-    grant = leases.reserve(
-        factory,
-        load_inventory(None),
-        ShapeRequest(gpus_per_engine=1),
-        holder="t",
-        gate_id=None,
-        ttl_s=0.5,
-    )
+    grant = _grant(factory, 0.5)
     time.sleep(0.8)
     with transaction(factory) as s:
         assert leases.reap_expired(s) == 1
