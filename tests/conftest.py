@@ -27,8 +27,10 @@ def factory(db_url: str) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
-def processes_with(marker: str) -> list[int]:
-    """PIDs whose command line contains `marker` (a unique --tag given to sim engines)."""
+def processes_with(marker: str, keepers: bool = False) -> list[int]:
+    """PIDs whose command line contains `marker` (a unique --tag given to sim engines): the
+    engines' own processes, and with `keepers` also their keepers (gate/engines/keeper.py,
+    whose command line holds the engine's)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -38,7 +40,7 @@ def processes_with(marker: str) -> list[int]:
             status = (entry / "status").read_text()
         except OSError:
             continue
-        if marker in cmd and "State:\tZ" not in status:
+        if marker in cmd and "State:\tZ" not in status and (keepers or "keeper.py" not in cmd):
             found.append(int(entry.name))
     return found
 

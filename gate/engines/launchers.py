@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,14 +22,16 @@ from typing import IO, Protocol
 
 from gate.access.network import check_allowed, check_always
 from gate.core.errors import EngineError, UrlRefused
-from gate.engines import orphans
+from gate.engines import keeper, orphans
 from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
 from gate.engines.readiness import wait_ready
 from gate.reservations.allocator import EnginePlacement
 from gate.verdict.document import EngineDoc, PlacementDoc
 
-TERM_GRACE_S = 5.0
+TERM_GRACE_S = 5.0  # the keeper's grace: SIGTERM to every process of the engine, then SIGKILL
+KEEPER_SLACK_S = 3.0  # for the keeper to kill and reap what outlived the grace
+KEEPER = Path(keeper.__file__)
 PORT_ATTEMPTS = 3
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98", "eaddrinuse")
 ATTACH_CONNECT_TIMEOUT_S = 5.0
@@ -86,6 +89,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def _kept(argv: list[str], grace_s: float = TERM_GRACE_S) -> list[str]:
+    """The engine's argv under its keeper (keeper.py: a subreaper that ends the engine's
+    whole process tree with it), on Linux; elsewhere the argv as it is."""
+    if sys.platform != "linux":
+        return argv
+    return [sys.executable, "-I", str(KEEPER), "--grace", f"{grace_s:g}", "--", *argv]
+
+
+def _unstartable(program: str, path: str, cwd: str | None) -> str | None:
+    """Why `program` cannot be executed (as execvp would look it up), or None."""
+    if "/" in program:
+        target = Path(cwd or ".") / program
+        if not target.exists():
+            return "no such file"
+        return None if os.access(target, os.X_OK) and target.is_file() else "not an executable"
+    return None if shutil.which(program, path=path) else f"not found on PATH ({path})"
+
+
 def _tail(path: Path, lines: int) -> list[str]:
     try:
         with path.open("rb") as fh:
@@ -111,6 +132,7 @@ class ProcessEngine:
     readiness_timeout_s: float = 300.0
     host: str = "127.0.0.1"
     gate_id: str = ""  # names the engine's processes (orphans.py); default: this object
+    term_grace_s: float = TERM_GRACE_S  # SIGTERM to SIGKILL at teardown (sized to the lease)
 
     def __post_init__(self) -> None:
         self.gate_id = self.gate_id or f"engine-{os.getpid()}-{id(self):x}"
@@ -175,16 +197,22 @@ class ProcessEngine:
 
     async def _launch_once(self) -> None:
         argv = self.argv()
+        env = self.environment()
         self._log = self.log_path.open("ab")
         self.phases.mark("launched", " ".join(argv))
+        # The keeper execs the engine: a program that cannot start is named here, as a failed
+        # exec of our own would be, not found later as an exit code of 127.
+        problem = _unstartable(argv[0], env.get("PATH", os.defpath), self.cwd)
+        if problem is not None:
+            raise EngineError(self.role, "process_up", f"could not start {argv[0]!r}: {problem}")
         try:
             # Popen only forks and execs; it does not wait, so calling it here is fine.
             self._proc = subprocess.Popen(  # noqa: ASYNC220
-                argv,
+                _kept(argv, self.term_grace_s),
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                env=self.environment(),
+                env=env,
                 cwd=self.cwd,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
@@ -238,8 +266,12 @@ class ProcessEngine:
         """Synchronous last resort: SIGKILL the whole group (used when async teardown can't
         run), and whatever of the engine left the group."""
         if self._proc is not None and self._proc.poll() is None:
+            tree = keeper.descendants(self._proc.pid) if sys.platform == "linux" else []
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
+            for pid in tree:  # the keeper's tree: what left the group, marked or not
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
         if self._proc is not None:
@@ -254,7 +286,8 @@ class ProcessEngine:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, signal.SIGTERM)
                     loop = asyncio.get_running_loop()
-                    deadline = loop.time() + TERM_GRACE_S
+                    grace = self.term_grace_s + min(KEEPER_SLACK_S, self.term_grace_s)
+                    deadline = loop.time() + grace
                     # Polling a child's exit: no event to await without a SIGCHLD watcher.
                     while proc.poll() is None and loop.time() < deadline:  # noqa: ASYNC110
                         await asyncio.sleep(0.02)

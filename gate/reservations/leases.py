@@ -161,7 +161,9 @@ def heartbeat(factory: sessionmaker[Session], reservation_id: int, ttl_s: float)
 
 def release(factory: sessionmaker[Session], reservation_id: int, reason: str) -> str | None:
     """Release an active lease. Returns None when this released it, else how it had ended
-    before (its state and reason: reaped as expired, released by a reaper)."""
+    before (its state and reason: reaped as expired, released by a reaper). A release that
+    finds the row released with this very reason is its own retry (the first attempt committed
+    but its acknowledgement was lost with the connection): that is a release too, not a loss."""
     with transaction(factory) as session:
         # The reservation row first (the lock order of reap_expired).
         session.execute(
@@ -177,7 +179,11 @@ def release(factory: sessionmaker[Session], reservation_id: int, reason: str) ->
         if done:
             return None
         row = session.get(Reservation, reservation_id)
-        return "unknown" if row is None else f"{row.state} ({row.release_reason})"
+        if row is None:
+            return "unknown"
+        if row.state == "released" and row.release_reason == reason:
+            return None
+        return f"{row.state} ({row.release_reason})"
 
 
 def active_leases(factory: sessionmaker[Session]) -> list[GpuLease]:

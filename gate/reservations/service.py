@@ -40,6 +40,11 @@ MAX_RETRY_DELAY_S = 2.0  # retries of a failed renewal: 1 s, 2 s, 2 s, ... until
 MAX_BLOCKED_DOMAINS = 50  # a blocked reservation names this many domains in the document
 
 
+def teardown_margin_s(ttl_s: float) -> float:
+    """How long before a lease of `ttl_s` could expire its gate stops: room for teardown."""
+    return max(ttl_s * STOP_MARGIN, min(TEARDOWN_S, ttl_s * 0.4))
+
+
 @dataclass
 class GateReservation:
     """One gate's GPUs. `inventory` is called in a thread (it may read a cluster); `on_wait`
@@ -109,7 +114,7 @@ class GateReservation:
 
     def margin_s(self) -> float:
         """How long before the lease could expire the gate stops: room for its teardown."""
-        return max(self.ttl_s * STOP_MARGIN, min(TEARDOWN_S, self.ttl_s * 0.4))
+        return teardown_margin_s(self.ttl_s)
 
     def _stop_by(self, held_from: float) -> float:
         return held_from + self.ttl_s - self.margin_s()

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from gate.core.errors import EngineError, GateError
 from gate.core.vocabulary import ROLES, Role
 from gate.engines.describe import placement_doc, timing_doc, unlaunched_doc
-from gate.engines.launchers import EndpointEngine, Engine, ProcessEngine
+from gate.engines.launchers import TERM_GRACE_S, EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import Placement
+from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
 from gate.runs.schedules import LazyRequests
 from gate.spec import EngineSpec
@@ -59,7 +60,14 @@ def _process(engines: Engines, role: Role, es: EngineSpec, placement: Placement 
         cwd=es.cwd,
         readiness_timeout_s=es.readiness_timeout_s,
         gate_id=ctx.gate_id,
+        term_grace_s=engine_grace_s(ctx.settings.lease_ttl_s),
     )
+
+
+def engine_grace_s(lease_ttl_s: float) -> float:
+    """SIGTERM to SIGKILL for an engine at teardown: TERM_GRACE_S, shorter when the lease is
+    so short that its teardown margin could not hold it (a stop waits at most twice this)."""
+    return min(TERM_GRACE_S, teardown_margin_s(lease_ttl_s) / 3)
 
 
 def _kubernetes(

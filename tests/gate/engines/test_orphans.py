@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gate.engines import orphans
+from gate.engines import keeper, launchers, orphans
 from gate.engines.launchers import ProcessEngine
 from gate.engines.lifecycle import Clock, PhaseLog
 
@@ -106,10 +106,68 @@ def test_an_engine_grandchild_that_left_the_group_dies_at_teardown(
     assert find_processes(tag) == []
 
 
-def test_a_sigkilled_gate_run_leaves_an_orphan_that_the_next_start_sweeps(
+# A TP-worker-like grandchild that leaves the group *and* clears its environment, so no mark
+# names it: only the keeper (a subreaper) still has it in its tree.
+HIDDEN = (
+    "import os, subprocess, sys; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
+    " start_new_session=True, env=dict()); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
+    " '--model', sys.argv[3], '--tag', sys.argv[1]])"
+)
+
+
+def _wait_none(find: Callable[..., list[int]], tag: str, within_s: float) -> list[int]:
+    """Waits until no process of the tag is left, keepers included; returns what is left."""
+    deadline = time.monotonic() + within_s
+    while find(tag, keepers=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return find(tag, keepers=True)
+
+
+def test_a_grandchild_that_left_the_group_and_cleared_its_environment_dies_at_teardown(
     tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
 ) -> None:
-    engine = {"command": ["python", "-c", WRAPPER, tag, "{port}", "{model}"]}
+    engine = ProcessEngine(
+        role="candidate",
+        argv_template=["python", "-c", HIDDEN, tag, "{port}", "{model}"],
+        model="demo-model",
+        phases=PhaseLog("candidate", Clock()),
+        log_path=tmp_path / "candidate.log",
+        readiness_timeout_s=60,
+        gate_id="gate-hidden",
+    )
+
+    async def run() -> list[int]:
+        await engine.start()
+        try:
+            return find_processes(tag)
+        finally:
+            await engine.stop()
+
+    during = asyncio.run(run())
+    assert len(during) >= 2, f"the engine and its hidden grandchild should both run: {during}"
+    assert orphans.kill_marked("gate-hidden") == [], "the hidden grandchild carries no mark"
+    assert _wait_none(find_processes, tag, 5) == []
+
+
+def test_a_sigkilled_gate_run_takes_every_engine_process_with_it(
+    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+) -> None:
+    """`kill -9` of `gate run`: the keepers get their parent-death signal and end their whole
+    trees, marked or not, without waiting for the next start's sweep."""
+    engine = {"command": ["python", "-c", HIDDEN, tag, "{port}", "{model}"]}
+    gate = _gate_run(tmp_path, engine)
+    deadline = time.monotonic() + 60
+    while len(find_processes(tag)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)  # two engines, two hidden grandchildren
+    assert len(find_processes(tag)) >= 4, "the gate's engines did not start"
+    gate.send_signal(signal.SIGKILL)
+    gate.wait()
+    assert _wait_none(find_processes, tag, 15) == []
+
+
+def _gate_run(tmp_path: Path, engine: dict[str, list[str]]) -> subprocess.Popen[bytes]:
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "name: orphans\nmodel: demo-model\n"
@@ -117,24 +175,50 @@ def test_a_sigkilled_gate_run_leaves_an_orphan_that_the_next_start_sweeps(
         "scenarios: [{name: steady, rate: 2, requests: 400, max_tokens: 4}]\n"
     )
     env = {**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")}
-    gate = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "gate", "run", str(spec), "--db", f"sqlite:///{tmp_path / 'g.db'}"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def test_the_keeper_exits_as_its_engine_did() -> None:
+    """A crash reads the same through the keeper: the engine's exit code, or its signal."""
+    for script, code in (("exit 3", 3), ("kill -SEGV $$", -signal.SIGSEGV), ("exit 0", 0)):
+        proc = subprocess.run(launchers._kept(["sh", "-c", script]), check=False, timeout=30)
+        assert proc.returncode == code, script
+    missing = subprocess.run(launchers._kept(["/nonexistent/engine"]), check=False, timeout=30)
+    assert missing.returncode == 127
+
+
+def test_a_sigkilled_keeper_still_leaves_nothing_the_sweep_cannot_find(
+    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+) -> None:
+    """Keeper and gate both SIGKILLed (an OOM kill of the whole cgroup's parent): the leader
+    dies by its parent-death signal; marked grandchildren are the next start's sweep."""
+    engine = {"command": ["python", "-c", WRAPPER, tag, "{port}", "{model}"]}
+    gate = _gate_run(tmp_path, engine)
     deadline = time.monotonic() + 60
     while len(find_processes(tag)) < 4 and time.monotonic() < deadline:
-        time.sleep(0.2)  # two engines, two detached grandchildren
+        time.sleep(0.2)
     assert len(find_processes(tag)) >= 4, "the gate's engines did not start"
+    keepers = [pid for pid in keeper.descendants(gate.pid) if "keeper.py" in _cmdline(pid)]
+    assert len(keepers) == 2, keepers
+    for pid in keepers:
+        os.kill(pid, signal.SIGKILL)
     gate.send_signal(signal.SIGKILL)
     gate.wait()
     time.sleep(1.0)  # the parent-death signal takes the engines' leaders
     left = find_processes(tag)
-    assert len(left) == 2, f"the two detached grandchildren outlive a SIGKILLed gate: {left}"
+    assert len(left) == 2, f"the two detached grandchildren outlive their keepers: {left}"
     killed = orphans.sweep_orphans()  # what `gate run`, `gate worker`, `gate serve` do first
     assert set(left) <= set(killed)
-    deadline = time.monotonic() + 5
-    while find_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert find_processes(tag) == []
+    assert _wait_none(find_processes, tag, 5) == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -181,3 +181,27 @@ def test_a_sweep_of_expired_leases_reads_the_database_clock(tmp_path: Path) -> N
         assert leases.reap_expired(s) == 1
     assert leases.release(factory, grant.reservation_id, "late") is not None  # already ended
     assert os.path.exists(tmp_path / "leases.db")
+
+
+def test_a_release_retried_after_its_commit_was_not_acknowledged_is_a_release(
+    tmp_path: Path,
+) -> None:
+    """The first release committed but the connection died before the acknowledgement, so the
+    journal retried it: the row already says released, with this release's own reason. The
+    document says "released"; only a release by someone else (a reaper) reads as lost."""
+    factory, _ = _factory(tmp_path)
+
+    async def scenario() -> tuple[str, str]:
+        ours = await _held(factory, 30.0)
+        assert ours.grant is not None
+        assert leases.release(factory, ours.grant.reservation_id, "gate complete") is None
+        ours.release_now("gate complete")  # the retry
+        theirs = await _held(factory, 30.0)
+        assert theirs.grant is not None
+        leases.release(factory, theirs.grant.reservation_id, "worker lost")
+        theirs.release_now("gate complete")
+        a, b = ours.describe(), theirs.describe()
+        assert a is not None and b is not None
+        return a.state, b.state
+
+    assert asyncio.run(scenario()) == ("released", "lost")

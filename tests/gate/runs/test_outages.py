@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from gate.core.settings import Settings
+from gate.engines.launchers import TERM_GRACE_S
 from gate.reservations import leases
+from gate.reservations.service import teardown_margin_s
 from gate.runs import store
+from gate.runs.engines import engine_grace_s
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
@@ -79,3 +82,13 @@ def test_a_lease_ended_elsewhere_stops_the_gate_at_its_next_renewal(
     assert "ended elsewhere" in doc["reasons"][0]["message"]
     assert doc["reservation"]["state"] == "lost"
     assert _at(phases, "lease_lost") - _at(phases, "reserved") < TTL_S
+
+
+@pytest.mark.parametrize("ttl_s", [1.0, 3.0, 8.0, 12.0, 30.0, 50.0, 600.0, 3600.0])
+def test_an_engines_teardown_fits_in_the_leases_teardown_margin(ttl_s: float) -> None:
+    """A stop waits for an engine at most twice its grace (SIGTERM, then the keeper's SIGKILL
+    and reaping), so with both engines stopped at once teardown ends inside the margin the
+    lease keeps for it, whatever the TTL; long leases keep the full TERM_GRACE_S."""
+    grace = engine_grace_s(ttl_s)
+    assert 2 * grace <= teardown_margin_s(ttl_s)
+    assert grace == TERM_GRACE_S or teardown_margin_s(ttl_s) < 3 * TERM_GRACE_S
