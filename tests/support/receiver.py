@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +36,17 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def settled(
+        self, n: int = 1, timeout_s: float = 30.0, quiet_s: float = 2.0
+    ) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """The calls once at least `n` came (or `timeout_s` passed) and `quiet_s` more went
+        by: what "sent once" is checked on (a repeat would come within that spell)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.calls) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(quiet_s)
+        return list(self.calls)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -1,12 +1,21 @@
 """What the worker tests share: a gate spec on two sim engines, storing and queueing a gate,
-waiting for one, counting held GPUs."""
+waiting for one, counting held GPUs, and a real `gate serve` process."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -101,3 +110,85 @@ def measuring(run: GateRun) -> bool:
 def active_leases(factory: sessionmaker[Session]) -> int:
     with transaction(factory) as s:
         return int(s.scalar(select(func.count()).select_from(GpuLease)) or 0)
+
+
+def service_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a `gate serve` (or `gate worker`) process with these settings: the
+    test's own, none of the caller's GATE_ variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
+    env.update(
+        {
+            "GATE_DATABASE_URL": str(settings.database_url),
+            "GATE_DATA_DIR": str(settings.data_dir),
+            "GATE_HEARTBEAT_S": str(settings.heartbeat_s),
+            "GATE_LOST_AFTER_S": str(settings.lost_after_s),
+            "GATE_BROKER_VISIBILITY_TIMEOUT_S": str(settings.broker_visibility_timeout_s),
+            "GATE_REQUEUE_AFTER_S": str(settings.requeue_after_s),
+            "GATE_CALLBACK_ALLOW": json.dumps(settings.callback_allow),
+            "GATE_PUBLIC_URL": settings.public_url,
+        }
+    )
+    if settings.broker_url:
+        env["GATE_BROKER_URL"] = str(settings.broker_url)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ApiProcess:
+    """One `gate serve` subprocess on `port`, its log in a file."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until the API answers; fails after `timeout` or if it exits."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                pytest.fail(f"gate serve exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            try:
+                if httpx.get(f"{self.url}/v1/openapi.json", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"gate serve not ready after {timeout}s:\n{self.log()[-4000:]}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_api(env: dict[str, str], log_path: Path, port: int, cwd: Path) -> ApiProcess:
+    """`gate serve` on 127.0.0.1:`port` with `env` (see `service_env`); not waited for."""
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return ApiProcess(proc, log_path, port)

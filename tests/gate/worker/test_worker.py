@@ -1,19 +1,26 @@
 """`gate worker` for real: Celery on a real Redis, gates in a real PostgreSQL, sim engines as
 real processes. A gate runs to a verdict; a duplicate delivery runs it once; a worker killed
 with SIGKILL mid-gate loses nothing (the gate ends in hold naming the lost worker, its GPUs
-are released, its engines die with the worker, the redelivered message is skipped); cancel
-and SIGTERM end a running gate cancelled with everything torn down."""
+are released, its engines die with the worker, the redelivered message is skipped); an API
+(`gate serve`) killed with SIGKILL mid-gate loses nothing either (the worker runs the gate to
+its verdict and sends its commit status once; a restarted API serves it); cancel and SIGTERM
+end a running gate cancelled with everything torn down."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from booking import BookingWatch
+from faults import fault_row, gpus_cell
 from receiver import Receiver
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,14 +28,20 @@ from workertools import (
     active_leases,
     create,
     finished,
+    free_port,
     gate_spec,
     measuring,
+    service_env,
+    start_api,
     submit,
     wait_gate,
 )
 
+from gate.access.tokens import create_token
 from gate.core.database import transaction
 from gate.core.settings import Settings
+from gate.engines.keeper import descendants
+from gate.integrations.signatures import sign
 from gate.models import GatePhase, Reservation
 from gate.runs import store
 from gate.runs.dispatch import Reaper
@@ -37,6 +50,7 @@ from gate.worker.main import alive_file
 
 pytestmark = pytest.mark.slow
 
+API_READY_S = 60.0  # a Python process importing FastAPI, Celery and the gate on busy cores
 StartWorker = Callable[..., Any]  # conftest.start_worker: starts a `gate worker` process
 Finder = Callable[[str], list[int]]
 
@@ -269,6 +283,125 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
         f"skipped by {skipped_s:.2f} (visibility timeout {vt}s from delivery, "
         f"{t_kill - t_submit:.2f}s before the kill)"
     )
+
+
+def _ci_delivery(tag: str, callback_url: str) -> bytes:
+    """A CI webhook delivery for a 30 s gate (600 requests at 20/s) with a commit status."""
+    from apitools import spec_dict
+
+    body = {
+        "delivery_id": f"d-{tag[:12]}",
+        "timestamp": time.time(),
+        "spec": spec_dict(tag, requests=600, rate=20),
+        "callback": {"url": callback_url},
+    }
+    return json.dumps(body).encode()
+
+
+def test_sigkill_of_the_api_mid_gate_loses_nothing(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    start_worker: StartWorker,
+    find_processes: Finder,
+    tag: str,
+    receiver: Receiver,
+    tmp_path: Path,
+) -> None:
+    """The scale-out mode for real: `gate serve` (PostgreSQL, Redis) takes a signed CI
+    webhook, a `gate worker` runs the gate, and the API is SIGKILLed mid-gate. The gate runs
+    to its verdict on the worker, which sends the commit status once; the GPUs are released;
+    nothing is left running; a restarted API serves the verdict and sends nothing again."""
+    from apitools import SECRET, SIM_TEMPLATE
+
+    from gate.integrations.callbacks import status_body
+
+    worker = start_worker()
+    env = service_env(
+        settings, GATE_WEBHOOK_SECRET=SECRET, GATE_ENGINES=json.dumps({"sim": SIM_TEMPLATE})
+    )
+    port, log = free_port(), tmp_path / "api.log"
+    api = start_api(env, log, port, tmp_path)
+    try:
+        api.wait_ready(API_READY_S)
+        status_url = f"{receiver.url}/repos/acme/llm/statuses/abc123"
+        raw = _ci_delivery(tag, status_url)
+        created = httpx.post(
+            f"{api.url}/v1/webhooks/ci",
+            content=raw,
+            headers={"Content-Type": "application/json", "X-Hub-Signature-256": sign(SECRET, raw)},
+            timeout=30,
+        )
+        assert created.status_code == 202, created.text
+        gate_id = created.json()["gate"]["id"]
+        watch = BookingWatch(find_processes, tag, factory).start()
+        wait_gate(factory, gate_id, measuring, timeout=90)
+        engines = find_processes(tag)
+        assert len(engines) == 2
+        assert set(engines) <= set(descendants(worker.pid))  # the worker's, not the API's
+
+        api.proc.send_signal(signal.SIGKILL)  # an OOM kill, a node's API pod evicted
+        assert api.proc.wait(timeout=30) == -signal.SIGKILL
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{api.url}/v1/gates/{gate_id}/verdict", timeout=5)
+        assert find_processes(tag) == engines  # the gate runs on, on the worker
+
+        run = wait_gate(factory, gate_id, finished, timeout=180)
+        assert run.state == "complete", run.reason
+        assert run.verdict in ("continue", "hold")
+        assert (run.worker, run.attempts) == (worker.name, 1)
+        worker.wait_for(f"gate {gate_id} finished: complete", 30)
+        calls = receiver.settled(1)
+        assert len(calls) == 1, calls  # the worker sent it; nobody sent it again
+        expected = status_body(store.verdict_summary(run, settings.public_url), "llm-deploy-gate")
+        assert calls[0][1] == expected
+        assert receiver.paths == ["/repos/acme/llm/statuses/abc123"]
+        wait_engines_gone(find_processes, tag, timeout=15)
+        held = active_leases(factory)
+        watch.stop()
+        assert held == 0
+        assert watch.conflicts == [], watch.conflicts
+
+        # The API comes back (on the same port) and serves the verdict the worker stored.
+        api = start_api(env, log, port, tmp_path)
+        api.wait_ready(API_READY_S)
+        token = create_token(factory, "ci-read", ["read"])
+        served = httpx.get(
+            f"{api.url}/v1/gates/{gate_id}/verdict",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert served.status_code == 200, served.text
+        summary = served.json()
+        assert (summary["state"], summary["verdict"], summary["reason"]) == (
+            "complete",
+            run.verdict,
+            run.reason,
+        )
+        # Its reaper passes (every heartbeat) owe this gate nothing: still one status.
+        time.sleep(6 * settings.heartbeat_s)
+        assert len(receiver.calls) == 1, receiver.calls
+        # A clean stop: uvicorn finishes its shutdown, then re-raises the SIGTERM it caught.
+        assert api.stop() in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in api.log()
+        assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
+        assert worker.stop() == 0
+        left = find_processes(tag, keepers=True)
+        assert left == []
+        fault_row(
+            fault="API (`gate serve`) SIGKILLed mid-gate, scale-out mode (PostgreSQL, Redis, "
+            "one worker)",
+            operator_sees="connection refused until the API is back; then GET verdict: "
+            + ", ".join(str(summary[k]) for k in ("state", "verdict", "reason") if summary[k]),
+            final_state=f"{run.state}, {run.verdict} on {run.worker} (attempts {run.attempts}); "
+            f"commit status {calls[0][1]['state']} sent {len(receiver.calls)}x",
+            gpus=gpus_cell(held, watch.summary()),
+            orphans=len(left),
+            lost=abs(1 - len(receiver.calls)) + (run.state not in ("complete", "error")),
+        )
+    finally:
+        if api.proc.poll() is None:
+            api.proc.kill()
+            api.proc.wait()
 
 
 @pytest.mark.parametrize("requeue_after_s", [1.0])
