@@ -3,14 +3,17 @@ directory and port, so stopping it touches no other test) under whole gates on r
 engines, stopped mid-scenario for less than the lease's safe window, for longer than the lease,
 and for longer than GATE_LOST_AFTER_S with the broker (real Redis) still reachable.
 
-Each asserts the gate's final state and reason, that no two gates' engines ever hold the same
-GPUs (the second grant is taken the moment the database is back, and the first gate's engine
-processes are gone by then), that no engine process is left, and that the lease rows end clean.
+Each gate is stored (`store.create_gate`, with a commit-status callback to a real HTTP
+receiver) and run by `execute_gate`, as a worker runs it. Each test asserts the gate's final
+state and reason, that its commit status was sent once with that state, that no two gates'
+engines ever hold the same GPUs (a watcher samples the engines' CUDA_VISIBLE_DEVICES against
+the lease rows all along; the second grant is taken the moment the database is back, and the
+first gate's engine processes are gone by then), that no engine process is left, and that
+the lease rows end clean.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -25,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from booking import BookingWatch, gpus_of
+from faults import fault_row, gpus_cell
+from receiver import Receiver
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import make_engine, make_sessionmaker
 from gate.core.settings import Settings
+from gate.integrations.callbacks import status_body
+from gate.models import GateRun
 from gate.reservations import leases
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
 from gate.runs import store
 from gate.runs.dispatch import Reaper
-from gate.runs.runner import GateOutcome, GateRunner
+from gate.runs.execute import ProofOfLife, execute_gate, open_factory
 from gate.spec import parse_spec
 from gate.worker.liveness import BrokerLiveness
 
@@ -123,21 +130,34 @@ def postgres() -> Iterator[Postgres]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+WORKER = "worker@outage-test"
+STATUS_PATH = "/repos/acme/llm/statuses/abc123"
+
+
 @dataclass
 class Gate:
-    runner: GateRunner
-    thread: threading.Thread
-    result: list[GateOutcome]
+    """A stored gate run by `execute_gate` on a thread of this process, as a worker runs it."""
 
-    def wait(self, timeout_s: float) -> GateOutcome:
+    gate_id: str
+    thread: threading.Thread
+    result: list[str]
+
+    def wait(self, factory: sessionmaker[Session], timeout_s: float) -> GateRun:
+        """The finished gate's row (its document is the verdict document)."""
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "the gate did not finish"
-        assert self.result, "the gate ended without an outcome"
-        return self.result[0]
+        assert self.result, "execute_gate ended without a state (it raised)"
+        run = store.get_gate(factory, self.gate_id)
+        assert run.state == self.result[0] and run.document is not None
+        return run
 
 
 def _start_gate(
-    pg: Postgres, tmp_path: Path, tag: str, settings: Settings, alive: Callable[[], None] | None
+    factory: sessionmaker[Session],
+    tag: str,
+    settings: Settings,
+    receiver: Receiver,
+    liveness: ProofOfLife | None = None,
 ) -> Gate:
     engine = {"command": [*SIM, "--tag", tag, "--profile", "tiny"]}
     spec = parse_spec(
@@ -149,11 +169,28 @@ def _start_gate(
             "scenarios": [{"name": "steady", "rate": 10, "requests": 400, "max_tokens": 4}],
         }
     )
-    runner = GateRunner(spec, settings, report_dir=tmp_path / "reports", db_url=pg.url, alive=alive)
-    result: list[GateOutcome] = []
-    thread = threading.Thread(target=lambda: result.append(asyncio.run(runner.run())))
+    run, created = store.create_gate(
+        factory, spec, source="test", callback={"url": f"{receiver.url}{STATUS_PATH}"}
+    )
+    assert created
+    result: list[str] = []
+
+    def execute() -> None:
+        result.append(execute_gate(run.id, settings, WORKER, factory, liveness))
+
+    thread = threading.Thread(target=execute, name=f"gate-{run.id[:8]}")
     thread.start()
-    return Gate(runner, thread, result)
+    return Gate(run.id, thread, result)
+
+
+def _sent_once(receiver: Receiver, run: GateRun, settings: Settings) -> dict[str, Any]:
+    """The gate's commit status: sent exactly once, saying what the stored gate says."""
+    calls = receiver.settled(1)
+    assert len(calls) == 1, calls
+    assert receiver.paths == [STATUS_PATH]
+    expected = status_body(store.verdict_summary(run, settings.public_url), "llm-deploy-gate")
+    assert calls[0][1] == expected
+    return calls[0][1]
 
 
 def _wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -168,80 +205,105 @@ def _wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _gpus_of(pid: int) -> set[int]:
-    """The GPUs a running engine process was given, from its environment."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    for item in environ:
-        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
-            value = item.split(b"=", 1)[1].decode()
-            return {int(g) for g in value.split(",") if g}
-    return set()
-
-
-def _factory(pg: Postgres) -> sessionmaker[Session]:
-    return make_sessionmaker(make_engine(pg.url))
+def _factory(settings: Settings) -> sessionmaker[Session]:
+    """The test's view of the gate's database, migrated before the gate is stored."""
+    return open_factory(settings)
 
 
 def _in_scenario(factory: sessionmaker[Session], gate: Gate) -> Callable[[], bool]:
     def check() -> bool:
-        run = store.get_gate(factory, gate.runner.gate_id)
+        run = store.get_gate(factory, gate.gate_id)
         return (run.phase or "").startswith("scenario:")
 
     return check
 
 
-def _settings(tmp_path: Path, **kw: Any) -> Settings:
-    return Settings(data_dir=tmp_path / ".gate", heartbeat_s=0.5, **kw)
+def _settings(pg: Postgres, tmp_path: Path, receiver: Receiver, **kw: Any) -> Settings:
+    return Settings(
+        database_url=pg.url,
+        data_dir=tmp_path / ".gate",
+        heartbeat_s=0.5,
+        callback_allow=[f"{receiver.url}/repos/acme/"],
+        public_url="http://gate.test",
+        **kw,
+    )
+
+
+def _final(run: GateRun) -> str:
+    doc = run.document or {}
+    code = (doc.get("error") or {}).get("code")
+    reservation = (doc.get("reservation") or {}).get("state")
+    return (
+        f"{run.state}, {run.verdict}"
+        + (f" ({code})" if code else "")
+        + (f"; reservation {reservation}" if reservation else "")
+    )
+
+
+Finder = Callable[..., list[int]]
 
 
 def test_an_outage_shorter_than_the_lease_loses_nothing(
-    postgres: Postgres, tmp_path: Path, tag: str
+    postgres: Postgres, tmp_path: Path, tag: str, find_processes: Finder, receiver: Receiver
 ) -> None:
     """Down 4 s with a 20 s lease (renewed every 3.3 s, safe for 12 s after each): it runs on, its
     heartbeats and phases are written once the database is back, it decides, and releases."""
-    settings = _settings(tmp_path, lease_ttl_s=20.0)
-    gate = _start_gate(postgres, tmp_path, tag, settings, None)
-    factory = _factory(postgres)
-    _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
-    postgres.stop()
-    time.sleep(4.0)
-    postgres.start()
-    out = gate.wait(180)
-    assert out.doc.state == "complete", out.doc.reasons
-    assert out.doc.reservation is not None and out.doc.reservation.state == "released"
-    phases = [(p.role, p.phase) for p in store.all_phases(factory, out.gate_id)]
+    settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=20.0)
+    factory = _factory(settings)
+    gate = _start_gate(factory, tag, settings, receiver)
+    with BookingWatch(find_processes, tag, factory) as watch:
+        _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
+        postgres.stop()
+        time.sleep(4.0)
+        postgres.start()
+        run = gate.wait(factory, 180)
+    doc = run.document
+    assert doc is not None
+    assert run.state == "complete", run.reason
+    assert doc["reservation"] is not None and doc["reservation"]["state"] == "released"
+    phases = [(p.role, p.phase) for p in store.all_phases(factory, gate.gate_id)]
     assert ("gate", "judging") in phases and ("gate", "released") in phases  # none lost
     assert ("gate", "database_back") in phases  # and it says what happened
-    assert any("could not write to its database for" in n for n in out.doc.notes)
-    assert leases.active_leases(factory) == []
-    print(
-        f"\nFAULT postgres down 4 s (lease 20 s): {out.doc.state}, {out.doc.verdict}, "
-        f"reservation {out.doc.reservation.state}, {len(phases)} phase rows"
+    assert any("could not write to its database for" in n for n in doc["notes"])
+    status = _sent_once(receiver, run, settings)
+    held = len(leases.active_leases(factory))
+    assert held == 0
+    assert watch.conflicts == [], watch.conflicts
+    left = find_processes(tag, keepers=True)
+    assert left == []
+    note = next(n for n in doc["notes"] if "could not write to its database for" in n)
+    fault_row(
+        fault="PostgreSQL down 4 s mid-scenario (a quick restart; lease TTL 20 s)",
+        operator_sees=f"commit status {status['state']}: {status['description']}; note on "
+        f"the verdict: {note}",
+        final_state=f"{_final(run)}; {len(phases)} phase rows, none lost",
+        gpus=gpus_cell(held, watch.summary()),
+        orphans=len(left),
+        lost=abs(1 - len(receiver.calls)),
     )
 
 
 def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_gpus(
-    postgres: Postgres, tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+    postgres: Postgres, tmp_path: Path, tag: str, find_processes: Finder, receiver: Receiver
 ) -> None:
     """Down 14 s with an 8 s lease: the gate stops its engines within the lease, holds with
     code lease_lost once the database is back, and a gate granted those GPUs the moment the
     database returns finds no engine of the first still running."""
-    settings = _settings(tmp_path, lease_ttl_s=8.0)
-    gate = _start_gate(postgres, tmp_path, tag, settings, None)
-    factory = _factory(postgres)
+    settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=8.0)
+    factory = _factory(settings)
+    gate = _start_gate(factory, tag, settings, receiver)
+    watch = BookingWatch(find_processes, tag, factory).start()
     _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
-    first = store.get_gate(factory, gate.runner.gate_id)
+    first = store.get_gate(factory, gate.gate_id)
     assert first.state == "running"
     engines_during = find_processes(tag)
     assert len(engines_during) == 2
-    booked = gate.runner.booking
-    assert booked is not None and booked.grant is not None
-    placed = booked.grant.placement.engines
+    rows = leases.active_leases(factory)
     # What the engines were given is what the lease rows hold.
-    assert sorted(set().union(*(_gpus_of(p) for p in engines_during))) == sorted(
-        {g for e in placed for g in e.gpus}
+    assert sorted(set().union(*(gpus_of(p) for p in engines_during))) == sorted(
+        {lease.gpu_index for lease in rows}
     )
-    held = {(e.node, g) for e in placed for g in e.gpus}
+    held = {(lease.node, lease.gpu_index) for lease in rows}
     postgres.stop()
     down_at = time.monotonic()
     _wait_for(lambda: find_processes(tag) == [], 12, "the gate to stop its engines")
@@ -269,23 +331,45 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     granted = {(e.node, g) for e in grant.placement.engines for g in e.gpus}
     assert held & granted, "the second gate got the first gate's GPUs (what the fault needs)"
     assert find_processes(tag) == [], "two gates' engines on the same GPUs"
-    out = gate.wait(120)
-    assert (out.doc.state, out.doc.verdict) == ("error", "hold")
-    assert out.doc.error is not None and out.doc.error.code == "lease_lost"
-    assert "could not be renewed" in out.doc.reasons[0].message
-    assert out.doc.reservation is not None and out.doc.reservation.state == "lost"
-    assert store.get_gate(factory, out.gate_id).state == "error"  # written once it was back
+    run = gate.wait(factory, 120)
+    doc = run.document
+    assert doc is not None
+    assert (run.state, run.verdict) == ("error", "hold")  # written once it was back
+    assert doc["error"] is not None and doc["error"]["code"] == "lease_lost"
+    assert "could not be renewed" in doc["reasons"][0]["message"]
+    assert run.reason == doc["reasons"][0]["message"]
+    assert doc["reservation"] is not None and doc["reservation"]["state"] == "lost"
+    status = _sent_once(receiver, run, settings)
+    assert status["state"] == "failure" and "could not be renewed" in status["description"]
     leases.release(factory, grant.reservation_id, "test over")
-    print(
-        f"\nFAULT postgres down 14 s (lease 8 s): engines stopped {stopped_after:.1f} s "
-        f"into the outage; {out.doc.state}/{out.doc.verdict} {out.doc.error.code}; "
-        f"reservation {out.doc.reservation.state}; next grant {grant.reservation_id} found "
-        f"no engine of the first"
+    left_held = len(leases.active_leases(factory))
+    watch.stop()
+    assert left_held == 0
+    assert watch.conflicts == [], watch.conflicts
+    left = find_processes(tag, keepers=True)
+    assert left == []
+    fault_row(
+        fault="PostgreSQL down 14 s mid-scenario (longer than the lease TTL, 8 s)",
+        operator_sees=f"commit status {status['state']}: {status['description']}",
+        final_state=f"{_final(run)}; engines stopped {stopped_after:.1f} s into the outage",
+        gpus=gpus_cell(
+            left_held,
+            f"the next grant (taken as the database came back) overlapped "
+            f"{len(held & granted)} GPU(s) of the first gate, none of its engines left; "
+            f"{watch.summary()}",
+        ),
+        orphans=len(left),
+        lost=abs(1 - len(receiver.calls)),
     )
 
 
 def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
-    postgres: Postgres, tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+    postgres: Postgres,
+    tmp_path: Path,
+    tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+    find_processes: Finder,
+    receiver: Receiver,
 ) -> None:
     """Down 9 s with GATE_LOST_AFTER_S 4 and a 30 s lease, and the worker still cut off from
     the database for a moment after it is back (as a partition is): the database heartbeat is
@@ -305,37 +389,52 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
         return real_beat(*args)
 
     monkeypatch.setattr(store, "beat", beat)
-    settings = _settings(tmp_path, lease_ttl_s=30.0, lost_after_s=4.0)
+    settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=30.0, lost_after_s=4.0)
+    factory = _factory(settings)
     broker = BrokerLiveness(redis_url, settings.lost_after_s)
-    holder: list[str] = []
-    gate = _start_gate(
-        postgres, tmp_path, tag, settings, lambda: broker.beat(holder[0], "worker@test")
-    )
-    holder.append(gate.runner.gate_id)
-    factory = _factory(postgres)
+    gate = _start_gate(factory, tag, settings, receiver, liveness=broker)
     reaper = Reaper(settings, factory, liveness=broker)
+    watch = BookingWatch(find_processes, tag, factory).start()
     try:
         _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
         cut.set()
         postgres.stop()
         time.sleep(9.0)
         postgres.start()
-        _wait_for(lambda: store.get_gate(factory, gate.runner.gate_id) is not None, 30, "the db")
-        beat_at = store.get_gate(factory, gate.runner.gate_id).heartbeat_at
+        _wait_for(lambda: store.get_gate(factory, gate.gate_id) is not None, 30, "the db")
+        beat_at = store.get_gate(factory, gate.gate_id).heartbeat_at
         assert beat_at is not None
         age = datetime.now(UTC) - (beat_at if beat_at.tzinfo else beat_at.replace(tzinfo=UTC))
         assert age.total_seconds() > settings.lost_after_s  # what reaped live gates, as filed
-        assert reaper.once() == [] and reaper.spared == [gate.runner.gate_id]
+        assert reaper.once() == [] and reaper.spared == [gate.gate_id]
+        assert receiver.calls == []  # and no commit status said it died
         cut.clear()
-        out = gate.wait(180)
-        assert out.doc.state == "complete", out.doc.reasons
-        assert out.doc.ended_elsewhere is None
-        print(
-            f"\nFAULT postgres down 9 s, worker cut off (lost_after 4 s): heartbeat "
-            f"{age.total_seconds():.0f} s stale, spared by the broker; {out.doc.state}, "
-            f"{out.doc.verdict}"
+        run = gate.wait(factory, 180)
+        doc = run.document
+        assert doc is not None
+        assert run.state == "complete", run.reason
+        assert doc.get("ended_elsewhere") is None
+        assert run.worker == WORKER
+        status = _sent_once(receiver, run, settings)
+        held = len(leases.active_leases(factory))
+        watch.stop()
+        assert held == 0
+        assert watch.conflicts == [], watch.conflicts
+        left = find_processes(tag, keepers=True)
+        assert left == []
+        fault_row(
+            fault="PostgreSQL down 9 s, the worker cut off longer (GATE_LOST_AFTER_S 4 s; "
+            "broker up)",
+            operator_sees=f"reaper log: heartbeat {age.total_seconds():.0f} s stale but the "
+            f"worker is alive (broker): not ended; commit status {status['state']}: "
+            f"{status['description']}",
+            final_state=f"{_final(run)}; spared by the reaper, not reaped",
+            gpus=gpus_cell(held, watch.summary()),
+            orphans=len(left),
+            lost=abs(1 - len(receiver.calls)),
         )
     finally:
+        watch.stop()
         cut.clear()
-        broker.forget(gate.runner.gate_id)
+        broker.forget(gate.gate_id)
         broker.close()
