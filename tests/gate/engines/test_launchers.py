@@ -95,8 +95,10 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
     times = [eng.phases.reached[p] for p in PROCESS_PHASES]
     assert times == sorted(times)
     # --load-s 0.2 keeps the port closed, then 0.2 s of warm-up answers 503: both are visible.
+    # (Measured from the launch: when the port is first seen open depends on the readiness
+    # poll and a busy machine's scheduling, while neither phase can come sooner than this.)
     assert eng.phases.reached["port_open"] - eng.phases.reached["launched"] >= 0.2
-    assert eng.phases.reached["healthy"] - eng.phases.reached["port_open"] >= 0.15
+    assert eng.phases.reached["healthy"] - eng.phases.reached["launched"] >= 0.4
     # What the engine process itself saw: its GPUs, the spec's env and cwd, the placeholders.
     child = json.loads(record.read_text())
     assert child == {
