@@ -16,6 +16,7 @@ GPUs are compared by index: the tests use the one-node local inventory
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -82,14 +83,20 @@ def lease_holders(factory: sessionmaker[Session]) -> dict[int, tuple[int, str | 
     return {int(g): (int(r), gid) for g, r, gid in rows}
 
 
+def _current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
 @dataclass
 class BookingWatch:
-    """Samples until `stop` (or the end of a `with` block) on a daemon thread."""
+    """Samples until `stop` (or the end of a `with` block) on a daemon thread. A watch whose
+    test failed before stopping it stops by itself once another test runs, or after `max_s`."""
 
     find: Finder
     tag: str
     factory: sessionmaker[Session]
     every_s: float = 0.25
+    max_s: float = 900.0
     samples: int = 0  # samples taken
     lease_samples: int = 0  # of which the lease rows could be read
     engine_samples: int = 0  # of which at least one engine was running
@@ -126,7 +133,8 @@ class BookingWatch:
             return None
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        test, until = _current_test(), time.monotonic() + self.max_s
+        while not self._stop.is_set() and _current_test() == test and time.monotonic() < until:
             self.sample()
             self._stop.wait(self.every_s)
 

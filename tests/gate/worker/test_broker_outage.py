@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from apitools import SIM_TEMPLATE, auth, spec_dict
 from fastapi.testclient import TestClient
+from faults import fault_row, gpus_cell
 from receiver import Receiver
 from sqlalchemy.orm import Session, sessionmaker
 from workertools import active_leases, create, finished, gate_spec, measuring, submit, wait_gate
@@ -116,7 +117,7 @@ def test_a_redis_outage_mid_gate_and_a_request_during_it_lose_nothing(
     settings: Settings,
     factory: sessionmaker[Session],
     start_worker: Callable[..., Any],
-    find_processes: Callable[[str], list[int]],
+    find_processes: Callable[..., list[int]],
     tag: str,
     receiver: Receiver,
     private_redis: PrivateRedis,
@@ -151,6 +152,20 @@ def test_a_redis_outage_mid_gate_and_a_request_during_it_lose_nothing(
     assert store.get_gate(factory, running).attempts == 1
     assert worker.stop() == 0
     assert find_processes(tag) == []
+    left = find_processes(tag, keepers=True)
+    fault_row(
+        fault="Redis down 6 s mid-gate without persistence (queue and unacked message "
+        "lost); a POST during it",
+        operator_sees=f"POST during the outage: {r.status_code} with the gate's id; commit "
+        f"status {calls[0][1]['state']}: {calls[0][1]['description']}",
+        final_state=f"running gate {first.state}, {first.verdict} (attempts "
+        f"{store.get_gate(factory, running).attempts}); the gate requested during it "
+        f"{second.state}, {second.verdict}, queued again by a reaper",
+        gpus=gpus_cell(active_leases(factory)),
+        orphans=len(left),
+        lost=abs(1 - len(calls))
+        + sum(g.state not in ("complete", "error") for g in (first, second)),
+    )
     print(
         "\nFAULT redis down 6 s mid-gate, no AOF: running gate complete (attempts 1), "
         "callback sent once; a POST during the outage answered 202 and ran after it"

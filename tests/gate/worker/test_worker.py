@@ -40,9 +40,10 @@ from workertools import (
 from gate.access.tokens import create_token
 from gate.core.database import transaction
 from gate.core.settings import Settings
+from gate.core.vocabulary import FINISHED
 from gate.engines.keeper import descendants
 from gate.integrations.signatures import sign
-from gate.models import GatePhase, Reservation
+from gate.models import GatePhase, GateRun, Reservation
 from gate.runs import store
 from gate.runs.dispatch import Reaper
 from gate.worker.dispatch import CeleryDispatcher
@@ -52,7 +53,7 @@ pytestmark = pytest.mark.slow
 
 API_READY_S = 60.0  # a Python process importing FastAPI, Celery and the gate on busy cores
 StartWorker = Callable[..., Any]  # conftest.start_worker: starts a `gate worker` process
-Finder = Callable[[str], list[int]]
+Finder = Callable[..., list[int]]  # conftest.processes_with(tag, keepers=False)
 
 
 def phases(factory: sessionmaker[Session], gate_id: str, phase: str) -> int:
@@ -95,6 +96,14 @@ def wait_engines_gone(find: Finder, tag: str, timeout: float = 10.0) -> float:
             pytest.fail(f"engines {find(tag)} still alive after {timeout}s")
         time.sleep(0.05)
     return time.monotonic() - t0
+
+
+def _polled(run: GateRun, settings: Settings) -> str:
+    """What a rollout controller polling GET /v1/gates/{id}/verdict reads for this gate."""
+    summary = store.verdict_summary(run, settings.public_url)
+    return "GET verdict: " + ", ".join(
+        f"{k} {summary[k]}" for k in ("state", "verdict", "reason") if summary[k]
+    )
 
 
 def parent_of(pid: int) -> int:
@@ -228,10 +237,14 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     gate_id = create(factory, gate_spec(tag, requests=3000, rate=20), {"url": status_url})
     submit(settings, gate_id)
     t_submit = time.monotonic()
+    watch = BookingWatch(find_processes, tag, factory).start()
     wait_gate(factory, gate_id, measuring, timeout=90)
     engines = find_processes(tag)
     assert len(engines) == 2
-    assert {parent_of(p) for p in engines} == {first.pid}  # the worker's own children
+    # The worker's: each engine runs under a keeper (gate/engines/keeper.py) the worker started.
+    keepers = {parent_of(p) for p in engines}
+    assert len(keepers) == 2 and {parent_of(k) for k in keepers} == {first.pid}
+    assert all("keeper.py" in Path(f"/proc/{k}/cmdline").read_text() for k in keepers)
 
     os.kill(first.pid, signal.SIGKILL)  # what a node loss or the OOM killer does
     first.proc.wait()
@@ -249,6 +262,7 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     assert run.reason is not None
     assert f"the worker running this gate ({first.name}) stopped sending heartbeats" in run.reason
     assert run.document is not None and run.document["reasons"][0]["check"] == "gate.worker_lost"
+    check = run.document["reasons"][0]["check"]
     # The heartbeat must be lost_after_s old, and the second worker's reaper must be up
     # (a Python process importing Celery and the gate on two shared cores: seconds).
     assert ended_s <= settings.lost_after_s + 15, ended_s
@@ -276,6 +290,22 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     assert phases(factory, gate_id, "requested") == 1
     assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert second.stop() == 0
+    held = active_leases(factory)
+    watch.stop()
+    assert watch.conflicts == [], watch.conflicts
+    left = find_processes(tag, keepers=True)
+    assert left == []
+    fault_row(
+        fault="worker SIGKILLed mid-gate (GATE_LOST_AFTER_S 3 s), a second worker started",
+        operator_sees=f"commit status {status['state']} (sent by a reaper): "
+        f"{status['description']}",
+        final_state=f"{run.state}, {run.verdict} ({check}) "
+        f"{ended_s:.1f} s after the kill; engines gone {engines_gone_s:.1f} s after it; the "
+        f"redelivered task skipped (attempts {run.attempts})",
+        gpus=gpus_cell(held, f"reservation {reservations[0].release_reason!r}; {watch.summary()}"),
+        orphans=len(left),
+        lost=abs(1 - len(receiver.calls)) + (run.state not in FINISHED),
+    )
     print(
         f"\nSIGKILL, seconds after the kill: engines gone {engines_gone_s:.2f}; gate ended "
         f"in hold {ended_s:.2f} (lost_after_s={settings.lost_after_s}, heartbeat_s="
@@ -409,6 +439,7 @@ def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
     settings: Settings,
     factory: sessionmaker[Session],
     start_worker: StartWorker,
+    find_processes: Finder,
     tag: str,
 ) -> None:
     """The API stored a gate and died before queueing it (or the broker lost the message):
@@ -430,13 +461,29 @@ def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
     # A third one, never queued: this time the worker's own reaper finds it.
     third = create(factory, {**gate_spec(tag, requests=120, rate=60), "name": "third"})
     worker = start_worker()
+    runs = []
     for gid in (lost, queued, third):
         run = wait_gate(factory, gid, finished, timeout=240)
         assert (run.state, run.verdict) == ("complete", "continue"), run.reason
         assert run.attempts == 1
-    assert f"gate {third} was pending with no task in the broker: queued again" in worker.log()
+        runs.append(run)
+    requeued = f"gate {third} was pending with no task in the broker: queued again"
+    assert requeued in worker.log()
     assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
+    held = active_leases(factory)
+    left = find_processes(tag, keepers=True)
+    fault_row(
+        fault="a stored gate's task lost (the API died before queueing it, or the broker "
+        "dropped it); GATE_REQUEUE_AFTER_S 1 s",
+        operator_sees=f"worker log: {requeued.replace(third, '<id>')}",
+        final_state="; ".join(
+            f"{r.name}: {r.state}, {r.verdict} (attempts {r.attempts})" for r in runs
+        ),
+        gpus=gpus_cell(held),
+        orphans=len(left),
+        lost=sum(r.state not in FINISHED for r in runs),
+    )
 
 
 def test_cancel_of_a_running_gate_tears_it_down(
@@ -459,13 +506,24 @@ def test_cancel_of_a_running_gate_tears_it_down(
         "hold",
         "cancelled on request before the gate could decide",
     )
-    assert time.monotonic() - t0 < 15
+    cancelled_s = time.monotonic() - t0
+    assert cancelled_s < 15
     wait_engines_gone(find_processes, tag, timeout=5)
     assert active_leases(factory) == 0
     worker.wait_for(f"gate {gate_id} finished: cancelled", 10)
     assert worker.proc.poll() is None  # the worker lives on, ready for the next gate
     assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
     assert worker.stop() == 0
+    left = find_processes(tag, keepers=True)
+    fault_row(
+        fault="cancel of a running gate (admin request)",
+        operator_sees=_polled(run, settings),
+        final_state=f"{run.state}, {run.verdict} {cancelled_s:.1f} s after the request; the "
+        "worker lives on",
+        gpus=gpus_cell(active_leases(factory)),
+        orphans=len(left),
+        lost=int(run.state not in FINISHED),
+    )
 
 
 @pytest.mark.parametrize("gates", [1, 2], ids=["solo-pool", "threads-pool"])
@@ -481,6 +539,7 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
     gate_ids = [create(factory, gate_spec(tag, requests=3000, rate=20)) for _ in range(gates)]
     for gate_id in gate_ids:
         submit(settings, gate_id)
+    watch = BookingWatch(find_processes, tag, factory).start()
     for gate_id in gate_ids:
         wait_gate(factory, gate_id, measuring, timeout=90)
     assert len(find_processes(tag)) == 2 * gates
@@ -488,6 +547,8 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
     worker.proc.send_signal(signal.SIGTERM)  # warm shutdown: docker stop, a pod deletion
     assert worker.proc.wait(timeout=30) == 0
     exited_s = time.monotonic() - t0
+    watch.stop()
+    assert watch.conflicts == [], watch.conflicts
     for gate_id in gate_ids:
         run = store.get_gate(factory, gate_id)
         assert (run.state, run.verdict, run.reason) == (
@@ -510,7 +571,17 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
             successor.wait_for(f"gate {gate_id} not pending (cancelled", 30)
         assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
         assert successor.stop() == 0
-    for gate_id in gate_ids:
-        run = store.get_gate(factory, gate_id)
+    runs = [store.get_gate(factory, gate_id) for gate_id in gate_ids]
+    for run in runs:
         assert (run.state, run.attempts) == ("cancelled", 1)
     assert find_processes(tag) == []
+    left = find_processes(tag, keepers=True)
+    fault_row(
+        fault=f"worker SIGTERM (warm shutdown) with {gates} gate(s) running",
+        operator_sees=_polled(runs[0], settings),
+        final_state=f"{', '.join(f'{r.state}/{r.verdict}' for r in runs)}; the worker exited "
+        f"{worker.proc.returncode} after {exited_s:.1f} s",
+        gpus=gpus_cell(active_leases(factory), watch.summary()),
+        orphans=len(left),
+        lost=sum(r.state not in FINISHED for r in runs),
+    )
