@@ -1,9 +1,9 @@
 """Every process an engine started dies with its gate, on every path.
 
-An engine runs in a process group of its own, killed whole at teardown, with a parent-death
-signal on its leader. That misses what left the group (tensor-parallel workers that call
-`setsid`, a daemonising launcher) and everything when the gate process itself is SIGKILLed. So
-every engine process carries a mark in its environment, inherited by all it starts:
+An engine runs under its keeper (keeper.py: a child subreaper with a parent-death signal), in
+a process group of its own, killed whole at teardown; the keeper ends whatever left the group.
+A keeper SIGKILLed together with its gate cannot, so every engine process also carries a mark
+in its environment, inherited by all it starts (and lost only by one that clears it):
 
     LLM_GATE_ENGINE=<pid namespace>:<owner pid>:<owner start time>:<gate id>:<role>
 

@@ -170,14 +170,19 @@ class ApiProcess:
         pytest.fail(f"gate serve not ready after {timeout}s:\n{self.log()[-4000:]}")
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL after `timeout`; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def start_api(env: dict[str, str], log_path: Path, port: int, cwd: Path) -> ApiProcess:

@@ -4,7 +4,6 @@ left its process group, and a sweep at the next start kills what a SIGKILLed gat
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+from gaterun import HIDDEN, start_gate_run
 
 from gate.engines import keeper, launchers, orphans
 from gate.engines.launchers import ProcessEngine
@@ -78,15 +80,32 @@ WRAPPER = (
 )
 
 
-def test_an_engine_grandchild_that_left_the_group_dies_at_teardown(
-    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
+def _wait_none(find: Callable[..., list[int]], tag: str, within_s: float) -> list[int]:
+    """Waits until no process of the tag is left, keepers included; returns what is left."""
+    deadline = time.monotonic() + within_s
+    while find(tag, keepers=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return find(tag, keepers=True)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(WRAPPER, id="left-the-group"),
+        # Left the group *and* cleared its environment, so no mark names it: only the keeper
+        # (a subreaper) still has it in its tree.
+        pytest.param(HIDDEN, id="left-the-group-and-cleared-its-environment"),
+    ],
+)
+def test_an_engine_grandchild_that_detached_dies_at_teardown(
+    tmp_path: Path, tag: str, find_processes: Callable[..., list[int]], script: str
 ) -> None:
     engine = ProcessEngine(
-        role="reference",
-        argv_template=["python", "-c", WRAPPER, tag, "{port}", "{model}"],
+        role="candidate",
+        argv_template=["python", "-c", script, tag, "{port}", "{model}"],
         model="demo-model",
-        phases=PhaseLog("reference", Clock()),
-        log_path=tmp_path / "reference.log",
+        phases=PhaseLog("candidate", Clock()),
+        log_path=tmp_path / "candidate.log",
         readiness_timeout_s=60,
         gate_id="gate-teardown",
     )
@@ -100,87 +119,12 @@ def test_an_engine_grandchild_that_left_the_group_dies_at_teardown(
 
     during = asyncio.run(run())
     assert len(during) >= 2, f"the engine and its detached grandchild should both run: {during}"
-    deadline = time.monotonic() + 5
-    while find_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert find_processes(tag) == []
-
-
-# A TP-worker-like grandchild that leaves the group *and* clears its environment, so no mark
-# names it: only the keeper (a subreaper) still has it in its tree.
-HIDDEN = (
-    "import os, subprocess, sys; "
-    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
-    " start_new_session=True, env=dict()); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
-    " '--model', sys.argv[3], '--tag', sys.argv[1]])"
-)
-
-
-def _wait_none(find: Callable[..., list[int]], tag: str, within_s: float) -> list[int]:
-    """Waits until no process of the tag is left, keepers included; returns what is left."""
-    deadline = time.monotonic() + within_s
-    while find(tag, keepers=True) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return find(tag, keepers=True)
-
-
-def test_a_grandchild_that_left_the_group_and_cleared_its_environment_dies_at_teardown(
-    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
-) -> None:
-    engine = ProcessEngine(
-        role="candidate",
-        argv_template=["python", "-c", HIDDEN, tag, "{port}", "{model}"],
-        model="demo-model",
-        phases=PhaseLog("candidate", Clock()),
-        log_path=tmp_path / "candidate.log",
-        readiness_timeout_s=60,
-        gate_id="gate-hidden",
-    )
-
-    async def run() -> list[int]:
-        await engine.start()
-        try:
-            return find_processes(tag)
-        finally:
-            await engine.stop()
-
-    during = asyncio.run(run())
-    assert len(during) >= 2, f"the engine and its hidden grandchild should both run: {during}"
-    assert orphans.kill_marked("gate-hidden") == [], "the hidden grandchild carries no mark"
+    if script is HIDDEN:
+        assert orphans.kill_marked("gate-teardown") == [], "the hidden grandchild has no mark"
     assert _wait_none(find_processes, tag, 5) == []
 
 
-def test_a_sigkilled_gate_run_takes_every_engine_process_with_it(
-    tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
-) -> None:
-    """`kill -9` of `gate run`: the keepers get their parent-death signal and end their whole
-    trees, marked or not, without waiting for the next start's sweep."""
-    engine = {"command": ["python", "-c", HIDDEN, tag, "{port}", "{model}"]}
-    gate = _gate_run(tmp_path, engine)
-    deadline = time.monotonic() + 60
-    while len(find_processes(tag)) < 4 and time.monotonic() < deadline:
-        time.sleep(0.2)  # two engines, two hidden grandchildren
-    assert len(find_processes(tag)) >= 4, "the gate's engines did not start"
-    gate.send_signal(signal.SIGKILL)
-    gate.wait()
-    assert _wait_none(find_processes, tag, 15) == []
-
-
-def _gate_run(tmp_path: Path, engine: dict[str, list[str]]) -> subprocess.Popen[bytes]:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "name: orphans\nmodel: demo-model\n"
-        f"reference: {json.dumps(engine)}\ncandidate: {json.dumps(engine)}\n"
-        "scenarios: [{name: steady, rate: 2, requests: 400, max_tokens: 4}]\n"
-    )
-    env = {**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gate", "run", str(spec), "--db", f"sqlite:///{tmp_path / 'g.db'}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+# `kill -9` of `gate run` with hidden grandchildren: tests/gate/faults/test_gate_run_sigkill.py.
 
 
 def test_the_keeper_exits_as_its_engine_did() -> None:
@@ -198,7 +142,7 @@ def test_a_sigkilled_keeper_still_leaves_nothing_the_sweep_cannot_find(
     """Keeper and gate both SIGKILLed (an OOM kill of the whole cgroup's parent): the leader
     dies by its parent-death signal; marked grandchildren are the next start's sweep."""
     engine = {"command": ["python", "-c", WRAPPER, tag, "{port}", "{model}"]}
-    gate = _gate_run(tmp_path, engine)
+    gate = start_gate_run(tmp_path, engine, name="orphans", rate=2)
     deadline = time.monotonic() + 60
     while len(find_processes(tag)) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)

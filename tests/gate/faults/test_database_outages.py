@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from booking import BookingWatch, gpus_of
 from faults import fault_row, gpus_cell
+from gaterun import tiny_spec, wait_for, whole_node_grant
 from receiver import Receiver
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,17 +38,12 @@ from gate.core.settings import Settings
 from gate.integrations.callbacks import status_body
 from gate.models import GateRun
 from gate.reservations import leases
-from gate.reservations.allocator import ShapeRequest
-from gate.reservations.inventory import load_inventory
 from gate.runs import store
 from gate.runs.dispatch import Reaper
 from gate.runs.execute import ProofOfLife, execute_gate, open_factory
-from gate.spec import parse_spec
 from gate.worker.liveness import BrokerLiveness
 
 pytestmark = pytest.mark.slow
-
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
 
 
 def _pg_bin() -> Path | None:
@@ -159,16 +155,7 @@ def _start_gate(
     receiver: Receiver,
     liveness: ProofOfLife | None = None,
 ) -> Gate:
-    engine = {"command": [*SIM, "--tag", tag, "--profile", "tiny"]}
-    spec = parse_spec(
-        {
-            "name": "outage",
-            "model": "demo-model",
-            "reference": engine,
-            "candidate": engine,
-            "scenarios": [{"name": "steady", "rate": 10, "requests": 400, "max_tokens": 4}],
-        }
-    )
+    spec = tiny_spec(tag, name="outage", rate=10, requests=400)
     run, created = store.create_gate(
         factory, spec, source="test", callback={"url": f"{receiver.url}{STATUS_PATH}"}
     )
@@ -191,18 +178,6 @@ def _sent_once(receiver: Receiver, run: GateRun, settings: Settings) -> dict[str
     expected = status_body(store.verdict_summary(run, settings.public_url), "llm-deploy-gate")
     assert calls[0][1] == expected
     return calls[0][1]
-
-
-def _wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:  # the database may be down: keep looking
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _factory(settings: Settings) -> sessionmaker[Session]:
@@ -252,7 +227,7 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     factory = _factory(settings)
     gate = _start_gate(factory, tag, settings, receiver)
     with BookingWatch(find_processes, tag, factory) as watch:
-        _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
+        wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
         postgres.stop()
         time.sleep(4.0)
         postgres.start()
@@ -293,7 +268,7 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     factory = _factory(settings)
     gate = _start_gate(factory, tag, settings, receiver)
     watch = BookingWatch(find_processes, tag, factory).start()
-    _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
+    wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
     first = store.get_gate(factory, gate.gate_id)
     assert first.state == "running"
     engines_during = find_processes(tag)
@@ -306,28 +281,14 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     held = {(lease.node, lease.gpu_index) for lease in rows}
     postgres.stop()
     down_at = time.monotonic()
-    _wait_for(lambda: find_processes(tag) == [], 12, "the gate to stop its engines")
+    wait_for(lambda: find_processes(tag) == [], 12, "the gate to stop its engines")
     stopped_after = time.monotonic() - down_at
     assert stopped_after < settings.lease_ttl_s, f"engines ran {stopped_after:.1f} s into it"
     time.sleep(max(0.0, 14.0 - (time.monotonic() - down_at)))
     postgres.start()
     # The second gate asks for the whole node (8 GPUs: it fits only on the first gate's GPUs
     # too) as soon as the database answers.
-    grant = None
-    deadline = time.monotonic() + 60
-    while grant is None and time.monotonic() < deadline:
-        try:
-            grant = leases.reserve(
-                factory,
-                load_inventory(None),
-                ShapeRequest(gpus_per_engine=4),
-                holder="second",
-                gate_id=None,
-                ttl_s=60,
-            )
-        except Exception:
-            time.sleep(0.2)
-    assert grant is not None
+    grant: leases.Grant = wait_for(lambda: whole_node_grant(factory), 60, "the next grant", 0.2)
     granted = {(e.node, g) for e in grant.placement.engines for g in e.gpus}
     assert held & granted, "the second gate got the first gate's GPUs (what the fault needs)"
     assert find_processes(tag) == [], "two gates' engines on the same GPUs"
@@ -396,12 +357,12 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
     reaper = Reaper(settings, factory, liveness=broker)
     watch = BookingWatch(find_processes, tag, factory).start()
     try:
-        _wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
+        wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
         cut.set()
         postgres.stop()
         time.sleep(9.0)
         postgres.start()
-        _wait_for(lambda: store.get_gate(factory, gate.gate_id) is not None, 30, "the db")
+        wait_for(lambda: store.get_gate(factory, gate.gate_id) is not None, 30, "the db")
         beat_at = store.get_gate(factory, gate.gate_id).heartbeat_at
         assert beat_at is not None
         age = datetime.now(UTC) - (beat_at if beat_at.tzinfo else beat_at.replace(tzinfo=UTC))

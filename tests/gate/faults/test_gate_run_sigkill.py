@@ -9,29 +9,22 @@ GATE_LOST_AFTER_S old and releases its reservation, and the GPUs can be granted 
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from booking import BookingWatch, gpus_of
 from faults import fault_row, gpus_cell
+from gaterun import hidden_engine, start_gate_run, the_gate, wait_for, whole_node_grant
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.database import make_engine, make_sessionmaker, reading, transaction
+from gate.core.database import make_engine, make_sessionmaker, transaction
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED
 from gate.models import GateRun, Reservation
 from gate.reservations import leases
-from gate.reservations.allocator import ShapeRequest
-from gate.reservations.inventory import load_inventory
 from gate.runs.dispatch import Reaper
 
 pytestmark = pytest.mark.slow
@@ -39,68 +32,25 @@ pytestmark = pytest.mark.slow
 LOST_AFTER_S = 3.0
 Finder = Callable[..., list[int]]
 
-# An engine that first starts a grandchild in a session of its own with an empty environment
-# (no mark, no CUDA_VISIBLE_DEVICES), then becomes the sim engine.
-HIDDEN = (
-    "import os, subprocess, sys; "
-    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
-    " start_new_session=True, env=dict()); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
-    " '--model', sys.argv[3], '--tag', sys.argv[1]])"
-)
-
-
-def _wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if value := check():
-                return value
-        except Exception:  # the schema may not be there yet
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def _the_gate(factory: sessionmaker[Session]) -> GateRun | None:
-    with reading(factory) as s:
-        return s.scalars(select(GateRun)).one_or_none()
-
 
 def test_a_sigkilled_gate_run_leaves_no_process_and_its_gate_is_ended_by_a_reaper(
     tmp_path: Path, tag: str, find_processes: Finder
 ) -> None:
     db = tmp_path / "gate.db"
-    engine = {"command": ["python", "-c", HIDDEN, tag, "{port}", "{model}"]}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "name: sigkill\nmodel: demo-model\n"
-        f"reference: {json.dumps(engine)}\ncandidate: {json.dumps(engine)}\n"
-        "scenarios: [{name: steady, rate: 10, requests: 400, max_tokens: 4}]\n"
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GATE_")},
-        "GATE_DATA_DIR": str(tmp_path / ".gate"),
-        "GATE_HEARTBEAT_S": "0.5",
-    }
-    gate = subprocess.Popen(
-        [sys.executable, "-m", "gate", "run", str(spec), "--db", f"sqlite:///{db}"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    gate = start_gate_run(
+        tmp_path, hidden_engine(tag), name="sigkill", env={"GATE_HEARTBEAT_S": "0.5"}
     )
     try:
-        _wait_for(db.exists, 60, "the gate's database")
+        wait_for(db.exists, 60, "the gate's database")
         factory = make_sessionmaker(make_engine(f"sqlite:///{db}"))
 
         def in_scenario() -> GateRun | None:
-            run = _the_gate(factory)
+            run = the_gate(factory)
             if run is None or not (run.phase or "").startswith("scenario:"):
                 return None
             return run if len(find_processes(tag)) >= 4 else None  # 2 engines, 2 hidden
 
-        first: GateRun = _wait_for(in_scenario, 120, "the scenario and the grandchildren")
+        first: GateRun = wait_for(in_scenario, 120, "the scenario and the grandchildren")
         rows = leases.active_leases(factory)
         on_engines = set().union(*(gpus_of(p) for p in find_processes(tag)))
         assert on_engines and on_engines == {lease.gpu_index for lease in rows}
@@ -109,9 +59,9 @@ def test_a_sigkilled_gate_run_leaves_no_process_and_its_gate_is_ended_by_a_reape
         gate.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         assert gate.wait(timeout=30) == -signal.SIGKILL
-        _wait_for(lambda: find_processes(tag, keepers=True) == [], 15, "every engine process")
+        wait_for(lambda: find_processes(tag, keepers=True) == [], 15, "every engine process")
         gone_s = time.monotonic() - killed_at
-        stale = _the_gate(factory)
+        stale = the_gate(factory)
         assert stale is not None and stale.state == "running"  # nobody could write its end
 
         # A reaper on this database, as `gate serve` or a worker runs one.
@@ -122,10 +72,10 @@ def test_a_sigkilled_gate_run_leaves_no_process_and_its_gate_is_ended_by_a_reape
             lost_after_s=LOST_AFTER_S,
         )
         reaper = Reaper(settings, factory)
-        ended = _wait_for(reaper.once, LOST_AFTER_S + 30, "the reaper to end the gate")
+        ended = wait_for(reaper.once, LOST_AFTER_S + 30, "the reaper to end the gate")
         ended_s = time.monotonic() - killed_at
         assert ended == [first.id]
-        run = _the_gate(factory)
+        run = the_gate(factory)
         assert run is not None and (run.state, run.verdict) == ("error", "hold")
         assert run.reason is not None and "stopped sending heartbeats" in run.reason
         assert run.document is not None
@@ -137,14 +87,7 @@ def test_a_sigkilled_gate_run_leaves_no_process_and_its_gate_is_ended_by_a_reape
         held = len(leases.active_leases(factory))
         assert held == 0
         # The GPUs can be granted again, and nothing of the first gate runs on them.
-        grant = leases.reserve(
-            factory,
-            load_inventory(None),
-            ShapeRequest(gpus_per_engine=4),
-            holder="next",
-            gate_id=None,
-            ttl_s=60,
-        )
+        grant = whole_node_grant(factory)
         granted = {g for e in grant.placement.engines for g in e.gpus}
         assert on_engines <= granted
         assert find_processes(tag, keepers=True) == []

@@ -9,7 +9,6 @@ GPUs to the next reservation with no engine of its own still on them."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,23 +19,18 @@ from typing import Any
 import pytest
 from booking import BookingWatch, gpus_of
 from faults import fault_row, gpus_cell
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from gaterun import SIM, start_gate_run, the_gate, wait_for, whole_node_grant
 
-from gate.core.database import make_engine, make_sessionmaker, reading
+from gate.core.database import make_engine, make_sessionmaker
 from gate.core.vocabulary import EXIT_ERROR
 from gate.models import GateRun
 from gate.reservations import leases
-from gate.reservations.allocator import ShapeRequest
-from gate.reservations.inventory import load_inventory
 
 pytestmark = pytest.mark.slow
 
 TTL_S = 8.0
 LOCK_S = 14.0  # longer than the TTL: no renewal can get through
 Finder = Callable[..., list[int]]
-
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
 
 LOCKER = """
 import sqlite3, sys, time
@@ -47,49 +41,6 @@ time.sleep(float(sys.argv[2]))
 conn.execute("COMMIT")
 print("released", flush=True)
 """
-
-
-def _wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if value := check():
-                return value
-        except Exception:  # the schema may not be there yet
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def _gate_run(tmp_path: Path, db: Path, tag: str) -> tuple[subprocess.Popen[bytes], Path]:
-    engine = {"command": [*SIM, "--tag", tag, "--profile", "tiny"]}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "name: sqlite-lock\nmodel: demo-model\n"
-        f"reference: {json.dumps(engine)}\ncandidate: {json.dumps(engine)}\n"
-        "scenarios: [{name: steady, rate: 10, requests: 400, max_tokens: 4}]\n"
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GATE_")},
-        "GATE_DATA_DIR": str(tmp_path / ".gate"),
-        "GATE_LEASE_TTL_S": str(TTL_S),
-        "GATE_HEARTBEAT_S": "0.5",
-    }
-    out = tmp_path / "gate-run.out"
-    with out.open("wb") as stdout, (tmp_path / "gate-run.err").open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gate", "run", str(spec), "--db", f"sqlite:///{db}", "--json"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-        )
-    return proc, out
-
-
-def _the_gate(factory: sessionmaker[Session]) -> GateRun | None:
-    with reading(factory) as s:
-        return s.scalars(select(GateRun)).one_or_none()
 
 
 def _document(stdout: str) -> dict[str, Any]:
@@ -103,19 +54,30 @@ def test_a_write_lock_held_longer_than_the_lease_stops_the_gate_before_its_gpus_
     tmp_path: Path, tag: str, find_processes: Finder
 ) -> None:
     db = tmp_path / "gate.db"
-    gate, out = _gate_run(tmp_path, db, tag)
+    out = tmp_path / "gate-run.out"
+    engine = {"command": [*SIM, "--tag", tag, "--profile", "tiny"]}
+    with out.open("wb") as stdout, (tmp_path / "gate-run.err").open("wb") as stderr:
+        gate = start_gate_run(
+            tmp_path,
+            engine,
+            name="sqlite-lock",
+            env={"GATE_LEASE_TTL_S": str(TTL_S), "GATE_HEARTBEAT_S": "0.5"},
+            args=("--json",),
+            stdout=stdout,
+            stderr=stderr,
+        )
     locker: subprocess.Popen[bytes] | None = None
     try:
-        _wait_for(db.exists, 60, "the gate's database")
+        wait_for(db.exists, 60, "the gate's database")
         factory = make_sessionmaker(make_engine(f"sqlite:///{db}"))
 
         def in_scenario() -> GateRun | None:
-            run = _the_gate(factory)
+            run = the_gate(factory)
             if run is None or not (run.phase or "").startswith("scenario:"):
                 return None
             return run if len(find_processes(tag)) == 2 else None
 
-        first: GateRun = _wait_for(in_scenario, 120, "the scenario to start")
+        first: GateRun = wait_for(in_scenario, 120, "the scenario to start")
         assert first.state == "running"
         engines = find_processes(tag)
         held = leases.active_leases(factory)
@@ -131,8 +93,8 @@ def test_a_write_lock_held_longer_than_the_lease_stops_the_gate_before_its_gpus_
             locker = subprocess.Popen(
                 [sys.executable, "-c", LOCKER, str(db), str(LOCK_S)], stdout=lock_out
             )
-        _wait_for(lambda: "locked" in lock_log.read_text(), 60, "the write lock")
-        _wait_for(lambda: find_processes(tag, keepers=True) == [], 30, "the engines to stop")
+        wait_for(lambda: "locked" in lock_log.read_text(), 60, "the write lock")
+        wait_for(lambda: find_processes(tag, keepers=True) == [], 30, "the engines to stop")
         stopped_after = time.monotonic() - locked_from
         assert stopped_after < TTL_S, f"engines ran {stopped_after:.1f} s into the lock"
         assert gate.poll() is None, "the gate must wait for the database to say how it ended"
@@ -141,17 +103,7 @@ def test_a_write_lock_held_longer_than_the_lease_stops_the_gate_before_its_gpus_
 
         # The GPUs' next holder asks for the whole node (8 GPUs: it fits only on the first
         # gate's GPUs too) as soon as the lock is gone.
-        def grant() -> leases.Grant:
-            return leases.reserve(
-                factory,
-                load_inventory(None),
-                ShapeRequest(gpus_per_engine=4),
-                holder="second",
-                gate_id=None,
-                ttl_s=60,
-            )
-
-        second: leases.Grant = _wait_for(grant, 60, "the next grant")
+        second: leases.Grant = wait_for(lambda: whole_node_grant(factory), 60, "the next grant")
         granted = {g for e in second.placement.engines for g in e.gpus}
         assert on_engines <= granted, "the next grant got the first gate's GPUs (the fault)"
         assert find_processes(tag, keepers=True) == [], "two gates' engines on the same GPUs"
@@ -163,7 +115,7 @@ def test_a_write_lock_held_longer_than_the_lease_stops_the_gate_before_its_gpus_
         reason = doc["reasons"][0]["message"]
         assert "lease of reservation" in reason, reason
         assert doc["reservation"]["state"] == "lost"
-        stored = _the_gate(factory)
+        stored = the_gate(factory)
         assert stored is not None and (stored.state, stored.verdict) == ("error", "hold")
         leases.release(factory, second.reservation_id, "test over")
         left = len(leases.active_leases(factory))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import tiny_spec
 
 from gate.core.settings import Settings
 from gate.engines.launchers import TERM_GRACE_S
@@ -17,25 +18,14 @@ from gate.reservations.service import teardown_margin_s
 from gate.runs import store
 from gate.runs.engines import engine_grace_s
 from gate.runs.runner import run_gate
-from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
 TTL_S = 3.0
 
 
 def _gate(tmp_path: Path, tag: str) -> tuple[dict[str, Any], list[Any]]:
-    engine = {"command": [*SIM, "--tag", tag, "--profile", "tiny"]}
-    spec = parse_spec(
-        {
-            "name": "outage",
-            "model": "demo-model",
-            "reference": engine,
-            "candidate": engine,
-            "scenarios": [{"name": "steady", "rate": 5, "requests": 300, "max_tokens": 4}],
-        }
-    )
+    spec = tiny_spec(tag, name="outage", rate=5, requests=300)
     db = f"sqlite:///{tmp_path / 'g.db'}"
     out = asyncio.run(
         run_gate(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import tiny_spec
 
 from gate.analysis.checks import ratio_check, rule_check
 from gate.analysis.types import Verdict
@@ -19,7 +20,6 @@ from gate.api.app import create_app
 from gate.core.errors import DeadlinePassed, DocumentUnreadable, FieldProblem, SpecError
 from gate.core.settings import Settings
 from gate.runs.runner import run_gate
-from gate.spec import parse_spec
 from gate.verdict import (
     Evidence,
     Header,
@@ -229,17 +229,7 @@ def test_the_literal_finder_sees_a_document_dict(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_real_gates_document_round_trips_and_matches_its_file(tmp_path: Path, tag: str) -> None:
-    sim = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
-    engine = {"command": [*sim, "--tag", tag, "--profile", "tiny"]}
-    spec = parse_spec(
-        {
-            "name": "roundtrip",
-            "model": "demo-model",
-            "reference": engine,
-            "candidate": engine,
-            "scenarios": [{"name": "steady", "rate": 40, "requests": 60, "max_tokens": 8}],
-        }
-    )
+    spec = tiny_spec(tag, name="roundtrip", rate=40, requests=60, max_tokens=8)
     out = asyncio.run(
         run_gate(
             spec,

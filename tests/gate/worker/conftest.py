@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from receiver import Receiver
 from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
+from workertools import stop_process
 
 from gate.core.settings import Settings
 from gate.runs.execute import open_factory
@@ -138,14 +138,7 @@ class WorkerProcess:
         pytest.fail(f"{text!r} not in the worker log after {timeout}s:\n{self.log()[-4000:]}")
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 @pytest.hookimpl(hookwrapper=True)
