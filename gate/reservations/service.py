@@ -163,9 +163,9 @@ class GateReservation:
             done, _ = await asyncio.wait({call}, timeout=stop_by - started)
             if not done:
                 return None, (
-                    f"renewing the lease of reservation {rid} waited on the database for "
-                    f"{time.monotonic() - started:.0f} s, too close to its expiry "
-                    f"(TTL {self.ttl_s:g} s)"
+                    f"the lease of reservation {rid} could not be renewed before it could "
+                    f"expire (TTL {self.ttl_s:g} s; the last renewal waited on the database "
+                    f"for {time.monotonic() - started:.0f} s, too close to its expiry)"
                 )
             try:
                 ok = call.result()
