@@ -9,7 +9,8 @@ statistic_check: decided by a test that spends alpha (errors, startup phases ove
     launches, divergence, whose hard rules share its shape with alpha None), with the
     anytime-valid interval of the candidate-minus-reference difference where there is one
     (goodput, collapse).
-ratio_check: a latency check on the candidate/reference ratio of a quantile or of the tail.
+ratio_check: a paired latency check on the candidate/reference ratio of a quantile or of the
+    tail, with its role (required) and what it could detect.
 quotient: the ratio reported beside two values that are not a ratio themselves.
 """
 
@@ -106,6 +107,10 @@ def ratio_check(
     interval: tuple[float, float] | None = None,
     alpha: float | None = None,
     estimate_interval: tuple[float, float] | None = None,
+    required: bool = True,
+    detectable: float | None = None,
+    correlation_requests: float | None = None,
+    block_requests: int | None = None,
 ) -> Check:
     """A latency check of a scenario; the estimates stay None when it could not be computed."""
     return Check(
@@ -124,4 +129,8 @@ def ratio_check(
         alpha=alpha,
         message=message,
         estimate_interval=estimate_interval,
+        required=required,
+        detectable=detectable,
+        correlation_requests=correlation_requests,
+        block_requests=block_requests,
     )

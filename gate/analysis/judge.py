@@ -7,8 +7,8 @@ once (divergence, repeated launches), so the probability of holding a candidate 
 tolerance is at most alpha whatever the dependence between checks and however often the gate
 looked:
 
-    latency      quantile checks, scenario x metric x quantile (latency.py)
-    tail         the tail above the reference's p95 as a whole, scenario x metric (tail.py)
+    latency      paired quantile checks, scenario x metric x quantile (latency.py, paired.py)
+    tail         paired tail checks, the slowest 5% as a whole, scenario x metric (latency.py)
     errors       one count test per scenario, pooled and per kind (errors.py)
     correctness  five envelope tests of numerical divergence (divergence.py)
     load         goodput per peak phase, collapse per overload phase (load.py)
@@ -24,9 +24,12 @@ The judge is asked once per gate, at the end. Given the `Plan` the gate followed
 at growing prefixes (sequential.py), it uses the plan's fixed tunings and alphas, so its verdict
 agrees with what the gate saw at its last look; without a plan it tunes every check to the
 samples it holds (valid for that one look).
-Continue only when every check passes and latency was actually compared; anything else holds:
-a failure is evidence of a regression, an inconclusive check is a lack of evidence, and the gate
-fails closed on both.
+Continue only when no check holds (`Check.holds`) and latency was actually compared. A failed
+check is evidence of a regression and always holds. An undecided check is a lack of evidence:
+it holds for every fact-based and error check (an engine that served nothing cannot be judged),
+but a latency or tail check left undecided holds only when the policy `require`s it; otherwise
+it stays in the verdict with the smallest regression the gate could have detected, and the gate
+decides on evidence.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ from gate.analysis.latency import latency_checks, planned_latency_checks
 from gate.analysis.load import OverloadPhase, PeakPhase, load_checks
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
-from gate.analysis.tail import tail_checks
 from gate.analysis.types import Check, EngineFacts, ScenarioSamples, Verdict
 
 __all__ = ["judge"]
@@ -66,8 +68,8 @@ def _coverage_check() -> Check:
         "latency",
         "latency",
         "inconclusive",
-        "No latency quantile could be compared in any scenario, so there is no "
-        "evidence that the candidate is as fast as the reference.",
+        "No latency check could be compared in any scenario (each needs 3 blocks of paired "
+        "requests), so there is no evidence that the candidate is as fast as the reference.",
     )
 
 
@@ -81,21 +83,19 @@ def judge(
     overloads: Sequence[OverloadPhase] = (),
     probes: Sequence[ProbePair] = (),
     divergence: DivergenceSamples | None = None,
-    bootstrap: bool = True,
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
     plan: the plan the gate looked by (must carry this policy); peaks, overloads: load phases
     (load.py); probes: API probes (compat.py); divergence: numerical divergence samples
-    (divergence.py); bootstrap False skips the estimate intervals (simulations, benchmarks).
+    (divergence.py).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
     notes: list[str] = []
     checks: list[Check] = []
     if plan is None:
-        checks.extend(latency_checks(scenarios, policy, notes, bootstrap=bootstrap))
-        checks.extend(tail_checks(scenarios, policy, notes))
+        checks.extend(latency_checks(scenarios, policy, notes))
         checks.extend(error_checks(scenarios, policy, notes))
     else:
         notes.extend(plan.notes)
@@ -108,10 +108,9 @@ def judge(
                     f"{plan.limit(s.name)}, policy extend {policy.extend:g}): a check was still "
                     "undecided at the planned size."
                 )
-        checks.extend(planned_latency_checks(scenarios, plan, notes, bootstrap=bootstrap))
-        checks.extend(tail_checks(scenarios, policy, notes, plan=plan))
+        checks.extend(planned_latency_checks(scenarios, plan, notes))
         checks.extend(error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None))
-    if not any(c.group == "latency" for c in checks):
+    if not any(c.group == "latency" and c.interval is not None for c in checks):
         checks.insert(0, _coverage_check())
     checks.extend(outputs_checks(scenarios))
     checks.extend(startup_checks(engines, policy, notes))
@@ -121,7 +120,7 @@ def judge(
     if divergence is not None:
         checks.extend(divergence_checks(divergence, policy, notes))
     reasons = sorted(
-        (c for c in checks if c.decision != "pass"),
+        (c for c in checks if c.holds),
         key=lambda c: (c.decision != "fail", _REASON_ORDER[c.group]),
     )
     return Verdict(

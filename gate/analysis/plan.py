@@ -1,28 +1,29 @@
 """The plan of a gate's statistical checks, fixed before any sample is seen.
 
 References:
-    S. R. Howard and A. Ramdas, "Sequential estimation of quantiles with applications to
-    A/B-testing and best-arm identification", Bernoulli 28(3), 2022.
-    S. R. Howard, A. Ramdas, J. McAuliffe and J. Sekhon, "Time-uniform, nonparametric,
-    nonasymptotic confidence sequences", Annals of Statistics 49(2), 2021.
+    T. L. Lai, "On confidence sequences", Annals of Statistics 4(2), 1976.
+    M. F. Perez-Ortiz, T. Lardy, R. de Heide and P. Grunwald, "E-statistics, group invariance
+    and anytime valid testing", Annals of Statistics 52(4), 2024.
 
 Why a plan: a confidence sequence is valid at every sample size at once only if nothing about
-it depends on the data, and that includes the mixture's tuning (t_opt), the share of alpha each
-check spends and the set of checks that share it. A judge that is asked once, at a scenario's
-end, may tune all of these to the sample it holds; a gate that looks at growing prefixes and
-stops on the first clear answer must fix them in advance, or each look would be a fresh test
-and the false-hold rate would grow with the number of looks. The plan fixes them from what the
-gate knows before the load starts: the policy and each scenario's planned requests per arm.
+it depends on the data: the block length, the prior scale of the t test, the share of alpha
+each check spends and the set of checks that share it. The plan fixes all of them from what
+the gate knows before the load starts, the policy and each scenario's planned requests per
+engine, so the gate may look at growing prefixes as often as it likes and stop on the first
+clear answer, and the final judge, given the same plan and samples, reproduces the last look.
 
-Per check: t_opt is the scenario's planned requests (the sample size at which the interval is
-tightest is the one where an undecided check must finally be decided); the alpha is the latency
-budget split evenly over the checks kept; with quantiles "auto", a quantile is kept when its
-confidence sequence can be finite at the planned size (the same rule the one-shot judge applies
-to the sizes it holds), and one kept that cannot be resolved at the planned size may fail but
-becomes a note, not a hold, if it ends undecided. With all of that fixed, the sequences hold at
-every prefix at once, so the gate may look whenever it likes (the policy's `look_every`
-requests per arm is the cadence the calibration assumes) and the final judge, given the same
-plan and samples, reproduces the last look exactly.
+Per scenario and metric, the plan has one paired check per quantile (auto: p50 and p90) and
+one tail check (paired.py). Every check has the same role at every size: it holds on
+evidence of a regression, and an undecided one holds only when the policy's `require` lists
+it. There is no size at which a check becomes required or is dropped, so the same engines get
+the same kind of verdict at 500 and at 800 requests. The block length is
+`block_length(planned)`; the prior scale is tuned to the planned number of blocks; the alpha is
+the latency budget split evenly over the quantile checks and the tail budget over the tail
+checks. Only a scenario with a required check may run past its plan (policy `extend`).
+
+Before the load the plan says, per check, the smallest regression it can detect with 80% power
+at the planned size under the policy's `noise` assumption, and for each `detect` entry the
+planned size that would catch it.
 """
 
 from __future__ import annotations
@@ -30,89 +31,68 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from types import MappingProxyType
 
-from gate.analysis.policy import Policy, quantile_key
-from gate.analysis.sequences import count_bounds, min_samples_for_finite
+from gate.analysis.paired import (
+    MIN_BLOCKS,
+    block_length,
+    planned_shift,
+    size_to_detect,
+    tune_g,
+)
+from gate.analysis.policy import Policy, check_key, quantile_key
 
-__all__ = ["Plan", "PlannedCheck", "finite_at", "min_samples_resolving", "resolves"]
+__all__ = ["METRIC_LABEL", "Plan", "PlannedCheck", "tolerance_of"]
 
 METRIC_LABEL = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
 
 
-def finite_at(n: int, q: float, alpha_arm: float, t_opt: int | None = None) -> bool:
-    """Whether n samples bound the q-quantile on both sides."""
-    if n <= 0:
-        return False
-    k_lo, k_hi = count_bounds(n, q, alpha_arm, t_opt)
-    return k_lo >= 1 and k_hi < n
+def tolerance_of(policy: Policy, q: float | None) -> float:
+    """The allowed relative increase of a quantile check, or of the tail (q None)."""
+    return policy.tail.tolerance if q is None else policy.tolerance_for(q)
 
 
-def resolves(n: int, q: float, alpha_arm: float, t_opt: int | None = None) -> bool:
-    """Whether n samples pin the q-quantile down usefully: the confidence sequence must lie
-    within half the tail on each side (p99 between p98.5 and p99.5; p50 between p25 and p75).
-
-    A CS that is merely finite at p99 reaches to the sample maximum, which decides nothing
-    about a real engine and would turn every auto-checked gate of a thousand requests into an
-    inconclusive hold. The rule depends on sample counts only, never on the latencies.
-    """
-    if n <= 0:
-        return False
-    half = (1.0 - q) / 2.0 if q >= 0.5 else q / 2.0
-    k_lo, k_hi = count_bounds(n, q, alpha_arm, t_opt)
-    return k_lo >= 1 and k_hi < n and k_lo / n >= q - half and (k_hi + 1) / n <= q + half
-
-
-@lru_cache(maxsize=256)
-def min_samples_resolving(q: float, alpha_arm: float) -> int:
-    """Smallest n for which `resolves` holds (doubling, then bisection)."""
-    hi = 8
-    while not resolves(hi, q, alpha_arm):
-        hi *= 2
-        if hi > 1 << 30:
-            return hi
-    lo = hi // 2
-    while lo + 1 < hi:
-        mid = (lo + hi) // 2
-        if resolves(mid, q, alpha_arm):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+def _pct(x: float) -> str:
+    return "unbounded" if not math.isfinite(x) else f"+{x:.0%}" if x >= 0.1 else f"+{x:.1%}"
 
 
 @dataclass(frozen=True)
 class PlannedCheck:
-    """One latency check of the plan: everything about it that must not depend on the data.
+    """One paired check of the plan: everything about it that must not depend on the data.
 
-    required: the check must be decided (a listed quantile, or an auto quantile the planned
-    size resolves); an auto check that is not required becomes a note if it ends undecided
-    while its samples cannot resolve it.
+    q: the quantile, or None for the tail check; block: requests per block; g: the t test's
+    prior scale, tuned to the planned number of blocks; required: an undecided result holds.
     """
 
     scenario: str
     metric: str
-    q: float
+    q: float | None
     alpha: float
-    t_opt: int
+    block: int
+    g: float
     required: bool
 
     @property
+    def key(self) -> str:
+        return check_key(self.metric, self.q)
+
+    @property
     def id(self) -> str:
-        return f"{self.scenario}.{self.metric}.{quantile_key(self.q)}"
+        return f"{self.scenario}.{self.key}"
+
+    @property
+    def label(self) -> str:
+        what = "tail" if self.q is None else quantile_key(self.q)
+        return f"{METRIC_LABEL[self.metric]} {what}"
 
 
 @dataclass(frozen=True)
 class Plan:
     """Checks, alphas and tunings for a gate, from the policy and the planned requests.
 
-    requests: per scenario, the planned requests per arm after the warm-up (every check is
-    tuned to decide there); limits: per scenario, the most requests per arm it may run when
-    extended (policy `extend`; the planned size for a scenario that cannot be extended);
-    error_alpha: each scenario's share of the errors budget; tail_alpha: each tail check's
-    share of the tail budget (one check per scenario x metric, tail.py), whose bets are tuned
-    to the scenario's planned requests.
+    requests: per scenario, the planned requests per engine after the warm-up; limits: per
+    scenario, the most requests it may run when a required check is undecided at the plan
+    (policy `extend`); error_alpha: each scenario's share of the errors budget.
     """
 
     policy: Policy
@@ -120,7 +100,7 @@ class Plan:
     latency: tuple[PlannedCheck, ...]
     error_alpha: float
     notes: tuple[str, ...]
-    tail_alpha: float = 0.0
+    tails: tuple[PlannedCheck, ...] = ()
     limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def limit(self, scenario: str) -> int:
@@ -133,77 +113,114 @@ class Plan:
         requests: Mapping[str, int],
         extendable: Collection[str] | None = None,
     ) -> Plan:
-        """Plan every scenario x metric x quantile check for the planned sample sizes.
+        """Plan every scenario x metric x (quantile, tail) check for the planned sizes.
 
-        extendable: the scenarios that may run past their planned size when undecided (policy
-        `extend`); None: all of them.
+        extendable: the scenarios that may run past their planned size when a required check
+        is undecided (policy `extend`); None: all of them.
         """
         for name, n in requests.items():
             if n < 1:
                 raise ValueError(f"scenario {name!r}: planned requests must be >= 1, got {n}")
-        auto = policy.quantiles == "auto"
         quantiles = policy.checked_quantiles
-        group_alpha = policy.group_alpha("latency")
-        wanted = [(s, m, q) for s in requests for m in policy.metrics for q in quantiles]
-        notes: list[str] = []
-        kept = wanted
-        if auto and wanted:
-            plan_arm = group_alpha / len(wanted) / 2.0
-            kept = []
-            for s, m, q in wanted:
-                n = int(requests[s])
-                if finite_at(n, q, plan_arm, n) or q == quantiles[0]:
-                    # The lowest quantile is always planned: if even it cannot be bounded the
-                    # judge says so with an inconclusive check rather than a silent skip.
-                    kept.append((s, m, q))
-                else:
-                    need = min_samples_for_finite(q, plan_arm)
-                    notes.append(
-                        f"{METRIC_LABEL[m]} {quantile_key(q)} not checked in {s}: {n} planned "
-                        f"requests per arm bound it only from {need} on (raise the scenario's "
-                        "requests)."
-                    )
-        alpha = group_alpha / len(kept) if kept else 0.0
-        checks = tuple(
-            PlannedCheck(
+        n_latency = len(requests) * len(policy.metrics) * len(quantiles)
+        lat_alpha = policy.group_alpha("latency") / n_latency if n_latency else 0.0
+        n_tails = len(requests) * len(policy.metrics)
+        tail_alpha = policy.group_alpha("tail") / n_tails if n_tails else 0.0
+
+        def planned(s: str, m: str, q: float | None, alpha: float) -> PlannedCheck:
+            n = int(requests[s])
+            block = block_length(n)
+            return PlannedCheck(
                 scenario=s,
                 metric=m,
                 q=q,
                 alpha=alpha,
-                t_opt=int(requests[s]),
-                required=(not auto)
-                or q == quantiles[0]
-                or resolves(int(requests[s]), q, alpha / 2.0, int(requests[s])),
+                block=block,
+                g=tune_g(n // block, alpha),
+                required=policy.requires(m, q),
             )
-            for s, m, q in kept
+
+        latency = tuple(
+            planned(s, m, q, lat_alpha) for s in requests for m in policy.metrics for q in quantiles
         )
-        if checks:
+        tails = (
+            tuple(planned(s, m, None, tail_alpha) for s in requests for m in policy.metrics)
+            if tail_alpha > 0.0
+            else ()
+        )
+        notes = [
+            f"Latency budget {policy.group_alpha('latency'):.4g} planned over {len(latency)} "
+            f"paired quantile checks: {lat_alpha:.4g} each; looks every {policy.look_every} "
+            "requests."
+        ]
+        if tails:
             notes.append(
-                f"Latency budget {group_alpha:.4g} planned over {len(checks)} quantile checks: "
-                f"{alpha:.4g} each, half per arm, looks every {policy.look_every} requests."
-            )
-        error_alpha = policy.group_alpha("errors") / len(requests) if requests else 0.0
-        tails = len(requests) * len(policy.metrics)
-        tail_alpha = policy.group_alpha("tail") / tails if tails else 0.0
-        if tail_alpha > 0.0:
-            notes.append(
-                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {tails} tail "
+                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {len(tails)} tail "
                 f"checks: {tail_alpha:.4g} each."
             )
+        else:
+            notes.append("Tail checks off: alpha_split gives tail no budget.")
+        for s, n in requests.items():
+            notes.append(_detect_note(policy, s, int(n), latency + tails))
+        required = {c.scenario for c in latency + tails if c.required}
         limits = {
             s: int(n)
-            + (math.ceil(int(n) * policy.extend) if extendable is None or s in extendable else 0)
+            + (
+                math.ceil(int(n) * policy.extend)
+                if s in required and (extendable is None or s in extendable)
+                else 0
+            )
             for s, n in requests.items()
         }
         return cls(
             policy=policy,
             requests=MappingProxyType(dict(requests)),
             limits=MappingProxyType(limits),
-            latency=checks,
-            error_alpha=error_alpha,
+            latency=latency,
+            tails=tails,
+            error_alpha=policy.group_alpha("errors") / len(requests) if requests else 0.0,
             notes=tuple(notes),
-            tail_alpha=tail_alpha,
         )
 
     def checks_for(self, scenario: str) -> tuple[PlannedCheck, ...]:
-        return tuple(c for c in self.latency if c.scenario == scenario)
+        """The scenario's quantile checks, then its tail checks."""
+        return tuple(c for c in self.latency + self.tails if c.scenario == scenario)
+
+
+def _detect_note(
+    policy: Policy, scenario: str, n: int, checks: tuple[PlannedCheck, ...]
+) -> str:
+    """What each of the scenario's checks can detect at its planned size, and what `detect`
+    asks for."""
+    mine = [c for c in checks if c.scenario == scenario]
+    block = block_length(n)
+    if n // block < MIN_BLOCKS:
+        return (
+            f"{scenario}: {n} planned requests per engine make {n // block} blocks of {block}; "
+            f"the paired checks need {MIN_BLOCKS} ({MIN_BLOCKS * block} requests), so latency "
+            "is not compared (raise the scenario's requests)."
+        )
+    parts = []
+    for c in mine:
+        tol = tolerance_of(policy, c.q)
+        shift = math.exp(math.log1p(tol) + planned_shift(n, c.q, policy.noise, c.alpha)) - 1.0
+        parts.append(f"{c.label} {_pct(shift)}")
+    text = (
+        f"{scenario}: {n} planned requests per engine in {n // block} blocks of {block}; with "
+        f"80% power it can detect {', '.join(parts)} (assuming a pair's log ratio has sd "
+        f"{policy.noise:g}; the checks measure it)."
+    )
+    asks = []
+    for c in mine:
+        want = policy.detect_for(c.metric, c.q)
+        if want is None:
+            continue
+        need = size_to_detect(want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q))
+        if need is None:
+            asks.append(f"{c.label} +{want:.0%} cannot be detected above its tolerance")
+        else:
+            verdict = "planned" if need <= n else f"raise requests to {need}"
+            asks.append(f"{c.label} +{want:.0%} needs {need} per engine ({verdict})")
+    if asks:
+        text += " Policy detect: " + "; ".join(asks) + "."
+    return text

@@ -35,10 +35,11 @@ __all__ = [
     "Metric",
     "Policy",
     "TailPolicy",
+    "check_key",
     "quantile_key",
 ]
 
-AUTO_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+AUTO_QUANTILES: tuple[float, ...] = (0.5, 0.9)
 CHECK_GROUPS: tuple[str, ...] = ("latency", "errors", "correctness")
 """Budget groups a spec must weigh (the original three; older specs give exactly these)."""
 OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup", "tail")
@@ -69,6 +70,37 @@ def quantile_key(q: float) -> str:
 
 
 Metric = Literal["ttft", "itl", "e2e"]
+
+
+def check_key(metric: str, q: float | None) -> str:
+    """The key of a latency or tail check in `require` and `detect`: 'ttft.p50', 'itl.tail'."""
+    return f"{metric}.{'tail' if q is None else quantile_key(q)}"
+
+
+def _key_problem(key: str) -> str | None:
+    metric, dot, what = key.rpartition(".")
+    if not dot:
+        metric, what = "", key
+    if metric and metric not in ("ttft", "itl", "e2e"):
+        return f"{key!r}: unknown metric {metric!r}; expected ttft, itl or e2e"
+    if what != "tail":
+        m = _KEY.match(what)
+        if m is None or not 0.0 < float(m.group(1)) < 100.0:
+            return f"{key!r} is not a check key like 'ttft.p50', 'itl.p90', 'tail' or 'p90'"
+    return None
+
+
+def _matches(keys: list[str], metric: str, q: float | None) -> bool:
+    what = "tail" if q is None else quantile_key(q)
+    for key in keys:
+        m, dot, w = key.rpartition(".")
+        if not dot:
+            m, w = "", key
+        if w != "tail":
+            w = quantile_key(float(w[1:]) / 100.0)
+        if w == what and m in ("", metric):
+            return True
+    return False
 
 
 def _default_metrics() -> list[Metric]:
@@ -294,10 +326,10 @@ class Policy(BaseModel):
     quantiles: Literal["auto"] | list[float] = Field(
         default="auto",
         description=(
-            "Latency quantiles to compare. 'auto' checks those of 0.5, 0.9, 0.99 that the "
-            "available samples can bound on both sides; listed quantiles are required, and one "
-            "the samples cannot decide is inconclusive (hold). At most 8: each is a check per "
-            "scenario and metric, with its own bootstrap."
+            "Latency quantiles to compare, each a paired check per scenario and metric "
+            "(paired.py). 'auto' checks p50 and p90; the slowest requests are the tail check's "
+            "(policy tail), which judges them as a whole instead of one noisy p99. At most 8. "
+            "A quantile check left undecided does not hold the gate unless `require` lists it."
         ),
     )
     tolerance: dict[str, float] = Field(
@@ -310,6 +342,40 @@ class Policy(BaseModel):
             "default is 10%, not more: a tolerance equal to the smallest tail regression the "
             "gate must catch (15%) could never hold it, since its true ratio would sit on the "
             "threshold."
+        ),
+    )
+    require: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Latency and tail checks that must be decided: one listed here that ends undecided "
+            "holds the gate (and may extend its scenario); one not listed holds only on "
+            "evidence of a regression, and an undecided one is reported with the smallest "
+            "regression the gate could have detected at its size. Keys: 'ttft.p50', "
+            "'itl.p90', 'ttft.tail', or 'p50' / 'tail' for every metric. Empty by default: "
+            "a gate that cannot tell is not evidence against the candidate, and a gate that "
+            "holds identical engines gets switched off."
+        ),
+    )
+    detect: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "Regressions the gate should be able to catch, e.g. {'ttft.p50': 0.05, 'tail': "
+            "0.15}: the plan prints, for each, the planned requests per engine needed to "
+            "detect it with 80% power (assuming `noise`), beside what the planned size "
+            "detects. Keys as in `require`; values are relative increases in (0, 10]."
+        ),
+    )
+    noise: float = Field(
+        default=0.3,
+        gt=0.0,
+        le=5.0,
+        description=(
+            "Planning assumption: the standard deviation of one mirrored pair's log latency "
+            "ratio (candidate over reference). 0.3 is a busy engine's TTFT under mirrored "
+            "load; ITL is usually quieter. It sizes the plan's 'can detect' figures only; "
+            "the checks measure the real spread from the data."
         ),
     )
     metrics: list[Metric] = Field(
@@ -496,6 +562,28 @@ class Policy(BaseModel):
             raise ValueError(f"no tolerance for {missing}, which the quantiles setting checks")
         return out
 
+    @field_validator("require")
+    @classmethod
+    def _check_require(cls, v: list[str]) -> list[str]:
+        for key in v:
+            problem = _key_problem(key)
+            if problem is not None:
+                raise ValueError(problem)
+        if len(set(v)) != len(v):
+            raise ValueError("require lists a check twice")
+        return v
+
+    @field_validator("detect")
+    @classmethod
+    def _check_detect(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, shift in v.items():
+            problem = _key_problem(key)
+            if problem is not None:
+                raise ValueError(problem)
+            if not (math.isfinite(shift) and 0.0 < shift <= 10.0):
+                raise ValueError(f"detect[{key!r}] must be a relative increase in (0, 10], got {shift}")
+        return v
+
     @field_validator("metrics")
     @classmethod
     def _check_metrics(cls, v: list[Metric]) -> list[Metric]:
@@ -522,6 +610,17 @@ class Policy(BaseModel):
     def tolerance_for(self, q: float) -> float:
         """Allowed relative increase at quantile q (validated to exist for every checked q)."""
         return self.tolerance[quantile_key(q)]
+
+    def requires(self, metric: str, q: float | None) -> bool:
+        """Whether an undecided check of this metric and quantile (None: the tail) holds."""
+        return _matches(self.require, metric, q)
+
+    def detect_for(self, metric: str, q: float | None) -> float | None:
+        """The regression the user wants this check to catch, if `detect` names it."""
+        for key, shift in self.detect.items():
+            if _matches([key], metric, q):
+                return shift
+        return None
 
     def group_alpha(self, group: str) -> float:
         """The share of the family-wise budget that one budget group may spend."""

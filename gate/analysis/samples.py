@@ -96,6 +96,11 @@ class Columns:
             error_offsets_s=sent_s[err],
             error_kinds=tuple(ERROR_KINDS[int(k)] for k in self.error[err]),
             offsets_s={"ttft": sent_s[ok_ttft], "itl": sent_s[ok_itl], "e2e": sent_s[ok_e2e]},
+            ids={
+                "ttft": self.request_id[ok_ttft],
+                "itl": self.request_id[ok_itl],
+                "e2e": self.request_id[ok_e2e],
+            },
             nan_logprobs=int(self.bad_logprobs.sum()),
             empty_outputs=int((self.ok & (self.output_tokens == 0)).sum()),
         )

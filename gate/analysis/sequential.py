@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from gate.analysis.errors import error_check, outputs_checks
 from gate.analysis.latency import planned_latency_checks
 from gate.analysis.plan import Plan
-from gate.analysis.tail import tail_checks
 from gate.analysis.types import ArmSamples, Check, ScenarioSamples
 
 __all__ = ["Look", "SequentialJudge"]
@@ -108,7 +107,6 @@ class SequentialJudge:
     """
 
     plan: Plan
-    bootstrap: bool = False
 
     def look(self, scenario: str, reference: ArmSamples, candidate: ArmSamples) -> Look:
         """The decisions the samples so far support (arrays in send order, warm-up dropped)."""
@@ -126,10 +124,10 @@ class SequentialJudge:
             final
             and n < limit
             and not any(c.decision == "fail" for c in checks)
-            and any(c.decision == "inconclusive" for c in checks)
+            and any(c.decision == "inconclusive" and c.required for c in checks)
         )
         if extending:
-            undecided = [c.id for c in checks if c.decision == "inconclusive"]
+            undecided = [c.id for c in checks if c.decision == "inconclusive" and c.required]
             # The error ceiling is then read against the limit: only an error count that breaks
             # it whatever the scenario's end fails before the end.
             checks, notes = self._checks(s, limit, False)
@@ -156,10 +154,7 @@ class SequentialJudge:
     ) -> tuple[list[Check], list[str]]:
         notes: list[str] = []
         checks: list[Check] = []
-        checks.extend(
-            planned_latency_checks([s], self.plan, notes, bootstrap=self.bootstrap, final=final)
-        )
-        checks.extend(tail_checks([s], self.plan.policy, notes, plan=self.plan, final=final))
+        checks.extend(planned_latency_checks([s], self.plan, notes, final=final))
         checks.extend(
             error_check(
                 s, self.plan.error_alpha, self.plan.policy, notes, None if final else horizon

@@ -56,6 +56,9 @@ class ArmSamples:
     offsets_s: per metric name, the send offset (seconds from the scenario start) of each sample
         of that metric, same order (optional). Given, the reported bootstrap intervals resample
         whole time blocks of both arms together; otherwise blocks of consecutive samples.
+    ids: per metric name, the schedule id (request id) of each sample of that metric, same
+        order (optional). The paired checks join the two engines' samples by it, so an error
+        on one side drops that request's pair only; without it they pair by position.
     nan_logprobs, empty_outputs: responses with a NaN or infinite logprob, and successful
         responses without a single token. Either is a broken engine, not a statistic.
 
@@ -71,6 +74,7 @@ class ArmSamples:
     e2e_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     error_kinds: tuple[str, ...] = ()
     offsets_s: Mapping[str, np.ndarray] = field(default_factory=dict)
+    ids: Mapping[str, np.ndarray] = field(default_factory=dict)
     nan_logprobs: int = 0
     empty_outputs: int = 0
 
@@ -96,6 +100,16 @@ class ArmSamples:
                 )
             offsets[metric] = arr
         object.__setattr__(self, "offsets_s", MappingProxyType(offsets))
+        ids = {}
+        for metric, values in self.ids.items():
+            arr = np.array(values, dtype=np.int64, copy=True).reshape(-1)
+            if arr.size != self.metric(metric).size:
+                raise ValueError(
+                    f"ids[{metric!r}] has {arr.size} values for {self.metric(metric).size} samples"
+                )
+            arr.setflags(write=False)
+            ids[metric] = arr
+        object.__setattr__(self, "ids", MappingProxyType(ids))
 
     @property
     def error_count(self) -> int:
@@ -187,9 +201,17 @@ class Check:
         HTTP statuses (compatibility). threshold: what the interval or value is compared
         with. alpha: the share of the family-wise budget this check spent (None for
         deterministic rules); samples: (reference, candidate) observations used.
-    estimate_interval: a block-bootstrap interval around the reported ratio, for people: it
-        is narrower than `interval` because it holds at one sample size only, and it never
-        decides anything.
+    estimate_interval: a 95% interval around the reported ratio, for people: it is narrower
+        than `interval` because it holds at one sample size only, and it never decides
+        anything.
+    required: whether an undecided (inconclusive) check holds the gate. True for everything
+        but the latency and tail checks, which hold on evidence only unless the policy lists
+        them in `require`: one they leave undecided is reported with `detectable`.
+    detectable: for a paired latency or tail check, the smallest regression (a ratio, e.g.
+        1.11 for +11%) this gate could have detected with 80% power at its size.
+    correlation_requests: the correlation time of the pairs' log ratios, in requests
+        (Geyer's estimate; 1 for independent requests); block_requests: the block length the
+        paired test averaged over, fixed by the plan.
     """
 
     id: str
@@ -207,6 +229,15 @@ class Check:
     alpha: float | None
     message: str
     estimate_interval: tuple[float, float] | None = None
+    required: bool = True
+    detectable: float | None = None
+    correlation_requests: float | None = None
+    block_requests: int | None = None
+
+    @property
+    def holds(self) -> bool:
+        """A failed check holds the gate; an undecided one only when it is required."""
+        return self.decision == "fail" or (self.decision == "inconclusive" and self.required)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: NaN and infinities become None (an unbounded interval end reads as null)."""
@@ -237,12 +268,16 @@ class Check:
             "samples": [int(self.samples[0]), int(self.samples[1])],
             "alpha": _json_float(self.alpha),
             "message": self.message,
+            "required": self.required,
+            "detectable": _json_float(self.detectable),
+            "correlation_requests": _json_float(self.correlation_requests),
+            "block_requests": self.block_requests,
         }
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """continue only when every evaluated check passed; reasons are the checks that did not."""
+    """continue only when no check holds (`Check.holds`); reasons are the checks that do."""
 
     decision: GateDecision
     checks: tuple[Check, ...]

@@ -56,6 +56,18 @@ class CheckDoc(_Doc):
     )
     alpha: float | None = None
     message: str
+    required: bool = Field(
+        True, description="an undecided check holds the gate only when it is required"
+    )
+    detectable: float | None = Field(
+        None, description="the smallest ratio this gate could detect (80% power), paired checks"
+    )
+    correlation_requests: float | None = Field(
+        None, description="correlation time of the pairs' log ratios, in requests"
+    )
+    block_requests: int | None = Field(
+        None, description="requests per block of the paired test, fixed by the plan"
+    )
 
 
 class ReasonDoc(_Doc):
