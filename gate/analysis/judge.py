@@ -110,7 +110,7 @@ def judge(
                 )
         checks.extend(planned_latency_checks(scenarios, plan, notes))
         checks.extend(error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None))
-    if not any(c.group == "latency" and c.interval is not None for c in checks):
+    if not any(c.group == "latency" for c in checks):
         checks.insert(0, _coverage_check())
     checks.extend(outputs_checks(scenarios))
     checks.extend(startup_checks(engines, policy, notes))

@@ -127,13 +127,16 @@ def _decide(
         "block_requests": pc.block,
     }
     if bt.blocks < MIN_BLOCKS:
+        # Nothing of this metric can be compared: its first check holds (a scenario the spec
+        # asked for is never silently skipped), its others only say so.
+        common["required"] = pc.required or pc.q == policy.checked_quantiles[0]
         return ratio_check(
             pc.id,
             metric,
             "inconclusive",
-            f"{label} is not compared yet: {pairs} paired requests make {bt.blocks} blocks of "
+            f"{label} cannot be compared: {pairs} paired requests make {bt.blocks} blocks of "
             f"{pc.block}, and the paired test needs {MIN_BLOCKS} ({MIN_BLOCKS * pc.block} "
-            "requests per engine).",
+            "requests per engine; raise the scenario's requests).",
             ratio=est_c / est_r if est_r > 0.0 else None,
             **common,  # type: ignore[arg-type]
         )

@@ -68,9 +68,10 @@ __all__ = [
 ]
 
 BLOCK_MIN = 32  # requests per block at least: four batches of 8, one batch of 32
-BLOCKS_MAX = 64  # blocks per planned scenario at most: longer blocks beyond that
+BLOCKS_MAX = 256  # blocks per planned scenario at most: longer blocks beyond that
 MIN_BLOCKS = 3  # a t statistic needs two degrees of freedom
 TRIM = 0.2  # share trimmed at each end of a block's log ratios for the p50 statistic
+TUNE_BLOCKS = 16  # the t test's prior is tuned to decide best at this many blocks (or fewer)
 POWER_Z = float(stats.norm.ppf(0.8))  # "could detect": with 80% power
 
 
@@ -157,8 +158,12 @@ def t_crit(n: int, alpha: float, g: float) -> float:
 
 @lru_cache(maxsize=4096)
 def tune_g(blocks: int, alpha: float) -> float:
-    """The prior scale that makes the boundary tightest at the planned number of blocks."""
-    blocks = max(blocks, MIN_BLOCKS)
+    """The prior scale for a scenario planned at `blocks` blocks: the one that makes the
+    boundary tightest at min(blocks, 16). Tuned to the planned end, a long scenario's early
+    looks could decide nothing (at 64 blocks planned the boundary is infinite below 12); tuned
+    to 16 blocks it is finite from 7 on and, at 256 blocks, 5% wider than the tightest: a
+    large regression stops a long gate within its first looks."""
+    blocks = max(min(blocks, TUNE_BLOCKS), MIN_BLOCKS)
     grid = np.geomspace(1e-3, 1e3, 121)
     values = [t_crit(blocks, alpha, float(g)) for g in grid]
     return float(grid[int(np.argmin(values))])

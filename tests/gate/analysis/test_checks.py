@@ -9,6 +9,7 @@ from gate.analysis.checks import quotient, ratio_check, rule_check, statistic_ch
 from gate.analysis.types import Check
 
 STATS = ("quantile", "reference", "candidate", "ratio", "interval", "threshold", "alpha")
+PAIRED = ("detectable", "correlation_requests", "block_requests")  # paired latency checks only
 
 
 def unset(check: Check) -> set[str]:
@@ -19,7 +20,8 @@ def test_rule_check_leaves_every_statistic_none() -> None:
     check = rule_check("crash.candidate", "crash", "crashed", "fail", "It crashed.")
     assert (check.id, check.group, check.metric) == ("crash.candidate", "crash", "crashed")
     assert (check.decision, check.message, check.samples) == ("fail", "It crashed.", (0, 0))
-    assert unset(check) == {"scenario", "estimate_interval", *STATS}
+    assert unset(check) == {"scenario", "estimate_interval", *STATS, *PAIRED}
+    assert check.required and check.holds
 
 
 def test_rule_check_fills_the_observed_values() -> None:
@@ -42,6 +44,7 @@ def test_rule_check_fills_the_observed_values() -> None:
         "threshold",
         "alpha",
         "estimate_interval",
+        *PAIRED,
     }
 
 
@@ -63,9 +66,10 @@ def test_statistic_check_fills_interval_and_alpha() -> None:
     )
     assert check.ratio is not None and math.isclose(check.ratio, 0.8 / 0.9)
     assert (check.interval, check.threshold, check.alpha) == ((-0.02, 0.01), -0.05, 0.01)
-    assert unset(check) == {"quantile", "estimate_interval"}
+    assert unset(check) == {"quantile", "estimate_interval", *PAIRED}
     bare = statistic_check("s.errors", "errors", "errors", "inconclusive", "Empty.")
-    assert unset(bare) == {"scenario", "estimate_interval", *STATS}
+    assert unset(bare) == {"scenario", "estimate_interval", *STATS, *PAIRED}
+    assert bare.holds, "an undecided error check holds: it is required"
 
 
 def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
@@ -92,7 +96,30 @@ def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
         "interval",
         "alpha",
         "estimate_interval",
+        *PAIRED,
     }
+    assert check.holds, "required by default: the paired checks set it from the policy"
+    optional = ratio_check(
+        "s.ttft.p90",
+        "ttft",
+        "inconclusive",
+        "Undecided.",
+        scenario="s",
+        threshold=1.1,
+        samples=(5, 5),
+        required=False,
+    )
+    assert not optional.holds
+    assert ratio_check(
+        "s.ttft.p90",
+        "ttft",
+        "fail",
+        "Slower.",
+        scenario="s",
+        threshold=1.1,
+        samples=(5, 5),
+        required=False,
+    ).holds, "a failed check holds whether or not it is required"
 
 
 def test_quotient_needs_both_values_and_a_nonzero_reference() -> None:

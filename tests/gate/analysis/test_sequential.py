@@ -14,7 +14,7 @@ from scipy.stats import binom
 from gate.analysis.judge import judge
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
-from gate.analysis.sequences import count_bounds
+from gate.analysis.paired import block_length, block_stats, block_test, tune_g
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import ArmSamples, EngineFacts, ScenarioSamples
 
@@ -33,22 +33,47 @@ def arm(ttft: np.ndarray, itl: np.ndarray | None = None) -> ArmSamples:
     )
 
 
-def test_plan_fixes_t_opt_alpha_and_quantiles_in_advance() -> None:
+def test_plan_fixes_blocks_prior_and_alpha_in_advance() -> None:
     plan = Plan.build(Policy(), {"steady": 20_000, "short": 300})
     steady = plan.checks_for("steady")
-    assert [c.q for c in steady] == [0.5, 0.9, 0.99] * 2
-    assert all(c.t_opt == 20_000 for c in steady)
-    assert all(c.required for c in steady)
+    assert [c.q for c in steady] == [0.5, 0.9, 0.5, 0.9, None, None]
+    assert {c.block for c in steady} == {block_length(20_000)} == {79}
+    assert {c.g for c in steady if c.q is not None} == {tune_g(20_000 // 79, steady[0].alpha)}
+    # Hold on evidence: no check is required unless the policy says so, at any size.
+    assert not any(c.required for c in plan.latency + plan.tails)
     short = plan.checks_for("short")
-    # 300 planned requests cannot bound p99 at this alpha: planned out, with a note.
-    assert [c.q for c in short if c.metric == "ttft"] == [0.5, 0.9]
-    assert any("p99 not checked in short" in n for n in plan.notes)
+    assert [c.q for c in short if c.metric == "ttft"] == [0.5, 0.9, None]
+    assert {c.block for c in short} == {32}
+    assert any(
+        n.startswith("short: 300 planned requests per engine in 9 blocks of 32") for n in plan.notes
+    )
+    assert any("can detect TTFT p50 +" in n for n in plan.notes)
     assert math.fsum(c.alpha for c in plan.latency) == pytest.approx(
         Policy().group_alpha("latency")
     )
+    assert math.fsum(c.alpha for c in plan.tails) == pytest.approx(Policy().group_alpha("tail"))
     assert plan.error_alpha == pytest.approx(Policy().group_alpha("errors") / 2)
     with pytest.raises(ValueError, match="planned requests"):
         Plan.build(Policy(), {"x": 0})
+
+
+def test_the_plan_says_what_size_detect_needs() -> None:
+    policy = Policy(detect={"ttft.p50": 0.10})
+    small = Plan.build(policy, {"steady": 300})
+    need = int(next(n for n in small.notes if "needs" in n).split("needs ")[1].split()[0])
+    assert "raise requests to" in " ".join(small.notes)
+    big = Plan.build(policy, {"steady": need})
+    assert "(planned)" in " ".join(big.notes)
+    # The size it names does detect +10% with at least the power it promises, on the noise
+    # it assumed (independent pairs, log-ratio sd 0.3).
+    rng = np.random.default_rng(7)
+    held = 0
+    for _ in range(40):
+        ref = 100.0 * np.exp(rng.normal(0.0, 0.3 / math.sqrt(2), need))
+        cand = 110.0 * np.exp(rng.normal(0.0, 0.3 / math.sqrt(2), need))
+        v = judge([ScenarioSamples("steady", arm(ref), arm(cand))], ENGINES, policy, plan=big)
+        held += any(c.id == "steady.ttft.p50" and c.decision == "fail" for c in v.checks)
+    assert held >= 40 * 0.7
 
 
 def test_a_big_regression_stops_the_scenario_early() -> None:
@@ -79,10 +104,11 @@ def test_a_clean_scenario_runs_to_its_limit_and_then_everything_is_decided() -> 
     assert "steady.errors" in look.undecided
     assert not look.stop
     final = sj.look("steady", arm(ref), arm(cand))
-    # Nothing is undecided at the planned size, so the extension the plan allows is not used.
+    # No check is required, so the plan allows no extension: the planned size is the end.
     assert final.past_plan and final.all_decided and final.stop
-    assert not final.extending and not final.at_limit and final.limit == 6_000
+    assert not final.extending and final.at_limit and final.limit == 4_000
     assert not final.hold
+    assert Plan.build(Policy(require=["p50"]), {"steady": 4_000}).limit("steady") == 6_000
 
 
 def test_the_final_judge_with_the_plan_agrees_with_the_last_look() -> None:
@@ -96,29 +122,29 @@ def test_the_final_judge_with_the_plan_agrees_with_the_last_look() -> None:
         if c.group == "latency" and c.id in by_id:
             assert by_id[c.id].decision == c.decision
             assert by_id[c.id].interval == c.interval
-    # A look before the limit leaves an undecided p99 undecided; the final judge, seeing the
-    # scenario ended at 3,000 of 6,000, turns an unresolvable auto p99 into a note.
-    assert look.checks[2].id == "steady.ttft.p99"
-    if look.checks[2].decision == "inconclusive":
-        assert "steady.ttft.p99" not in by_id
-        assert any("TTFT p99 in steady not established" in n for n in verdict.notes)
-    # The final verdict adds the bootstrap intervals a look skips.
-    assert by_id["steady.ttft.p50"].estimate_interval is not None
-    assert all(c.estimate_interval is None for c in look.checks)
+            assert by_id[c.id].estimate_interval == c.estimate_interval
+    assert {c.id for c in look.checks if c.group == "latency"} <= set(by_id)
+    assert by_id["steady.ttft.p50"].decision == "fail"
     with pytest.raises(ValueError, match="another policy"):
         judge([], ENGINES, Policy(alpha=0.01), plan=plan)
     with pytest.raises(ValueError, match="not in the plan"):
         SequentialJudge(plan).look("other", arm(ref), arm(cand))
 
 
-def test_the_planned_mixture_is_the_same_at_every_look() -> None:
-    """What makes the looks free: the bounds at size t depend on t_opt, never on the look."""
+def test_the_planned_test_is_the_same_at_every_look() -> None:
+    """What makes the looks free: the blocks and the prior at size t come from the plan,
+    never from the look."""
     plan = Plan.build(Policy(), {"steady": 8_000})
-    c = plan.checks_for("steady")[2]
-    assert c.t_opt == 8_000
-    early = count_bounds(1_000, c.q, c.alpha / 2.0, c.t_opt)
-    assert early != count_bounds(1_000, c.q, c.alpha / 2.0)  # tuned at 1000 it would differ
-    assert early == count_bounds(1_000, c.q, c.alpha / 2.0, 8_000)
+    c = plan.checks_for("steady")[1]
+    assert (c.block, c.g) == (block_length(8_000), tune_g(8_000 // c.block, c.alpha))
+    ref, cand = stream(21, 2_000), stream(22, 2_000)
+    look = SequentialJudge(plan).look("steady", arm(ref), arm(cand))
+    got = next(x for x in look.checks if x.id == c.id)
+    bt = block_test(block_stats(ref, cand, c.block, c.q), c.alpha, c.g)
+    assert got.interval == pytest.approx((math.exp(bt.lower), math.exp(bt.upper)))
+    # Planned at 300 the same prefix is judged by another prior: a look is not a plan.
+    other = Plan.build(Policy(), {"steady": 300}).checks_for("steady")[1]
+    assert other.g != c.g
 
 
 @settings(max_examples=4, deadline=None, derandomize=True)
@@ -160,17 +186,21 @@ def test_aa_over_many_looks_never_exceeds_alpha(
 
 
 def test_the_plan_extends_only_what_may_run_on() -> None:
-    plan = Plan.build(Policy(extend=0.5), {"a": 1_000, "b": 1_001, "c": 7}, extendable={"a", "b"})
+    policy = Policy(extend=0.5, require=["ttft.p50"])
+    plan = Plan.build(policy, {"a": 1_000, "b": 1_001, "c": 7}, extendable={"a", "b"})
     assert plan.limit("a") == 1_500 and plan.limit("b") == 1_502  # 500.5 rounded up
     assert plan.limit("c") == 7
-    assert Plan.build(Policy(extend=0.0), {"a": 1_000}).limit("a") == 1_000
-    assert Plan.build(Policy(), {"a": 1_000}).limit("a") == 1_500  # default: 0.5, all
+    assert Plan.build(Policy(extend=0.0, require=["p50"]), {"a": 1_000}).limit("a") == 1_000
+    assert Plan.build(Policy(require=["p50"]), {"a": 1_000}).limit("a") == 1_500
+    # Only a required check can be left undecided in a way that holds: nothing else extends.
+    assert Plan.build(Policy(), {"a": 1_000}).limit("a") == 1_000
 
 
 def test_an_undecided_check_at_the_planned_size_runs_on_to_the_limit() -> None:
-    """A candidate sitting exactly on the p50 threshold can never be decided: at the planned
-    size the scenario extends instead of holding, and at the limit it holds inconclusive."""
-    policy = Policy(extend=0.5)
+    """A candidate sitting exactly on the p50 threshold can never be decided: when the policy
+    requires p50, the scenario extends at the planned size instead of holding, and at the
+    limit it holds inconclusive."""
+    policy = Policy(extend=0.5, require=["ttft.p50"])
     plan = Plan.build(policy, {"steady": 2_000})
     sj = SequentialJudge(plan)
     ref = stream(11, 3_000)
@@ -188,7 +218,7 @@ def test_an_undecided_check_at_the_planned_size_runs_on_to_the_limit() -> None:
     end = sj.look("steady", arm(ref), arm(cand))
     assert end.at_limit and end.stop and not end.extending
     assert end.all_decided
-    assert any(c.decision == "inconclusive" for c in end.checks)
+    assert any(c.decision == "inconclusive" and c.holds for c in end.checks)
 
 
 def test_extending_is_never_a_way_out_of_a_failed_check() -> None:
