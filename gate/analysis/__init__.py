@@ -1,15 +1,15 @@
 """Statistical judge of the deploy gate: a pure core (numpy, scipy, pydantic; no I/O).
 
-The gate collects samples and engine facts, and this package turns them into a verdict with
-the evidence behind it. Modules: paired (paired, blocked, anytime-valid t tests of the two
-engines' latencies), sequences (anytime-valid quantile confidence sequences), counts (sequential count tests on errors, pooled and per kind), bounded (betting confidence
-sequences for paired fractions), estimates (Harrell-Davis estimates, block-bootstrap intervals),
-policy (the user-facing settings), types (inputs and outputs), checks (the shapes of a check),
-plan (checks fixed before the data), latency (quantile and tail checks), errors, engines, load, compat and
+The gate collects samples and engine facts, and this package turns them into a verdict with the
+evidence behind it. Modules: paired (paired, blocked, anytime-valid t tests of the two engines'
+latencies), sequences (anytime-valid quantile confidence sequences), counts (sequential count
+tests on errors, pooled and per kind), bounded (betting confidence sequences for paired
+fractions), estimates (Harrell-Davis estimates, block-bootstrap intervals), policy (the user-
+facing settings), types (inputs and outputs), checks (the shapes of a check), plan (checks
+fixed before the data), latency (quantile and tail checks), errors, engines, load, compat and
 divergence (the checks), sequential (looks at growing prefixes), judge (the verdict), baseline
 (a Kayenta-style judge for comparison) and calibration (simulated gates: false-hold rate and
-power of both).
-"""
+power of both)."""
 
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.counts import (

@@ -58,12 +58,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 from scipy.special import betaincc, betaln, logsumexp
 
 __all__ = [
     "KindMixture",
     "kind_mixture_pvalues",
     "log_bayes_factors",
+    "log_ceiling_evalue",
     "sequential_count_pvalue",
     "sequential_count_pvalues",
 ]
@@ -196,3 +198,35 @@ def kind_mixture_pvalues(
             terms.append(log_w + path)
     log_mix = logsumexp(np.vstack(terms), axis=0)
     return KindMixture(float(_running_pvalues(np.asarray(log_mix), running)[-1]), kind_p)
+
+
+def log_ceiling_evalue(errors: int, requests: int, ceiling: float) -> float:
+    """log of an e-process against "this engine's error rate is at most `ceiling`".
+
+    Robbins' beta-binomial mixture (H. Robbins, "Statistical methods related to the law of the
+    iterated logarithm", Annals of Mathematical Statistics 41(5), 1970), restricted to rates
+    above the ceiling: E_n = E_{p ~ Beta(1, b) | p > c} [p^k (1-p)^(n-k) / (c^k (1-c)^(n-k))]
+    after k errors in n requests. Each likelihood ratio with p > c is a supermartingale under
+    any rate at most c, so their mixture is one too, and rejecting once E_n >= 1/alpha holds
+    an engine at or under the ceiling with probability at most alpha however often the gate
+    looks. b = 1/(2c) - 1 puts the prior's mean near twice the ceiling, where a breach worth
+    holding sits. A ceiling of 0 is broken by the first error (log E = inf); of 1, never.
+    """
+    if errors < 0 or requests < errors:
+        raise ValueError(f"need 0 <= errors <= requests, got {errors} of {requests}")
+    if ceiling <= 0.0:
+        return math.inf if errors > 0 else 0.0
+    if ceiling >= 1.0:
+        return -math.inf
+    a = 1.0
+    b = max(1.0 / (2.0 * ceiling) - 1.0, 1.0)
+    k, rest = float(errors), float(requests - errors)
+    post = betaln(a + k, b + rest) - betaln(a, b)
+    tail_post = _log_beta_sf(ceiling, a + k, b + rest)
+    tail_prior = _log_beta_sf(ceiling, a, b)
+    null = k * math.log(ceiling) + rest * math.log1p(-ceiling)
+    return float(post + tail_post - tail_prior - null)
+
+
+def _log_beta_sf(x: float, a: float, b: float) -> float:
+    return float(stats.beta.logsf(x, a, b))

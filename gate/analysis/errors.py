@@ -12,10 +12,20 @@ sees a general rise; the per-kind components see a new kind; their fixed-weight 
 (counts.kind_mixture_pvalues) is one anytime-valid test inside the errors budget, so looking at
 every prefix and splitting by kind cost nothing extra in false holds.
 
-The ceiling (`max_error_rate`) is a rule on the candidate's error fraction, not a test. Applied
-at every look it would hold on the noise of the first few hundred requests, so a sequential look
-applies it only once it is certain to be broken at the planned end (more candidate errors than
-max_error_rate x planned requests); at the end it reads the final fraction, as it always did.
+Bursts: a stalled engine fails many requests at once, and fifteen timeouts of one stall are
+one event, not fifteen independent coins (as coins they alone would give p = 0.009). The count
+test therefore sees events: an arm's errors less than `error_burst_s` apart are one event, of
+the kind of its first error. A burst on the candidate holds only when the candidate's events
+outnumber the reference's own beyond chance.
+
+The ceiling (`max_error_rate`) is judged, not thresholded: it holds only when the candidate's
+error rate is above it with confidence, by an anytime-valid e-process (counts.
+log_ceiling_evalue), so an engine at the ceiling is held at most alpha of the time at any look.
+The same test on the reference says when the test bed itself is unhealthy: a reference above
+the ceiling with confidence makes a `gate.environment` check that holds and names the
+environment, and the candidate's rate above the ceiling is then not counted against it (the
+count test still compares the two). The scenario's errors alpha is split: half to the count
+test, a quarter to each ceiling test.
 
 The count test can reject but never accept, so before the planned end an errors check is either
 failed or not yet decided: a clean scenario runs to its limit (a rare new error kind shows late,
@@ -27,16 +37,17 @@ engine: `outputs_checks` holds on it without statistics (no alpha).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from gate.analysis.checks import quotient, rule_check, statistic_check
-from gate.analysis.counts import kind_mixture_pvalues
+from gate.analysis.counts import kind_mixture_pvalues, log_ceiling_evalue
 from gate.analysis.policy import Policy
 from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
 
-__all__ = ["error_check", "error_checks", "outputs_checks"]
+__all__ = ["burst_events", "error_check", "error_checks", "outputs_checks"]
 
 
 def fmt_p(p: float) -> str:
@@ -72,6 +83,20 @@ def _events(arm: ArmSamples) -> tuple[np.ndarray, list[str]] | None:
     return None
 
 
+def burst_events(
+    times: np.ndarray, kinds: list[str], window_s: float
+) -> tuple[np.ndarray, list[str]]:
+    """One arm's errors as events: an error less than `window_s` after the arm's previous error
+    belongs to that error's event. Each event is at its first error's time, of its kind."""
+    if times.size == 0 or window_s <= 0.0:
+        return times, list(kinds)
+    order = np.argsort(times, kind="stable")
+    t = times[order]
+    starts = np.concatenate([[True], np.diff(t) >= window_s])
+    first = order[starts]
+    return times[first], [kinds[i] for i in first]
+
+
 def _error_test(
     s: ScenarioSamples, rho: float, policy: Policy, notes: list[str]
 ) -> tuple[float, dict[str, float]]:
@@ -80,6 +105,8 @@ def _error_test(
         return 1.0, {}
     ev_r, ev_c = _events(ref), _events(cand)
     if ev_r is not None and ev_c is not None:
+        ev_r = burst_events(ev_r[0], ev_r[1], policy.error_burst_s)
+        ev_c = burst_events(ev_c[0], ev_c[1], policy.error_burst_s)
         times = np.concatenate([ev_r[0], ev_c[0]])
         labels = np.concatenate(
             [np.zeros(ev_r[0].size, dtype=np.int64), np.ones(ev_c[0].size, dtype=np.int64)]
@@ -174,57 +201,81 @@ def error_check(
         f"{_arm_errors('candidate', cand, True)} vs "
         f"{_arm_errors('reference', ref, False)} in {ref.requests}"
     )
-    if planned is None:
-        over_ceiling = frac_c > policy.max_error_rate
-    else:
-        over_ceiling = cand.error_count > policy.max_error_rate * planned
-    significant = p <= alpha
-    kinds = _kind_checks(s, alpha, policy, kind_p, final=planned is None)
+    count_alpha, ceiling_alpha = alpha / 2.0, alpha / 4.0
+    ceiling = policy.max_error_rate
+    bar = math.log(1.0 / ceiling_alpha) if ceiling_alpha > 0.0 else math.inf
+    cand_over = log_ceiling_evalue(cand.error_count, cand.requests, ceiling) >= bar
+    ref_over = log_ceiling_evalue(ref.error_count, ref.requests, ceiling) >= bar
+    environment = _environment_check(s, ref, ceiling) if ref_over else None
+    over_ceiling = cand_over and not ref_over
+    significant = p <= count_alpha
+    kinds = _kind_checks(s, count_alpha, policy, kind_p, final=planned is None)
     driver = min(kind_p.items(), key=lambda kv: (kv[1], kv[0]))[0] if kind_p else None
+    extra = [environment] if environment is not None else []
+    test = f"{fmt_p(p)} (alpha {count_alpha:.2g})"
     if not (significant or over_ceiling):
         if planned is not None:
             return [
                 check(
                     "inconclusive",
-                    f"Errors in {s.name} so far: {counts}; {fmt_p(p)} (alpha {alpha:.2g}); "
-                    "no evidence yet, and the count test decides only on evidence or at the "
-                    "planned end.",
+                    f"Errors in {s.name} so far: {counts}; {test}; no evidence yet, and the "
+                    "count test decides only on evidence or at the planned end.",
                     (frac_r, frac_c),
                     alpha,
                 ),
                 *kinds,
+                *extra,
             ]
+        rate = (
+            f"an error rate of {frac_c:.2%}, not above the {ceiling:.2%} ceiling with confidence"
+            if not ref_over
+            else "the ceiling not judged, since the reference breaks it too"
+        )
         return [
             check(
                 "pass",
-                f"Errors in {s.name}: {counts}; {fmt_p(p)} (alpha {alpha:.2g}) and an error rate "
-                f"of {frac_c:.2%}, within the {policy.max_error_rate:.2%} ceiling.",
+                f"Errors in {s.name}: {counts}; {test} and {rate}.",
                 (frac_r, frac_c),
                 alpha,
             ),
             *kinds,
+            *extra,
         ]
     why = []
     if significant:
-        extra = f", mostly {driver}" if driver is not None and len(kind_p) > 1 else ""
-        why.append(f"{fmt_p(p)} is at or below alpha {alpha:.2g}{extra}")
+        more = f", mostly {driver}" if driver is not None and len(kind_p) > 1 else ""
+        why.append(f"{fmt_p(p)} is at or below alpha {count_alpha:.2g}{more}")
     if over_ceiling:
-        if planned is None:
-            why.append(
-                f"the candidate's error rate {frac_c:.2%} is above the "
-                f"{policy.max_error_rate:.2%} ceiling"
-            )
-        else:
-            why.append(
-                f"its {cand.error_count} errors already exceed the {policy.max_error_rate:.2%} "
-                f"ceiling of the {planned} planned requests"
-            )
+        why.append(
+            f"the candidate's error rate {frac_c:.2%} is above the {ceiling:.2%} ceiling with "
+            f"confidence (alpha {ceiling_alpha:.2g})"
+        )
     return [
         check(
             "fail", f"Errors in {s.name}: {counts}; {' and '.join(why)}.", (frac_r, frac_c), alpha
         ),
         *kinds,
+        *extra,
     ]
+
+
+def _environment_check(s: ScenarioSamples, ref: ArmSamples, ceiling: float) -> Check:
+    """The reference itself fails above the ceiling: the test bed, not the candidate."""
+    frac = ref.error_count / ref.requests
+    kinds = _kinds(ref.errors)
+    return statistic_check(
+        "gate.environment",
+        "errors",
+        "environment",
+        "inconclusive",
+        f"The reference fails {frac:.1%} of requests in {s.name} ({kinds}), above the "
+        f"{ceiling:.2%} ceiling with confidence: the test bed, not the candidate, is "
+        "unhealthy, so the gate cannot judge the candidate's errors here.",
+        scenario=s.name,
+        reference=frac,
+        threshold=ceiling,
+        samples=(ref.requests, 0),
+    )
 
 
 def _kind_checks(

@@ -242,9 +242,7 @@ def latency_checks(
     scenarios: Sequence[ScenarioSamples], policy: Policy, notes: list[str]
 ) -> list[Check]:
     """The one-shot judge: each scenario seen once, at its end, under a plan of its size."""
-    sizes = {
-        s.name: max(1, min(s.reference.requests, s.candidate.requests)) for s in scenarios
-    }
+    sizes = {s.name: max(1, min(s.reference.requests, s.candidate.requests)) for s in scenarios}
     if not sizes:
         return []
     return planned_latency_checks(scenarios, Plan.build(policy, sizes), notes)

@@ -187,9 +187,7 @@ class Plan:
         return tuple(c for c in self.latency + self.tails if c.scenario == scenario)
 
 
-def _detect_note(
-    policy: Policy, scenario: str, n: int, checks: tuple[PlannedCheck, ...]
-) -> str:
+def _detect_note(policy: Policy, scenario: str, n: int, checks: tuple[PlannedCheck, ...]) -> str:
     """What each of the scenario's checks can detect at its planned size, and what `detect`
     asks for."""
     mine = [c for c in checks if c.scenario == scenario]

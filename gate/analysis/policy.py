@@ -455,13 +455,27 @@ class Policy(BaseModel):
             "general rise by the pooled one, each losing only log 2 of evidence."
         ),
     )
+    error_burst_s: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=3_600.0,
+        description=(
+            "Errors of one engine less than this many seconds apart are one event in the "
+            "count test: fifteen timeouts of one stall are one event, not fifteen independent "
+            "coins. 0.5 s joins what fails together (a stall, a restart's refused connects) "
+            "and leaves independent errors at typical rates apart; 0 counts every error."
+        ),
+    )
     max_error_rate: float = Field(
         default=0.01,
         ge=0.0,
         le=1.0,
         description=(
             "Absolute ceiling on the candidate's error fraction in each scenario, applied in "
-            "addition to the statistical comparison with the reference."
+            "addition to the statistical comparison with the reference: it holds only when "
+            "the candidate's rate is above it with confidence (an anytime-valid test), and "
+            "when the reference's is, the gate holds on the environment (`gate.environment`) "
+            "instead of blaming the candidate."
         ),
     )
     startup_tolerance: float = Field(
@@ -581,7 +595,9 @@ class Policy(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
             if not (math.isfinite(shift) and 0.0 < shift <= 10.0):
-                raise ValueError(f"detect[{key!r}] must be a relative increase in (0, 10], got {shift}")
+                raise ValueError(
+                    f"detect[{key!r}] must be a relative increase in (0, 10], got {shift}"
+                )
         return v
 
     @field_validator("metrics")

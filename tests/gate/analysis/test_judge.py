@@ -111,11 +111,41 @@ def test_errors_zero_vs_thirty_hold() -> None:
 
 
 def test_error_ceiling_applies_without_statistical_evidence() -> None:
-    verdict = one(arm(1, errors=4), arm(2, errors=5), Policy(max_error_rate=0.01))
+    """40 errors in 2,000 (2%) is above a 1% ceiling with confidence; 30 on the reference is
+    not, and 40 against 30 is no evidence that the candidate is worse than the reference."""
+    verdict = one(arm(1, n=2000, errors=30), arm(2, n=2000, errors=40), Policy(max_error_rate=0.01))
     check = by_id(verdict)["steady.errors"]
     assert check.decision == "fail"
-    assert "ceiling" in check.message
+    assert "above the 1.00% ceiling with confidence" in check.message
     assert "at or below alpha" not in check.message
+    assert "gate.environment" not in by_id(verdict)
+
+
+def test_error_ceiling_needs_confidence_not_a_point_estimate() -> None:
+    """5 errors in 300 is 1.7%, above a 1% ceiling, but 300 requests cannot show that the
+    rate is: the old rule held it, the judged ceiling does not."""
+    verdict = one(arm(1, errors=4), arm(2, errors=5), Policy(max_error_rate=0.01))
+    check = by_id(verdict)["steady.errors"]
+    assert check.decision == "pass"
+    assert "not above the 1.00% ceiling with confidence" in check.message
+
+
+def test_a_reference_above_the_ceiling_is_the_environment_not_the_candidate() -> None:
+    """Both engines fail 2.5% of requests (connect errors of the test bed): hold, naming the
+    environment, with no candidate regression among the reasons."""
+    verdict = one(
+        arm(1, n=2000, errors=50, kind="connect"),
+        arm(2, n=2000, errors=50, kind="connect"),
+        Policy(max_error_rate=0.01),
+    )
+    assert verdict.decision == "hold"
+    assert [c.id for c in verdict.reasons] == ["gate.environment"]
+    env = verdict.reasons[0]
+    assert env.decision == "inconclusive" and env.holds
+    assert "The reference fails 2.5% of requests in steady (connect 50)" in env.message
+    assert "the test bed, not the candidate, is unhealthy" in env.message
+    assert by_id(verdict)["steady.errors"].decision == "pass"
+    assert "the reference breaks it too" in by_id(verdict)["steady.errors"].message
 
 
 def test_few_errors_on_both_sides_pass() -> None:
@@ -385,14 +415,16 @@ def test_errors_by_kind_name_the_kind() -> None:
             error_kinds=tuple(kinds[i] for i in order),
         )
 
-    verdict = one(errs(ref_kinds, 1), errs(cand_kinds, 2), Policy(max_error_rate=0.05))
+    # Every error its own event (error_burst_s 0): this checks the kinds, not the bursts.
+    policy = Policy(max_error_rate=0.05, error_burst_s=0.0)
+    verdict = one(errs(ref_kinds, 1), errs(cand_kinds, 2), policy)
     checks = by_id(verdict)
     assert checks["steady.errors"].decision == "fail"
     assert "mostly timeout" in checks["steady.errors"].message
     assert checks["steady.errors.timeout"].decision == "fail"
     assert checks["steady.errors.http_4xx"].decision == "pass"
     assert checks["steady.errors.timeout"].alpha == pytest.approx(
-        checks["steady.errors"].alpha * 0.5 / 8  # type: ignore[operator]
+        checks["steady.errors"].alpha * 0.5 * 0.5 / 8  # type: ignore[operator]
     )
 
 
@@ -414,3 +446,30 @@ def test_offsets_must_match_their_metric() -> None:
         ArmSamples(2, np.ones(2), np.ones(2), offsets_s={"ttft": np.zeros(3)})
     a = ArmSamples(2, np.ones(2), np.ones(2), offsets_s={"ttft": [0.0, 1.0]})
     assert a.offsets_s["ttft"].tolist() == [0.0, 1.0]
+
+
+def test_a_burst_of_errors_is_one_event() -> None:
+    """30 simultaneous candidate timeouts (one stall) against none: as 30 coins they are
+    overwhelming evidence; as one event they are none, and 30 separate stalls are."""
+    ref = arm(1, n=2000)
+
+    def stalled(stalls: int) -> ArmSamples:
+        base = arm(2, n=2000)
+        times = np.concatenate([t + np.linspace(0.0, 0.2, 30 // stalls) for t in range(stalls)])
+        times = np.sort(times * 7.0 + 3.0)
+        return ArmSamples(
+            requests=2000,
+            ttft_ms=base.ttft_ms,
+            itl_ms=base.itl_ms,
+            errors={"timeout": int(times.size)},
+            error_offsets_s=times,
+            error_kinds=("timeout",) * int(times.size),
+        )
+
+    policy = Policy(max_error_rate=0.05)
+    one_burst = by_id(one(ref, stalled(1), policy))["steady.errors"]
+    assert one_burst.decision == "pass", one_burst.message
+    spread = by_id(one(ref, stalled(30), policy))["steady.errors"]
+    assert spread.decision == "fail", spread.message
+    counted = by_id(one(ref, stalled(1), Policy(max_error_rate=0.05, error_burst_s=0.0)))
+    assert counted["steady.errors"].decision == "fail", "every error a coin: the old behaviour"

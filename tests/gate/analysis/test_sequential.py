@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from scipy.stats import binom
 
 from gate.analysis.judge import judge
+from gate.analysis.paired import block_length, block_stats, block_test, tune_g
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
-from gate.analysis.paired import block_length, block_stats, block_test, tune_g
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import ArmSamples, EngineFacts, ScenarioSamples
 
