@@ -98,7 +98,7 @@ def join(
 
 
 def _log(x: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(x, 1e-9))
+    return np.asarray(np.log(np.maximum(x, 1e-9)), np.float64)
 
 
 def block_stats(
@@ -127,15 +127,19 @@ def block_stats(
         # and trimming a fifth at each end keeps one queueing spike from moving the block.
         return np.asarray(stats.trim_mean(_log(c) - _log(r), TRIM, axis=1), np.float64)
     if q is not None:
-        return _log(np.quantile(c, q, axis=1)) - _log(np.quantile(r, q, axis=1))
+        diff: np.ndarray = _log(np.asarray(np.quantile(c, q, axis=1))) - _log(
+            np.asarray(np.quantile(r, q, axis=1))
+        )
+        return diff
     m = max(2, math.ceil((1.0 - tail_start) * block))
 
     def tail_mean(x: np.ndarray) -> np.ndarray:
         cap = np.quantile(x, tail_top, axis=1, keepdims=True)
         top = np.sort(np.minimum(x, cap), axis=1)[:, -m:]
-        return top.mean(axis=1)
+        return np.asarray(top.mean(axis=1), np.float64)
 
-    return _log(tail_mean(c)) - _log(tail_mean(r))
+    tail: np.ndarray = _log(tail_mean(c)) - _log(tail_mean(r))
+    return tail
 
 
 def t_crit(n: int, alpha: float, g: float) -> float:
