@@ -15,7 +15,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gate.analysis.calibration import CASES, Calibration, SimConfig, calibrate
+from gate.analysis.calibration import (
+    CASES,
+    GRID_CASES,
+    GRID_SIZES,
+    MODELS,
+    Calibration,
+    GridCell,
+    SimConfig,
+    calibrate,
+    calibrate_grid,
+)
 from gate.analysis.policy import Policy
 from gate.calibrate_engines import (
     ENGINE_CASES,
@@ -169,4 +179,68 @@ def _engine_table(engines: Sequence[EngineCaseResult], runs: int) -> Table:
             _fmt_n(d["baseline_median_requests_to_hold"]),
             ", ".join(f"{k} x{v}" for k, v in d["reasons"].items()) or "-",
         )
+    return table
+
+
+def run_grid(
+    runs: int | None,
+    aa_runs: int | None,
+    seed: int,
+    as_json: bool,
+    sizes: Sequence[int] | None = None,
+) -> int:
+    """`gate calibrate --grid`: every dependence model at every planned size (issue 17)."""
+    runs = DEFAULT_RUNS if runs is None else runs
+    sizes = list(GRID_SIZES) if sizes is None else sizes
+    if runs < 1 or (aa_runs is not None and aa_runs < 1):
+        print("gate: --runs and --aa-runs must be at least 1", file=sys.stderr)
+        return 2
+    bad = [n for n in sizes if n < 500]
+    if bad:
+        print(f"gate: --sizes: {bad[0]} is below 500 (one look)", file=sys.stderr)
+        return 2
+    policy = Policy()
+    per_cell = (aa_runs or runs) + runs * (len(GRID_CASES) - 1)
+    err = Console(stderr=True, highlight=False)
+    with Progress(
+        TextColumn("  simulating [bold]{task.description}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("gates", total=per_cell * len(MODELS) * len(sizes))
+        cells = calibrate_grid(
+            policy,
+            runs,
+            seed=seed,
+            sizes=sizes,
+            aa_runs=aa_runs,
+            progress=lambda case: bar.update(task, advance=1, description=case),
+        )
+    if as_json:
+        print(json.dumps({"alpha": policy.alpha, "grid": [c.to_dict() for c in cells]}, indent=2))
+        return 0
+    width = None if sys.stdout.isatty() else 140
+    Console(highlight=False, width=width).print(_grid_table(cells))
+    return 0
+
+
+def _grid_table(cells: Sequence[GridCell]) -> Table:
+    table = Table(title="calibration grid: share of gates held, ours / baseline")
+    table.add_column("model")
+    table.add_column("n", justify="right")
+    for case in GRID_CASES:
+        table.add_column(case.name, justify="right")
+    table.add_column("A/A n to verdict (median, p90)", justify="right")
+    for cell in cells:
+        by = {c.name: c for c in cell.calibration.cases}
+        row = [cell.model.name, f"{cell.limit:,}"]
+        for case in GRID_CASES:
+            c = by[case.name]
+            row.append(f"{_fmt_rate(c.hold_rate)} / {_fmt_rate(c.baseline_hold_rate)}")
+        aa = by[GRID_CASES[0].name]
+        row.append(f"{_fmt_n(aa.median_requests_to_verdict)}, {_fmt_n(aa.p90_requests_to_verdict)}")
+        table.add_row(*row)
     return table

@@ -99,6 +99,22 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="simulate only this case (repeatable; default: every case), e.g. --case A/A",
     )
+    cal.add_argument(
+        "--grid",
+        action="store_true",
+        help=(
+            "simulate the dependence models (independent-like, mirrored, itl-like, heavy-batch) "
+            "at planned sizes 500, 1000, 2000 and 20000 instead of the default engine"
+        ),
+    )
+    cal.add_argument(
+        "--aa-runs", type=int, help="with --grid: A/A gates per cell (default: --runs)"
+    )
+    cal.add_argument(
+        "--sizes",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="with --grid: planned sizes, comma-separated (default 500,1000,2000,20000)",
+    )
     return p
 
 
@@ -111,7 +127,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "calibrate":
-        from gate.calibrate import run_calibration
+        from gate.calibrate import run_calibration, run_grid
+
+        if args.grid:
+            return run_grid(args.runs, args.aa_runs, args.seed, args.json, args.sizes)
 
         if args.engines and args.engine_runs < 1:
             print("gate: --engine-runs must be at least 1", file=sys.stderr)

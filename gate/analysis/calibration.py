@@ -73,11 +73,17 @@ from gate.analysis.types import ArmSamples
 
 __all__ = [
     "CASES",
+    "GRID_CASES",
+    "GRID_SIZES",
+    "MODELS",
     "Case",
     "CaseResult",
+    "DependenceModel",
     "GateOutcome",
+    "GridCell",
     "SimConfig",
     "calibrate",
+    "calibrate_grid",
     "simulate_gate",
 ]
 
@@ -101,6 +107,28 @@ class Case:
     divergence: Divergence = "same"
     crash: bool = False
 
+
+@dataclass(frozen=True)
+class DependenceModel:
+    """How one engine's log latency is built (issue 17): a part common to both engines of a
+    mirrored pair (prompt, output length, the load both feel), sd `common`; this engine's batch
+    effect, shared by each run of `batch` consecutive requests with the batch boundaries at a
+    random phase per engine, sd `batch_sd`; and each request's own part, sd `own`."""
+
+    name: str
+    common: float
+    batch_sd: float
+    batch: int
+    own: float
+
+
+MODELS: tuple[DependenceModel, ...] = (
+    DependenceModel("independent-like", 0.0, 0.10, 8, 0.28),
+    DependenceModel("mirrored", 0.35, 0.05, 8, 0.10),
+    DependenceModel("itl-like", 0.23, 0.08, 16, 0.03),
+    DependenceModel("heavy-batch", 0.0, 0.173, 32, 0.245),
+)
+GRID_SIZES: tuple[int, ...] = (500, 1_000, 2_000, 20_000)
 
 AA = Case("A/A")
 CASES: tuple[Case, ...] = (
@@ -147,6 +175,24 @@ class SimConfig:
     benign_factor: float = 1.25
     bug_fraction: float = 0.05
     bug_sd: float = 1.0
+    common_sigma: float = 0.0
+    itl_common_sigma: float = 0.0
+    itl_batch_sigma: float | None = None
+    error_burst: int = 1
+    divergence: bool = True
+
+    def with_model(self, model: DependenceModel) -> SimConfig:
+        """Both metrics' log latency built by `model` (TTFT and ITL alike)."""
+        return replace(
+            self,
+            ttft_sigma=model.own,
+            itl_sigma=model.own,
+            batch=model.batch,
+            batch_sigma=model.batch_sd,
+            itl_batch_sigma=model.batch_sd,
+            common_sigma=model.common,
+            itl_common_sigma=model.common,
+        )
 
 
 @dataclass(frozen=True)
@@ -160,6 +206,8 @@ class GateOutcome:
     requests: int | None
     baseline_held: bool
     baseline_requests: int | None
+    stopped: int = 0
+    baseline_stopped: int = 0
 
     @property
     def held(self) -> bool:
@@ -181,6 +229,10 @@ class CaseResult:
     baseline_hold_rate: float
     baseline_hold_rate_10k: float
     baseline_median_requests_to_hold: float | None
+    median_requests_to_verdict: float | None = None
+    p90_requests_to_verdict: float | None = None
+    baseline_median_requests_to_verdict: float | None = None
+    baseline_p90_requests_to_verdict: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -194,6 +246,10 @@ class CaseResult:
             "baseline_hold_rate": self.baseline_hold_rate,
             "baseline_hold_rate_10k": self.baseline_hold_rate_10k,
             "baseline_median_requests_to_hold": self.baseline_median_requests_to_hold,
+            "median_requests_to_verdict": self.median_requests_to_verdict,
+            "p90_requests_to_verdict": self.p90_requests_to_verdict,
+            "baseline_median_requests_to_verdict": self.baseline_median_requests_to_verdict,
+            "baseline_p90_requests_to_verdict": self.baseline_p90_requests_to_verdict,
         }
 
 
@@ -210,7 +266,7 @@ class _Gate:
     ref: _Arm
     cand: _Arm
     crash_at: int | None
-    divergence: DivergenceSamples
+    divergence: DivergenceSamples | None  # None: not simulated (latency-only grids)
 
 
 def _latency(
@@ -220,11 +276,15 @@ def _latency(
     sigma: float,
     config: SimConfig,
     drift: np.ndarray,
+    common: np.ndarray,
+    batch_sigma: float,
 ) -> np.ndarray:
+    """One engine's latencies: its own part, its batches (boundaries at a random phase, so
+    the two engines' batches do not line up) and the part both engines share."""
     own = rng.standard_normal(n) * sigma
-    batches = -(-n // config.batch)
-    shared = np.repeat(rng.standard_normal(batches) * config.batch_sigma, config.batch)[:n]
-    return np.asarray(median * np.exp(own + shared) * drift, dtype=np.float64)
+    which = (np.arange(n) + int(rng.integers(config.batch))) // config.batch
+    shared = (rng.standard_normal(int(which[-1]) + 1) * batch_sigma)[which] if n else own
+    return np.asarray(median * np.exp(own + shared + common) * drift, dtype=np.float64)
 
 
 def tail_threshold(config: SimConfig) -> float:
@@ -234,17 +294,31 @@ def tail_threshold(config: SimConfig) -> float:
     return config.ttft_ms * math.exp(z95 * math.hypot(config.ttft_sigma, config.batch_sigma))
 
 
-def _errors(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
-    fails = rng.random(n) < min(rate, 1.0)
+def _errors(rng: np.random.Generator, n: int, rate: float, burst: int = 1) -> np.ndarray:
+    """Each request fails with `rate`; with burst > 1 failures come as events that fail
+    `burst` consecutive requests at once (a stall), the failed share staying `rate`."""
+    starts = rng.random(n) < min(rate / max(burst, 1), 1.0)
+    if burst > 1 and n:
+        fails = np.convolve(starts.astype(np.int64), np.ones(burst, np.int64))[:n] > 0
+    else:
+        fails = starts
     kinds = rng.choice(len(ERROR_MIX), size=n, p=[w for _, w in ERROR_MIX])
     return np.where(fails, kinds, -1).astype(np.int64)
 
 
 def _arm(
-    rng: np.random.Generator, n: int, config: SimConfig, drift: np.ndarray, case: Case | None
+    rng: np.random.Generator,
+    n: int,
+    config: SimConfig,
+    drift: np.ndarray,
+    case: Case | None,
+    common: tuple[np.ndarray, np.ndarray],
 ) -> _Arm:
-    ttft = _latency(rng, n, config.ttft_ms, config.ttft_sigma, config, drift)
-    itl = _latency(rng, n, config.itl_ms, config.itl_sigma, config, drift)
+    itl_batch = config.batch_sigma if config.itl_batch_sigma is None else config.itl_batch_sigma
+    ttft = _latency(
+        rng, n, config.ttft_ms, config.ttft_sigma, config, drift, common[0], config.batch_sigma
+    )
+    itl = _latency(rng, n, config.itl_ms, config.itl_sigma, config, drift, common[1], itl_batch)
     rate = config.error_rate
     if case is not None:
         ttft = ttft * case.ttft
@@ -252,7 +326,7 @@ def _arm(
             ttft = np.where(ttft > tail_threshold(config), ttft * case.tail, ttft)
         itl = itl * case.itl
         rate *= case.errors
-    error = _errors(rng, n, rate)
+    error = _errors(rng, n, rate, config.error_burst)
     failed = error >= 0
     return _Arm(np.where(failed, np.nan, ttft), np.where(failed, np.nan, itl), error)
 
@@ -336,15 +410,25 @@ def _gate(
     sent = np.cumsum(rng.exponential(1.0 / config.rate, n))
     phase = rng.uniform(0.0, 2.0 * math.pi)
     drift = 1.0 + config.drift * np.sin(2.0 * math.pi * sent / config.drift_period_s + phase)
-    ref = _arm(rng, n, config, drift, None)
-    cand = _arm(rng, n, config, drift, case)
+    common = (
+        rng.standard_normal(n) * config.common_sigma,
+        rng.standard_normal(n) * config.itl_common_sigma,
+    )
+    ref = _arm(rng, n, config, drift, None, common)
+    cand = _arm(rng, n, config, drift, case, common)
     crash_at = int(rng.integers(1, config.limit)) if case.crash else None
-    return _Gate(sent, ref, cand, crash_at, _divergence(rng, config, case.divergence, k))
+    divergence = (
+        _divergence(rng, config, case.divergence, k)
+        if config.divergence or case.divergence != "same"
+        else None
+    )
+    return _Gate(sent, ref, cand, crash_at, divergence)
 
 
 def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
     ttft = arm.ttft[:t]
     ok = ~np.isnan(ttft)
+    ids = np.arange(t)[ok]
     err = arm.error[:t]
     failed = err >= 0
     kinds = [ERROR_MIX[e][0] for e in err[failed]]
@@ -358,16 +442,20 @@ def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
         errors=counts,
         error_offsets_s=sent[:t][failed],
         error_kinds=tuple(kinds),
+        ids={"ttft": ids, "itl": ids},
     )
 
 
 def _ours(
     gate: _Gate, plan: Plan, policy: Policy, config: SimConfig
-) -> tuple[bool, bool, int | None]:
-    """(failed, inconclusive at the limit, requests per arm at the hold)."""
+) -> tuple[bool, bool, int | None, int]:
+    """(failed, held on an undecided required check, requests per arm at the hold, requests
+    per arm at the verdict)."""
     judge = SequentialJudge(plan)
     notes: list[str] = []
-    diverged = any(c.decision == "fail" for c in divergence_checks(gate.divergence, policy, notes))
+    diverged = gate.divergence is not None and any(
+        c.decision == "fail" for c in divergence_checks(gate.divergence, policy, notes)
+    )
     step = policy.look_every
     limit = plan.limit("steady")
     looks = list(range(step, limit + 1, step))
@@ -375,17 +463,17 @@ def _ours(
         looks.append(limit)
     for t in looks:
         if diverged or (gate.crash_at is not None and gate.crash_at <= t):
-            return True, False, t
+            return True, False, t, t
         look = judge.look(
             "steady", _samples(gate.ref, gate.sent, t), _samples(gate.cand, gate.sent, t)
         )
         if look.hold:
-            return True, False, t
+            return True, False, t, t
         if look.stop:
-            if any(c.decision == "inconclusive" for c in look.checks):
-                return False, True, t
-            return False, False, None
-    return False, False, None
+            if any(c.holds for c in look.checks):
+                return False, True, t, t
+            return False, False, None, t
+    return False, False, None, looks[-1]
 
 
 def _block_error_rates(error: np.ndarray, block: int = 100) -> np.ndarray:
@@ -394,8 +482,11 @@ def _block_error_rates(error: np.ndarray, block: int = 100) -> np.ndarray:
 
 
 def _baseline(gate: _Gate, config: SimConfig, k: int) -> tuple[bool, int | None]:
-    env = np.array([teacher_stats(p, k).mean_abs_dlogp for p in gate.divergence.envelope_teacher])
-    cand_div = np.array([teacher_stats(p, k).mean_abs_dlogp for p in gate.divergence.teacher])
+    div = gate.divergence
+    env = np.array(
+        [teacher_stats(p, k).mean_abs_dlogp for p in div.envelope_teacher] if div else []
+    )
+    cand_div = np.array([teacher_stats(p, k).mean_abs_dlogp for p in div.teacher] if div else [])
     looks = list(range(config.baseline_every, config.limit + 1, config.baseline_every))
     if not looks or looks[-1] != config.limit:
         looks.append(config.limit)  # the run's end is always a Kayenta interval
@@ -416,7 +507,7 @@ def _baseline(gate: _Gate, config: SimConfig, k: int) -> tuple[bool, int | None]
                     _block_error_rates(gate.cand.error[:tc]),
                     _block_error_rates(gate.ref.error[:t]),
                 ),
-                "divergence": (cand_div, env),
+                **({"divergence": (cand_div, env)} if div is not None else {}),
             }
         )
     result = judge_baseline(intervals)
@@ -433,13 +524,18 @@ def simulate_gate(
     k = policy.divergence.top_k
     plan = Plan.build(policy, {"steady": config.limit})
     gate = _gate(case, config, k, rng, plan.limit("steady"))
-    failed, inconclusive, requests = _ours(gate, plan, policy, config)
+    failed, inconclusive, requests, stopped = _ours(gate, plan, policy, config)
     b_held, b_requests = _baseline(gate, config, k)
-    return GateOutcome(failed, inconclusive, requests, b_held, b_requests)
+    b_stopped = b_requests if b_held and b_requests is not None else config.limit
+    return GateOutcome(failed, inconclusive, requests, b_held, b_requests, stopped, b_stopped)
 
 
 def _median(values: Sequence[int]) -> float | None:
     return float(np.median(values)) if values else None
+
+
+def _p90(values: Sequence[int]) -> float | None:
+    return float(np.quantile(values, 0.9)) if values else None
 
 
 @dataclass(frozen=True)
@@ -505,6 +601,77 @@ def calibrate(
                 baseline_hold_rate=len(b_held) / runs,
                 baseline_hold_rate_10k=sum(r <= 10_000 for r in b_held) / runs,
                 baseline_median_requests_to_hold=_median(b_held),
+                median_requests_to_verdict=_median([o.stopped for o in outcomes]),
+                p90_requests_to_verdict=_p90([o.stopped for o in outcomes]),
+                baseline_median_requests_to_verdict=_median([o.baseline_stopped for o in outcomes]),
+                baseline_p90_requests_to_verdict=_p90([o.baseline_stopped for o in outcomes]),
             )
         )
     return Calibration(alpha=policy.alpha, runs=runs, limit=config.limit, cases=tuple(results))
+
+
+GRID_CASES: tuple[Case, ...] = (
+    AA,
+    Case("TTFT x1.10", ttft=1.10),
+    Case("TTFT x1.20", ttft=1.20),
+    Case("ITL x1.10", itl=1.10),
+    Case("tail >p95 x1.30", tail=1.30),
+    Case("errors x2", errors=2.0),
+)
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One dependence model at one planned size: every grid case on the same seeds."""
+
+    model: DependenceModel
+    limit: int
+    calibration: Calibration
+
+    def to_dict(self) -> dict[str, object]:
+        m = self.model
+        return {
+            "model": m.name,
+            "common_sd": m.common,
+            "batch_sd": m.batch_sd,
+            "batch": m.batch,
+            "own_sd": m.own,
+            **self.calibration.to_dict(),
+        }
+
+
+def calibrate_grid(
+    policy: Policy,
+    runs: int,
+    seed: int = 0,
+    models: Sequence[DependenceModel] = MODELS,
+    sizes: Sequence[int] = GRID_SIZES,
+    cases: Sequence[Case] = GRID_CASES,
+    aa_runs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[GridCell]:
+    """Latency and error cases on each dependence model at each planned size (issue 17).
+
+    The engines keep the default error rate (0.5%) in bursts of 4 simultaneous failures, so
+    every A/A cell also checks that bursts on both sides are not held. Divergence is not
+    simulated here (it does not depend on the load; the default calibration covers it).
+    aa_runs: gates of the A/A case (default `runs`), whose false-hold rate needs the most.
+    """
+    cells = []
+    for model in models:
+        for size in sizes:
+            config = replace(
+                SimConfig().with_model(model), limit=size, error_burst=4, divergence=False
+            )
+            parts = []
+            for case in cases:
+                n = aa_runs if case == AA and aa_runs is not None else runs
+                parts.extend(
+                    calibrate(
+                        policy, n, seed=seed, config=config, cases=[case], progress=progress
+                    ).cases
+                )
+            cells.append(
+                GridCell(model, size, Calibration(policy.alpha, runs, config.limit, tuple(parts)))
+            )
+    return cells
