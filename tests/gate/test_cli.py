@@ -100,9 +100,17 @@ def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     assert doc["verdict"] == "continue" and doc["reasons"] == []
     ids = {c["id"] for c in doc["checks"]}
     assert {"steady.ttft.p50", "steady.itl.p50", "steady.errors", "startup.ready"} <= ids
-    # 392 samples per arm cannot even bound p99: a note says so instead of a coin-flip check.
-    assert any("p99 not checked in steady" in n for n in doc["notes"])
-    assert all(c["decision"] == "pass" for c in doc["checks"])
+    # The plan says what 392 paired requests per engine can detect, before the load.
+    assert any(
+        n.startswith("steady: 392 planned requests per engine in 12 blocks of 32")
+        for n in doc["notes"]
+    )
+    # Nothing holds: every check passed, or is a latency check left undecided that says what
+    # it could have detected (at 392 requests the p90 of two busy sims may not be pinned).
+    for c in doc["checks"]:
+        assert c["decision"] == "pass" or (
+            c["decision"] == "inconclusive" and not c["required"] and "could detect" in c["message"]
+        ), c
     assert Path(doc["report"]).is_file() and Path(doc["document"]).is_file()
     ref, cand = doc["engines"]["reference"], doc["engines"]["candidate"]
     assert ref["placement"]["gpus"] != cand["placement"]["gpus"]

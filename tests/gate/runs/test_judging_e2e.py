@@ -85,8 +85,9 @@ def test_an_undecidable_check_runs_the_scenario_past_its_plan_then_holds(
     tmp_path: Path, tag: str
 ) -> None:
     """A p50 tolerance of 0.1% cannot be established between identical engines, so at the
-    planned size the check is undecided: the scenario runs on into its extension (new prompts,
-    the same rate) to the limit, and only then holds it inconclusive."""
+    planned size the check is undecided; the policy requires it, so the scenario runs on into
+    its extension (new prompts, the same rate) to the limit, and only then holds it
+    inconclusive."""
     doc = run(
         tmp_path,
         sim(tag, "--profile", "tiny"),
@@ -95,6 +96,7 @@ def test_an_undecidable_check_runs_the_scenario_past_its_plan_then_holds(
             "look_every": 50,
             "extend": 0.5,
             "tolerance": {"p50": 0.001, "p90": 0.10, "p99": 0.10},
+            "require": ["ttft.p50"],
         },
         scenarios=[STEADY | {"rate": 80, "requests": 208}],
     )
