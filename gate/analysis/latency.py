@@ -147,11 +147,12 @@ def _decide(
     estimate = (math.exp(bt.mean - half), math.exp(bt.mean + half))
     detectable = math.exp(theta + detectable_shift(bt.blocks, bt.sd, pc.alpha, pc.g))
     interval_s = f"interval {fmt_ratio(lo)}-{fmt_ratio(hi)}"
+    per = "request for request" if q == 0.5 else "block for block"
     decision: Decision
     if bt.lower > theta:
         decision = "fail"
         message = (
-            f"{label} is {fmt_ratio(ratio)} the reference, request for request ({interval_s}), "
+            f"{label} is {fmt_ratio(ratio)} the reference, {per} ({interval_s}), "
             f"above the {fmt_ratio(threshold, lo)} threshold."
         )
     elif bt.upper < theta:

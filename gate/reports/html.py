@@ -457,6 +457,17 @@ def _scenarios(
             scenario_charts(name, cols, warmup, phases, slos, sc.get("duration_s")) if cols else {}
         )
         early = sc.get("early_stop") if isinstance(sc.get("early_stop"), Mapping) else None
+        # The plan line: what the plan could detect (its note, written before the load) and
+        # what the verdict cost, in requests per engine.
+        plan_note = next(
+            (
+                str(n).removeprefix(f"{name}: ")
+                for n in doc.get("notes") or []
+                if str(n).startswith(f"{name}: ") and "planned requests per engine" in str(n)
+            ),
+            None,
+        )
+        judged = early.get("requests") if early else sc.get("planned_requests")
         out.append(
             {
                 "name": name,
@@ -468,6 +479,8 @@ def _scenarios(
                 if early and early.get("reason") == "planned"
                 else "stopped early",
                 "planned": sc.get("planned_requests"),
+                "plan_note": plan_note,
+                "judged": judged,
                 "looks": sc.get("looks"),
                 "duration": _seconds(sc.get("duration_s")),
                 "aborted": bool(sc.get("aborted")),

@@ -314,3 +314,22 @@ def test_a_scenario_that_ended_at_its_plan_is_not_called_stopped_early() -> None
     assert "stopped early" not in html
     doc["scenarios"][0]["early_stop"] = early | {"reason": "hold", "message": "held at 500"}
     assert "<strong>stopped early</strong>" in render_report(VerdictDocument.read(doc), {})
+
+
+def test_the_plan_line_says_what_the_plan_could_detect_and_what_the_verdict_cost() -> None:
+    doc = _doc()
+    note = (
+        "steady: 792 planned requests per engine in 24 blocks of 32; with 80% power it can "
+        "detect TTFT p50 +13%, TTFT p90 +22% (assuming a pair's log ratio has sd 0.3; the "
+        "checks measure it)."
+    )
+    doc["notes"] = ["Latency budget 0.015 planned over 4 paired quantile checks.", note]
+    early = {"reason": "hold", "requests": 500, "planned": 792, "upto": 508, "checks": []}
+    doc["scenarios"][0] |= {"planned_requests": 792, "early_stop": early | {"message": "held"}}
+    html = render_report(VerdictDocument.read(doc), {})
+    line = html.split('<p class="scenario-plan">')[1].split("</p>")[0]
+    assert "can detect TTFT p50 +13%, TTFT p90 +22%" in line
+    assert "The verdict cost <strong>500 requests per engine</strong>" in line
+    assert "Latency budget" not in line
+    doc["notes"] = []
+    assert 'class="scenario-plan"' not in render_report(VerdictDocument.read(doc), {})
