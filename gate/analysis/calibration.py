@@ -663,7 +663,7 @@ def calibrate_grid(
             config = replace(
                 SimConfig().with_model(model), limit=size, error_burst=4, divergence=False
             )
-            parts = []
+            parts: list[CaseResult] = []
             for case in cases:
                 n = aa_runs if case == AA and aa_runs is not None else runs
                 parts.extend(
