@@ -86,6 +86,7 @@ def run_calibration(
     limit: int | None = None,
     case_names: Sequence[str] | None = None,
     engine_runs: int = 0,
+    engine_rate: float = RATE,
 ) -> int:
     """Simulate `runs` gates per case at the default policy (every case, or those named),
     and `engine_runs` whole gates per engine case against real sim engines (--engines); print
@@ -96,6 +97,9 @@ def run_calibration(
         return 2
     if engine_runs < 0:
         print("gate: --engine-runs must be at least 1", file=sys.stderr)
+        return 2
+    if not 0.0 < engine_rate <= 1_000.0:
+        print(f"gate: --engine-rate must be in (0, 1000], got {engine_rate:g}", file=sys.stderr)
         return 2
     if limit is not None and limit < 500:
         print("gate: --limit must be at least 500 (one look)", file=sys.stderr)
@@ -132,7 +136,11 @@ def run_calibration(
     engines = []
     if engine_runs:
         engines = calibrate_engines(
-            engine_runs, seed=seed, cases=engine_cases, progress=lambda m: err.print(m)
+            engine_runs,
+            seed=seed,
+            cases=engine_cases,
+            progress=lambda m: err.print(m),
+            rate=engine_rate,
         )
     if as_json:
         doc = result.to_dict()
@@ -140,6 +148,7 @@ def run_calibration(
             doc["engines"] = {
                 "runs": engine_runs,
                 "requests_planned": REQUESTS - policy.warmup_requests,
+                "rate": engine_rate,
                 "baseline_metrics": ["ttft", "itl", "errors"],
                 "cases": [c.to_dict() for c in engines],
             }
@@ -156,15 +165,17 @@ def run_calibration(
                 f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
             )
         if engines:
-            Console(highlight=False, width=width).print(_engine_table(engines, engine_runs))
+            Console(highlight=False, width=width).print(
+                _engine_table(engines, engine_runs, engine_rate)
+            )
     return 0
 
 
-def _engine_table(engines: Sequence[EngineCaseResult], runs: int) -> Table:
+def _engine_table(engines: Sequence[EngineCaseResult], runs: int, rate: float = RATE) -> Table:
     table = Table(
         title=(
             f"whole gates against real sim engines: {runs} per case, "
-            f"{REQUESTS} requests at {RATE:g}/s planned (baseline: TTFT, ITL, errors)"
+            f"{REQUESTS} requests at {rate:g}/s planned (baseline: TTFT, ITL, errors)"
         )
     )
     for col in ("case", "hold", "median n", "baseline hold", "median n", "holding checks"):
@@ -188,8 +199,10 @@ def run_grid(
     seed: int,
     as_json: bool,
     sizes: Sequence[int] | None = None,
+    errors_size: int | None = 5_000,
 ) -> int:
-    """`gate calibrate --grid`: every dependence model at every planned size (issue 17)."""
+    """`gate calibrate --grid`: every dependence model at every planned size, and the errors
+    cells (issue 17)."""
     runs = DEFAULT_RUNS if runs is None else runs
     sizes = list(GRID_SIZES) if sizes is None else sizes
     if runs < 1 or (aa_runs is not None and aa_runs < 1):
@@ -201,6 +214,7 @@ def run_grid(
         return 2
     policy = Policy()
     per_cell = (aa_runs or runs) + runs * (len(GRID_CASES) - 1)
+    errors_gates = 2 * ((aa_runs or runs) + runs) if errors_size else 0
     err = Console(stderr=True, highlight=False)
     with Progress(
         TextColumn("  simulating [bold]{task.description}[/bold]"),
@@ -210,7 +224,7 @@ def run_grid(
         console=err,
         transient=True,
     ) as bar:
-        task = bar.add_task("gates", total=per_cell * len(MODELS) * len(sizes))
+        task = bar.add_task("gates", total=per_cell * len(MODELS) * len(sizes) + errors_gates)
         cells = calibrate_grid(
             policy,
             runs,
@@ -218,6 +232,7 @@ def run_grid(
             sizes=sizes,
             aa_runs=aa_runs,
             progress=lambda case: bar.update(task, advance=1, description=case),
+            errors_size=errors_size,
         )
     if as_json:
         print(json.dumps({"alpha": policy.alpha, "grid": [c.to_dict() for c in cells]}, indent=2))
@@ -236,10 +251,15 @@ def _grid_table(cells: Sequence[GridCell]) -> Table:
     table.add_column("A/A n to verdict (median, p90)", justify="right")
     for cell in cells:
         by = {c.name: c for c in cell.calibration.cases}
-        row = [cell.model.name, f"{cell.limit:,}"]
+        name = cell.model.name if cell.errors is None else f"errors {cell.errors}"
+        row = [name, f"{cell.limit:,}"]
         for case in GRID_CASES:
-            c = by[case.name]
-            row.append(f"{_fmt_rate(c.hold_rate)} / {_fmt_rate(c.baseline_hold_rate)}")
+            c = by.get(case.name)
+            row.append(
+                "-"
+                if c is None
+                else f"{_fmt_rate(c.hold_rate)} / {_fmt_rate(c.baseline_hold_rate)}"
+            )
         aa = by[GRID_CASES[0].name]
         row.append(f"{_fmt_n(aa.median_requests_to_verdict)}, {_fmt_n(aa.p90_requests_to_verdict)}")
         table.add_row(*row)

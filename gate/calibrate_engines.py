@@ -99,7 +99,7 @@ class EngineCaseResult:
         }
 
 
-def spec_for(case: EngineCase, k: int, seed: int) -> dict[str, Any]:
+def spec_for(case: EngineCase, k: int, seed: int, rate: float = RATE) -> dict[str, Any]:
     """The gate spec of gate `k` of a case: fresh engine seeds per gate."""
     ref_seed, cand_seed = 2 * (seed * 1_000 + k) + 1, 2 * (seed * 1_000 + k) + 2
     scenarios: list[dict[str, Any]] = [
@@ -107,7 +107,7 @@ def spec_for(case: EngineCase, k: int, seed: int) -> dict[str, Any]:
             "name": "steady",
             "api": "completions",
             "arrival": "poisson",
-            "rate": RATE,
+            "rate": rate,
             "requests": REQUESTS,
             "prompt_tokens": 128,
             "max_tokens": 32,
@@ -183,8 +183,10 @@ def _stored(db_url: str, gate_id: str, scenario: str) -> dict[str, Columns]:
         return {row.role: Columns.from_bytes(row.columns) for row in rows}
 
 
-def run_engine_gate(case: EngineCase, k: int, seed: int, work: Path) -> EngineGate:
-    spec = parse_spec(spec_for(case, k, seed), f"calibration case {case.name!r}")
+def run_engine_gate(
+    case: EngineCase, k: int, seed: int, work: Path, rate: float = RATE
+) -> EngineGate:
+    spec = parse_spec(spec_for(case, k, seed, rate), f"calibration case {case.name!r}")
     db_url = f"sqlite:///{work / 'calibration.db'}"
     out = asyncio.run(
         run_gate(spec, Settings(data_dir=work / ".gate"), report_dir=None, db_url=db_url)
@@ -215,14 +217,16 @@ def calibrate_engines(
     seed: int = 0,
     cases: Sequence[EngineCase] = ENGINE_CASES,
     progress: Callable[[str], None] | None = None,
+    rate: float = RATE,
 ) -> list[EngineCaseResult]:
-    """`runs` real gates per case; each gate in a fresh working directory, torn down after."""
+    """`runs` real gates per case at `rate` requests per second; each gate in a fresh working
+    directory, torn down after."""
     results = []
     for case in cases:
         gates = []
         for k in range(runs):
             with tempfile.TemporaryDirectory(prefix="gate-calibrate-") as tmp:
-                gate = run_engine_gate(case, k, seed, Path(tmp))
+                gate = run_engine_gate(case, k, seed, Path(tmp), rate)
             gates.append(gate)
             if progress is not None:
                 verdict = "hold" if gate.held else "continue"

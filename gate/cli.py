@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         help="real gates per engine case with --engines (default 3; ~15 s each)",
     )
     cal.add_argument(
+        "--engine-rate",
+        type=float,
+        default=80.0,
+        help="requests per second of each --engines gate (default 80)",
+    )
+    cal.add_argument(
         "--case",
         action="append",
         dest="cases",
@@ -109,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     cal.add_argument(
         "--aa-runs", type=int, help="with --grid: A/A gates per cell (default: --runs)"
+    )
+    cal.add_argument(
+        "--errors-size",
+        type=lambda v: None if v in ("0", "none") else int(v),
+        default=5_000,
+        help="with --grid: planned size of the two errors cells (default 5000; 0: none)",
     )
     cal.add_argument(
         "--sizes",
@@ -130,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gate.calibrate import run_calibration, run_grid
 
         if args.grid:
-            return run_grid(args.runs, args.aa_runs, args.seed, args.json, args.sizes)
+            return run_grid(
+                args.runs, args.aa_runs, args.seed, args.json, args.sizes, args.errors_size
+            )
 
         if args.engines and args.engine_runs < 1:
             print("gate: --engine-runs must be at least 1", file=sys.stderr)
@@ -142,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.limit,
             args.cases,
             args.engine_runs if args.engines else 0,
+            args.engine_rate,
         )
     settings = Settings()
     if args.command == "serve":

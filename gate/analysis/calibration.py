@@ -627,11 +627,13 @@ class GridCell:
     model: DependenceModel
     limit: int
     calibration: Calibration
+    errors: str | None = None  # an errors cell: its error model, e.g. "1% in bursts of 4"
 
     def to_dict(self) -> dict[str, object]:
         m = self.model
         return {
             "model": m.name,
+            "errors": self.errors,
             "common_sd": m.common,
             "batch_sd": m.batch_sd,
             "batch": m.batch,
@@ -649,6 +651,7 @@ def calibrate_grid(
     cases: Sequence[Case] = GRID_CASES,
     aa_runs: int | None = None,
     progress: Callable[[str], None] | None = None,
+    errors_size: int | None = 5_000,
 ) -> list[GridCell]:
     """Latency and error cases on each dependence model at each planned size (issue 17).
 
@@ -656,6 +659,8 @@ def calibrate_grid(
     every A/A cell also checks that bursts on both sides are not held. Divergence is not
     simulated here (it does not depend on the load; the default calibration covers it).
     aa_runs: gates of the A/A case (default `runs`), whose false-hold rate needs the most.
+    errors_size: also two errors cells at this planned size (None: none) on the mirrored
+    model: a 1% base error rate doubled, independent and in bursts of 4 (A/A and errors x2).
     """
     cells = []
     for model in models:
@@ -673,5 +678,32 @@ def calibrate_grid(
                 )
             cells.append(
                 GridCell(model, size, Calibration(policy.alpha, runs, config.limit, tuple(parts)))
+            )
+    if errors_size is not None:
+        model = MODELS[1]
+        for burst in (1, 4):
+            config = replace(
+                SimConfig().with_model(model),
+                limit=errors_size,
+                error_rate=0.01,
+                error_burst=burst,
+                divergence=False,
+            )
+            parts = []
+            for case in (AA, Case("errors x2", errors=2.0)):
+                n = aa_runs if case == AA and aa_runs is not None else runs
+                parts.extend(
+                    calibrate(
+                        policy, n, seed=seed, config=config, cases=[case], progress=progress
+                    ).cases
+                )
+            label = "1%, independent" if burst == 1 else f"1% in bursts of {burst}"
+            cells.append(
+                GridCell(
+                    model,
+                    errors_size,
+                    Calibration(policy.alpha, runs, config.limit, tuple(parts)),
+                    errors=label,
+                )
             )
     return cells
