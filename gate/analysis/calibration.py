@@ -443,6 +443,7 @@ def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
         error_offsets_s=sent[:t][failed],
         error_kinds=tuple(kinds),
         ids={"ttft": ids, "itl": ids},
+        error_ids=np.arange(t)[failed],
     )
 
 

@@ -63,8 +63,10 @@ from scipy.special import betaincc, betaln, logsumexp
 
 __all__ = [
     "KindMixture",
+    "block_fractions",
     "kind_mixture_pvalues",
     "log_bayes_factors",
+    "log_ceiling_capital",
     "log_ceiling_evalue",
     "sequential_count_pvalue",
     "sequential_count_pvalues",
@@ -230,3 +232,42 @@ def log_ceiling_evalue(errors: int, requests: int, ceiling: float) -> float:
 
 def _log_beta_sf(x: float, a: float, b: float) -> float:
     return float(stats.beta.logsf(x, a, b))
+
+
+_CEILING_BETS = np.array([0.9] + [2.0**-k for k in range(1, 11)])
+
+
+def block_fractions(error_ids: np.ndarray, first_id: int, requests: int, block: int) -> np.ndarray:
+    """The failed fraction of each complete block of `block` consecutive requests."""
+    n = requests // block
+    if n == 0:
+        return np.zeros(0)
+    which = (np.asarray(error_ids, np.int64) - first_id) // block
+    counts = np.bincount(which[which < n], minlength=n)
+    return np.asarray(counts / block, np.float64)
+
+
+def log_ceiling_capital(fractions: np.ndarray, ceiling: float) -> float:
+    """log of the largest capital so far of bets against "the failed fraction of a block of
+    requests is at most `ceiling` on average" (I. Waudby-Smith and A. Ramdas, "Estimating
+    means of bounded random variables by betting", JRSS B 86(1), 2024).
+
+    Each block's fraction f is in [0, 1]; a bet lam in [0, 1/ceiling) turns capital K into
+    K (1 + lam (f - ceiling)), a nonnegative supermartingale whenever each block's conditional
+    mean is at most the ceiling, whatever the dependence inside a block: a burst of errors
+    moves one block, not many coins. The average over a fixed grid of bets (0.9, 1/2, ...,
+    1/1024 of 1/ceiling) is one too, so by Ville's inequality its running maximum reaches
+    1/alpha with probability at most alpha. A ceiling of 0 is broken by the first error (inf);
+    of 1, never (-inf).
+    """
+    f = np.asarray(fractions, np.float64)
+    if ceiling <= 0.0:
+        return math.inf if bool((f > 0.0).any()) else 0.0
+    if ceiling >= 1.0 or f.size == 0:
+        return -math.inf if ceiling >= 1.0 else 0.0
+    lam = _CEILING_BETS / ceiling
+    steps = np.log1p(np.outer(lam, f - ceiling))
+    paths = np.cumsum(steps, axis=1)
+    top = paths.max(axis=0)
+    mix = top + np.log(np.mean(np.exp(paths - top), axis=0))
+    return float(max(mix.max(), 0.0))

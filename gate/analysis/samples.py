@@ -95,6 +95,8 @@ class Columns:
             errors=self.errors(),
             error_offsets_s=sent_s[err],
             error_kinds=tuple(ERROR_KINDS[int(k)] for k in self.error[err]),
+            error_ids=self.request_id[err] if _contiguous(self.request_id) else None,
+            first_id=int(self.request_id.min()) if len(self) else 0,
             offsets_s={"ttft": sent_s[ok_ttft], "itl": sent_s[ok_itl], "e2e": sent_s[ok_e2e]},
             ids={
                 "ttft": self.request_id[ok_ttft],
@@ -107,6 +109,13 @@ class Columns:
 
     def summary(self) -> dict[str, Any]:
         return {"requests": len(self), "ok": int(self.ok.sum()), "errors": self.errors()}
+
+
+def _contiguous(ids: npt.NDArray[np.int64]) -> bool:
+    """The requests are ids first..first+n-1 (a schedule prefix), each once."""
+    if ids.size == 0:
+        return True
+    return bool(int(ids.max()) - int(ids.min()) + 1 == ids.size == np.unique(ids).size)
 
 
 def columns_from_records(

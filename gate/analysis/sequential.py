@@ -45,6 +45,12 @@ from gate.analysis.types import ArmSamples, Check, ScenarioSamples
 __all__ = ["Look", "SequentialJudge"]
 
 
+def _extends(c: Check) -> bool:
+    """An undecided required check that more samples could settle (an unhealthy test bed,
+    `gate.environment`, is not one)."""
+    return c.decision == "inconclusive" and c.required and c.metric != "environment"
+
+
 @dataclass(frozen=True)
 class Look:
     """The state of one scenario at one look.
@@ -124,10 +130,10 @@ class SequentialJudge:
             final
             and n < limit
             and not any(c.decision == "fail" for c in checks)
-            and any(c.decision == "inconclusive" and c.required for c in checks)
+            and any(_extends(c) for c in checks)
         )
         if extending:
-            undecided = [c.id for c in checks if c.decision == "inconclusive" and c.required]
+            undecided = [c.id for c in checks if _extends(c)]
             # The error ceiling is then read against the limit: only an error count that breaks
             # it whatever the scenario's end fails before the end.
             checks, notes = self._checks(s, limit, False)

@@ -56,6 +56,11 @@ class ArmSamples:
     offsets_s: per metric name, the send offset (seconds from the scenario start) of each sample
         of that metric, same order (optional). Given, the reported bootstrap intervals resample
         whole time blocks of both arms together; otherwise blocks of consecutive samples.
+    error_ids: the schedule id (request id) of each error in `error_offsets_s`, same order
+        (optional). With it, and the arm's requests being the contiguous ids from its first
+        one, the error ceiling is tested on the failed fraction of each block of 32 requests
+        (burst-robust); without it, on the error count (independent errors assumed).
+    first_id: the schedule id of the arm's first request (with `error_ids`).
     ids: per metric name, the schedule id (request id) of each sample of that metric, same
         order (optional). The paired checks join the two engines' samples by it, so an error
         on one side drops that request's pair only; without it they pair by position.
@@ -75,6 +80,8 @@ class ArmSamples:
     error_kinds: tuple[str, ...] = ()
     offsets_s: Mapping[str, np.ndarray] = field(default_factory=dict)
     ids: Mapping[str, np.ndarray] = field(default_factory=dict)
+    error_ids: np.ndarray | None = None
+    first_id: int = 0
     nan_logprobs: int = 0
     empty_outputs: int = 0
 
@@ -110,6 +117,18 @@ class ArmSamples:
             arr.setflags(write=False)
             ids[metric] = arr
         object.__setattr__(self, "ids", MappingProxyType(ids))
+        if self.error_ids is not None:
+            err_ids = np.array(self.error_ids, dtype=np.int64, copy=True).reshape(-1)
+            if err_ids.size != self.error_count:
+                raise ValueError(f"error_ids has {err_ids.size} ids for {self.error_count} errors")
+            if err_ids.size and (
+                err_ids.min() < self.first_id or err_ids.max() >= self.first_id + self.requests
+            ):
+                raise ValueError(
+                    f"error_ids must lie in [{self.first_id}, {self.first_id + self.requests})"
+                )
+            err_ids.setflags(write=False)
+            object.__setattr__(self, "error_ids", err_ids)
 
     @property
     def error_count(self) -> int:

@@ -170,3 +170,45 @@ def test_final_counts_only_ignore_the_order() -> None:
     a = kind_mixture_pvalues(labels, ["http_5xx"] * 15, KINDS, running=False)
     b = kind_mixture_pvalues(labels[::-1].copy(), ["http_5xx"] * 15, KINDS, running=False)
     assert a.pvalue == pytest.approx(b.pvalue)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(
+    burst=st.sampled_from([1, 4, 15, 40]),
+    rate=st.floats(0.002, 0.01),
+    n=st.sampled_from([800, 2_000, 5_000]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_block_ceiling_test_keeps_its_alpha_under_bursts(
+    burst: int, rate: float, n: int, seed: int
+) -> None:
+    """An engine at or under the 1% ceiling whose errors come in bursts of up to 40
+    consecutive requests: the share of gates whose running capital ever reached 1/alpha stays
+    within alpha (the count-based e-process, which assumes independent errors, does not)."""
+    from gate.analysis.counts import block_fractions, log_ceiling_capital
+
+    rng = np.random.default_rng(seed)
+    alpha, gates = 0.05, 300
+    held = 0
+    for _ in range(gates):
+        starts = rng.random(n) < rate / burst
+        failed = np.convolve(starts.astype(np.int64), np.ones(burst, np.int64))[:n] > 0
+        f = block_fractions(np.nonzero(failed)[0], 0, n, 32)
+        held += log_ceiling_capital(f, 0.01) >= math.log(1 / alpha)
+    assert held <= binom.ppf(0.999, gates, alpha), held
+
+
+def test_the_block_ceiling_test_finds_a_doubled_rate() -> None:
+    from gate.analysis.counts import block_fractions, log_ceiling_capital
+
+    rng = np.random.default_rng(5)
+    found = sum(
+        log_ceiling_capital(
+            block_fractions(np.nonzero(rng.random(5_000) < 0.02)[0], 0, 5_000, 32), 0.01
+        )
+        >= math.log(400)
+        for _ in range(100)
+    )
+    assert found >= 90
+    assert log_ceiling_capital(np.array([0.0, 0.1]), 0.0) == math.inf
+    assert log_ceiling_capital(np.array([1.0]), 1.0) == -math.inf

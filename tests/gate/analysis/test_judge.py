@@ -473,3 +473,70 @@ def test_a_burst_of_errors_is_one_event() -> None:
     assert spread.decision == "fail", spread.message
     counted = by_id(one(ref, stalled(1), Policy(max_error_rate=0.05, error_burst_s=0.0)))
     assert counted["steady.errors"].decision == "fail", "every error a coin: the old behaviour"
+
+
+def with_errors(
+    seed: int, n: int, failed: np.ndarray, kind: str = "timeout", rate: float = 40.0
+) -> ArmSamples:
+    """An arm of n requests sent at `rate` per second whose requests `failed` (ids) errored."""
+    base = arm(seed, n=n)
+    ids = np.asarray(failed, np.int64)
+    return ArmSamples(
+        requests=n,
+        ttft_ms=base.ttft_ms[: n - ids.size],
+        itl_ms=base.itl_ms[: n - ids.size],
+        errors={kind: int(ids.size)} if ids.size else {},
+        error_offsets_s=ids / rate,
+        error_kinds=(kind,) * int(ids.size),
+        error_ids=ids,
+    )
+
+
+def test_one_stall_does_not_break_the_ceiling_but_a_steady_rate_above_it_does() -> None:
+    """With the errors' schedule ids the ceiling is tested per block of 32 requests: 25
+    timeouts of one stall in 800 requests (3.1%) are one bad block; 3% spread out are not."""
+    ref = with_errors(1, 800, np.array([100, 400]))
+    stall = with_errors(2, 800, np.arange(300, 325))
+    check = by_id(one(ref, stall))["steady.errors"]
+    assert check.decision == "pass", check.message
+    assert "not above the 1.00% ceiling with confidence" in check.message
+    spread = with_errors(2, 2_000, np.arange(10, 2_000, 33))  # 61 errors, 3%
+    check = by_id(one(with_errors(1, 2_000, np.array([5, 900])), spread))["steady.errors"]
+    assert check.decision == "fail" and "above the 1.00% ceiling with confidence" in check.message
+
+
+def test_errors_that_never_stop_are_many_events() -> None:
+    """Burst windows do not chain: a candidate failing every request is one event per window,
+    not one event in all, so it is held even with the ceiling out of the way."""
+    policy = Policy(max_error_rate=1.0)
+    ref = with_errors(1, 2_000, np.arange(50, 2_000, 100))  # 1%, independent
+    cand = with_errors(2, 2_000, np.arange(0, 2_000))  # every request fails
+    check = by_id(one(ref, cand, policy))["steady.errors"]
+    assert check.decision == "fail", check.message
+
+
+def test_bursts_on_the_reference_never_make_the_candidate_look_worse() -> None:
+    """Reference: 150 errors in bursts of 10; candidate: 100 spread out. More candidate events,
+    fewer candidate errors: not a candidate regression."""
+    ref_ids = np.concatenate([np.arange(k, k + 10) for k in range(100, 5_000, 333)])[:150]
+    cand_ids = np.arange(25, 5_000, 50)[:100]
+    policy = Policy(max_error_rate=0.05)
+    check = by_id(one(with_errors(1, 5_000, ref_ids), with_errors(2, 5_000, cand_ids), policy))
+    assert check["steady.errors"].decision == "pass", check["steady.errors"].message
+
+
+def test_one_environment_check_for_the_gate() -> None:
+    """The reference breaks the ceiling in two scenarios: one gate.environment check names
+    both (a check id is unique in a verdict)."""
+    bad = np.arange(0, 2_000, 40)  # 2.5%
+    scenarios = [
+        ScenarioSamples(
+            name, with_errors(1, 2_000, bad, "connect"), with_errors(2, 2_000, bad, "connect")
+        )
+        for name in ("steady", "burst")
+    ]
+    verdict = judge(scenarios, ENGINES, Policy())
+    env = [c for c in verdict.checks if c.id == "gate.environment"]
+    assert len(env) == 1 and env[0].holds
+    assert "in steady" in env[0].message and "in burst" in env[0].message
+    assert len({c.id for c in verdict.checks}) == len(verdict.checks)
