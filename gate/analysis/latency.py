@@ -170,6 +170,12 @@ def _decide(
         )
         if not final:
             message = f"{head}; more samples may settle it."
+        elif not math.isfinite(detectable):
+            message = (
+                f"{head}: no regression was shown, and {bt.blocks} blocks of {pc.block} are too "
+                "few for this test to reject anything at its alpha"
+                + ("; the policy requires it decided, so it holds." if pc.required else ".")
+            )
         elif pc.required:
             message = (
                 f"{head}; the policy requires it decided, so it holds (at {bt.blocks} blocks "

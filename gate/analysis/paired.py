@@ -55,6 +55,7 @@ __all__ = [
     "BLOCK_MIN",
     "MIN_BLOCKS",
     "BlockTest",
+    "block_for",
     "block_length",
     "block_stats",
     "block_test",
@@ -78,6 +79,16 @@ POWER_Z = float(stats.norm.ppf(0.8))  # "could detect": with 80% power
 def block_length(planned: int) -> int:
     """Requests per block for a scenario of `planned` requests per engine: fixed in advance."""
     return max(BLOCK_MIN, math.ceil(max(int(planned), 1) / BLOCKS_MAX))
+
+
+def block_for(planned: int, q: float | None, tail_start: float = 0.95) -> int:
+    """Requests per block of one check: `block_length(planned)`, longer where a block must
+    hold enough of the distribution's end: at least 3 requests beyond a quantile on the far
+    side (p99: 300, p99.9: 3,000) and at least 2 in the tail share (the slowest 5%: 40)."""
+    base = block_length(planned)
+    if q is None:
+        return max(base, math.ceil(2.0 / (1.0 - tail_start) - 1e-9))
+    return max(base, math.ceil(3.0 / min(q, 1.0 - q) - 1e-9))
 
 
 def join(
@@ -227,31 +238,42 @@ def spread_factor(q: float | None) -> float:
     return math.sqrt(p * (1.0 - p)) / float(stats.norm.pdf(z))
 
 
-def planned_shift(planned: int, q: float | None, noise: float, alpha: float) -> float:
+def planned_shift(
+    planned: int, q: float | None, noise: float, alpha: float, tail_start: float = 0.95
+) -> float:
     """The log shift beyond the threshold a check planned at `planned` requests per engine can
     detect with 80% power, when each pair's log ratio has sd `noise` (a planning assumption)."""
-    block = block_length(planned)
+    block = block_for(planned, q, tail_start)
     blocks = planned // block
     sd = noise * spread_factor(q) / math.sqrt(block)
     return detectable_shift(blocks, sd, alpha, tune_g(blocks, alpha))
 
 
 def size_to_detect(
-    shift: float, q: float | None, noise: float, alpha: float, tolerance: float
+    shift: float,
+    q: float | None,
+    noise: float,
+    alpha: float,
+    tolerance: float,
+    tail_start: float = 0.95,
 ) -> int | None:
     """The smallest planned requests per engine whose check detects a regression of `shift`
     (relative, e.g. 0.05) with 80% power; None when beyond ten million."""
     target = math.log1p(shift) - math.log1p(tolerance)
     if target <= 0.0:
         return None
-    lo, hi = BLOCK_MIN * MIN_BLOCKS, BLOCK_MIN * MIN_BLOCKS
-    while planned_shift(hi, q, noise, alpha) > target:
+
+    def shift_at(n: int) -> float:
+        return planned_shift(n, q, noise, alpha, tail_start)
+
+    lo = hi = block_for(1, q, tail_start) * MIN_BLOCKS
+    while shift_at(hi) > target:
         lo, hi = hi, hi * 2
         if hi > 10_000_000:
             return None
     while lo + 1 < hi:
         mid = (lo + hi) // 2
-        if planned_shift(mid, q, noise, alpha) > target:
+        if shift_at(mid) > target:
             lo = mid
         else:
             hi = mid

@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 from gate.analysis.paired import (
     MIN_BLOCKS,
+    block_for,
     block_length,
     planned_shift,
     size_to_detect,
@@ -53,7 +54,9 @@ def tolerance_of(policy: Policy, q: float | None) -> float:
 
 
 def _pct(x: float) -> str:
-    return "unbounded" if not math.isfinite(x) else f"+{x:.0%}" if x >= 0.1 else f"+{x:.1%}"
+    if not math.isfinite(x):
+        return "nothing yet (too few blocks for its alpha)"
+    return f"+{x:.0%}" if x >= 0.1 else f"+{x:.1%}"
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ class Plan:
 
         def planned(s: str, m: str, q: float | None, alpha: float) -> PlannedCheck:
             n = int(requests[s])
-            block = block_length(n)
+            block = block_for(n, q, policy.tail.start)
             return PlannedCheck(
                 scenario=s,
                 metric=m,
@@ -196,13 +199,15 @@ def _detect_note(policy: Policy, scenario: str, n: int, checks: tuple[PlannedChe
         return (
             f"{scenario}: {n} planned requests per engine make {n // block} blocks of {block}; "
             f"the paired checks need {MIN_BLOCKS} ({MIN_BLOCKS * block} requests), so latency "
-            "is not compared (raise the scenario's requests)."
+            "cannot be compared and the gate will hold (raise the scenario's requests)."
         )
     parts = []
     for c in mine:
         tol = tolerance_of(policy, c.q)
-        shift = math.exp(math.log1p(tol) + planned_shift(n, c.q, policy.noise, c.alpha)) - 1.0
-        parts.append(f"{c.label} {_pct(shift)}")
+        shift = planned_shift(n, c.q, policy.noise, c.alpha, policy.tail.start)
+        detect = math.exp(math.log1p(tol) + shift) - 1.0
+        longer = f" (blocks of {c.block})" if c.block != block else ""
+        parts.append(f"{c.label} {_pct(detect)}{longer}")
     text = (
         f"{scenario}: {n} planned requests per engine in {n // block} blocks of {block}; with "
         f"80% power it can detect {', '.join(parts)} (assuming a pair's log ratio has sd "
@@ -213,7 +218,9 @@ def _detect_note(policy: Policy, scenario: str, n: int, checks: tuple[PlannedChe
         want = policy.detect_for(c.metric, c.q)
         if want is None:
             continue
-        need = size_to_detect(want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q))
+        need = size_to_detect(
+            want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q), policy.tail.start
+        )
         if need is None:
             asks.append(f"{c.label} +{want:.0%} cannot be detected above its tolerance")
         else:

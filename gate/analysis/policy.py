@@ -23,7 +23,14 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "AUTO_QUANTILES",
@@ -626,6 +633,36 @@ class Policy(BaseModel):
     def tolerance_for(self, q: float) -> float:
         """Allowed relative increase at quantile q (validated to exist for every checked q)."""
         return self.tolerance[quantile_key(q)]
+
+    @model_validator(mode="after")
+    def _check_keys_name_checks(self) -> Policy:
+        """Every `require` and `detect` key must name a check this policy plans: a key that
+        matches nothing would silently require nothing."""
+        for field_name, keys in (("require", list(self.require)), ("detect", list(self.detect))):
+            for key in keys:
+                metric, dot, what = key.rpartition(".")
+                if not dot:
+                    metric, what = "", key
+                if metric and metric not in self.metrics:
+                    raise ValueError(
+                        f"{field_name}: {key!r} names metric {metric!r}, which metrics "
+                        f"{list(self.metrics)} does not judge"
+                    )
+                if what == "tail":
+                    if self.group_alpha("tail") <= 0.0:
+                        raise ValueError(
+                            f"{field_name}: {key!r} names the tail check, which alpha_split "
+                            "turns off (no tail weight)"
+                        )
+                    continue
+                wanted = quantile_key(float(what[1:]) / 100.0)
+                if wanted not in {quantile_key(q) for q in self.checked_quantiles}:
+                    raise ValueError(
+                        f"{field_name}: {key!r} names {wanted}, which the quantiles setting "
+                        f"does not check (it checks "
+                        f"{[quantile_key(q) for q in self.checked_quantiles]})"
+                    )
+        return self
 
     def requires(self, metric: str, q: float | None) -> bool:
         """Whether an undecided check of this metric and quantile (None: the tail) holds."""

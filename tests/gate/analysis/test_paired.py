@@ -183,3 +183,12 @@ def test_the_blocks_are_what_keeps_the_error_rate_under_batches() -> None:
     rng = np.random.default_rng(11)
     blocked = false_fails(rng, 200, 1_000, 0.0, 0.25, 32, 0.1, 0.5, 0.05)
     assert blocked <= binom.ppf(0.999, 200, 0.05), blocked
+
+
+def test_a_check_block_holds_enough_of_the_distributions_end() -> None:
+    from gate.analysis.paired import block_for
+
+    assert block_for(1_000, 0.5) == 32 and block_for(1_000, 0.9) == 32
+    assert block_for(1_000, 0.99) == 300 and block_for(1_000, 0.999) == 3_000
+    assert block_for(1_000, None, 0.95) == 40 and block_for(1_000, None, 0.99) == 200
+    assert block_for(40_000, None) == block_length(40_000) == 157

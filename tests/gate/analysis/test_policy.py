@@ -170,3 +170,25 @@ def test_require_and_detect_keys_match_metric_and_check() -> None:
     assert not p.requires("ttft", 0.5)
     assert p.detect_for("ttft", 0.5) == 0.05 and p.detect_for("itl", 0.5) is None
     assert p.detect_for("itl", None) == 0.15
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"require": ["ttft.p99"]}, "names p99, which the quantiles setting does not check"),
+        ({"require": ["e2e.p50"]}, "names metric 'e2e', which metrics"),
+        ({"detect": {"p99": 0.1}}, "names p99"),
+        (
+            {
+                "require": ["tail"],
+                "alpha_split": {"latency": 0.4, "errors": 0.3, "correctness": 0.3},
+            },
+            "turns off",
+        ),
+    ],
+)
+def test_require_and_detect_must_name_a_planned_check(kwargs: dict, words: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValidationError) as info:
+        Policy(**kwargs)
+    assert words in str(info.value)
+    assert Policy(require=["ttft.p99"], quantiles=[0.5, 0.99]).requires("ttft", 0.99)
