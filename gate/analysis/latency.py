@@ -189,7 +189,8 @@ def _decide(
     if math.isfinite(tau) and tau > pc.block:
         message += (
             f" Requests correlate over about {tau:.0f} requests, longer than the blocks of "
-            f"{pc.block}: the test's variance counts the blocks' lag-1 covariance for it."
+            f"{pc.block}: the test's variance counts two lags of the blocks' covariance for "
+            "it, and much longer correlations are beyond what that corrects."
         )
     return ratio_check(
         pc.id,

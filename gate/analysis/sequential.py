@@ -23,14 +23,12 @@ arrays it has so far, at any moments it likes, and act on the answer:
       reference but noisy gets the samples to show it instead of a hold.
 
 The error count test can only ever fail early (it never accepts), so a clean scenario runs to
-its limit; latency checks decide both ways, and so does the tail check (tail.py), which at the
-end becomes a note rather than a hold when still undecided. The final `judge(..., plan=plan)`
-on the same samples gives the same decisions as the last look (the same sequences), plus the
-bootstrap estimate intervals, which a look skips unless asked (they are for the report). A
-decision is the one at the current look: under drift a check decided at one look may be
-undecided at the next (the target of a sequence is the quantile averaged over the samples so
-far), so the gate stops on a look where everything is decided, never on decisions collected
-from different looks.
+its planned size; latency and tail checks decide both ways, and one still undecided at the end
+does not hold unless the policy requires it (then the scenario may extend). The final
+`judge(..., plan=plan)` on the same samples gives the same decisions and intervals as the last
+look (the same blocks and tests). A decision is the one at the current look: under drift a
+check decided at one look may be undecided at the next, so the gate stops on a look where
+everything is decided, never on decisions collected from different looks.
 """
 
 from __future__ import annotations
@@ -134,8 +132,7 @@ class SequentialJudge:
         )
         if extending:
             undecided = [c.id for c in checks if _extends(c)]
-            # The error ceiling is then read against the limit: only an error count that breaks
-            # it whatever the scenario's end fails before the end.
+            # Judged again as a look before the end: undecided checks stay open while it runs.
             checks, notes = self._checks(s, limit, False)
             notes.append(
                 f"{scenario} runs past its planned {planned} requests per arm (up to {limit}, "

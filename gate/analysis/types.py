@@ -43,8 +43,9 @@ class ArmSamples:
     ttft_ms: one value per successful request.
     itl_ms: one value per successful request with at least two tokens: that request's mean
         inter-token gap. Pooling every token gap instead would make the samples dependent
-        (the gaps of one request share its batch and its fate) and weight long requests more;
-        the quantile confidence sequences assume i.i.d. samples, and per-request means are.
+        (the gaps of one request share its batch and its fate) and weight long requests more.
+        Per-request means are not independent either (requests share batches): the paired
+        checks average them over blocks of the schedule for that (paired.py).
     errors: failed requests counted by kind (e.g. "http_5xx", "timeout").
     error_offsets_s: the time of each error from the scenario start, so that the sequential
         count test sees the errors of both arms in the order they happened.
@@ -54,8 +55,7 @@ class ArmSamples:
         per-kind count tests see the order of each kind's errors; without it they fall back to
         the final counts.
     offsets_s: per metric name, the send offset (seconds from the scenario start) of each sample
-        of that metric, same order (optional). Given, the reported bootstrap intervals resample
-        whole time blocks of both arms together; otherwise blocks of consecutive samples.
+        of that metric, same order (optional; the reports' charts read it).
     error_ids: the schedule id (request id) of each error in `error_offsets_s`, same order
         (optional). With it, and the arm's requests being the contiguous ids from its first
         one, the error ceiling is tested on the failed fraction of each block of 32 requests
@@ -67,8 +67,8 @@ class ArmSamples:
     nan_logprobs, empty_outputs: responses with a NaN or infinite logprob, and successful
         responses without a single token. Either is a broken engine, not a statistic.
 
-    Every array is in send order: the sequential judge reads prefixes of it and the bootstrap
-    resamples contiguous blocks of it.
+    Every array is in send order: the sequential judge reads prefixes of it and the paired
+    checks cut it into blocks of consecutive requests.
     """
 
     requests: int
@@ -210,11 +210,12 @@ def _json_float(x: float | None) -> float | None:
 class Check:
     """One judged comparison with the statistics behind it.
 
-    interval: the anytime-valid interval that decided: for latency, of the candidate/reference
-        quantile ratio (for a tail check, of the tail ratio: tail.py); for goodput (peak) and
+    interval: the anytime-valid interval that decided: for latency, of the paired
+        candidate/reference ratio of a quantile or of the tail (paired.py); for goodput (peak) and
         collapse (overload), of the candidate-minus-reference difference of fractions.
-        reference/candidate/ratio: Harrell-Davis point estimates (latency; a tail check gives
-        the mean of each arm's slowest 5% and the tail ratio's estimate), error fractions
+        reference/candidate: Harrell-Davis estimates of each engine's quantile (a tail check:
+        the mean of each engine's slowest 5%), ratio: the paired estimate that was tested
+        (the mean block log ratio, exponentiated; latency), error fractions
         (errors), goodput or collapse fractions (peak,
         overload), seconds (startup, recovery), per-prompt medians or counts (correctness),
         HTTP statuses (compatibility). threshold: what the interval or value is compared

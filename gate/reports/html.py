@@ -403,13 +403,26 @@ def _headline(doc: Mapping[str, Any], counts: Mapping[str, int]) -> str:
     err = doc.get("error")
     if isinstance(err, Mapping) and err.get("message"):
         return "The gate could not finish, so it cannot vouch for the candidate."
+    checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
+    # An undecided latency or tail check that is not required does not hold the gate: it is
+    # counted apart, as what this gate could not show.
+    open_ = sum(
+        1 for c in checks if c.get("decision") == "inconclusive" and c.get("required") is False
+    )
+    undecided = counts["inconclusive"] - open_
     if doc.get("verdict") == "continue":
+        if open_:
+            return (
+                f"{counts['pass']} of {total} checks passed and no regression was shown "
+                f"({open_} undecided, each with what it could have detected): the candidate "
+                "may keep rolling out."
+            )
         return f"All {total} checks passed: the candidate may keep rolling out."
     parts = []
     if counts["fail"]:
         parts.append(f"{counts['fail']} of {total} checks failed")
-    if counts["inconclusive"]:
-        parts.append(f"{counts['inconclusive']} could not be decided")
+    if undecided:
+        parts.append(f"{undecided} required could not be decided")
     if parts:
         return "; ".join(parts) + ": the candidate should not keep rolling out."
     return "The candidate should not keep rolling out."
@@ -467,7 +480,7 @@ def _scenarios(
             ),
             None,
         )
-        judged = early.get("requests") if early else sc.get("planned_requests")
+        judged = early.get("requests") if early else _judged(sc, warmup)
         out.append(
             {
                 "name": name,
@@ -492,6 +505,17 @@ def _scenarios(
             }
         )
     return out
+
+
+def _judged(sc: Mapping[str, Any], warmup: int) -> int | None:
+    """Requests per engine the scenario's verdict rests on: what both sent, less the warm-up."""
+    sent = []
+    for role in ROLES:
+        side = sc.get(role)
+        req = side.get("requests") if isinstance(side, Mapping) else None
+        if isinstance(req, Mapping) and isinstance(req.get("sent"), int):
+            sent.append(int(req["sent"]))
+    return max(min(sent) - warmup, 0) if len(sent) == len(ROLES) else None
 
 
 def _engines(doc: Mapping[str, Any]) -> list[dict[str, Any]]:

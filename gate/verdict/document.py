@@ -47,7 +47,7 @@ class CheckDoc(_Doc):
         None, description="the decision interval (anytime-valid); a null end is unbounded"
     )
     estimate_interval: list[float | None] | None = Field(
-        None, description="a block-bootstrap interval for people; it decides nothing"
+        None, description="a 95% interval over the paired blocks, for people; it decides nothing"
     )
     threshold: float | None = None
     decision: CheckDecision

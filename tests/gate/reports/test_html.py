@@ -333,3 +333,31 @@ def test_the_plan_line_says_what_the_plan_could_detect_and_what_the_verdict_cost
     assert "Latency budget" not in line
     doc["notes"] = []
     assert 'class="scenario-plan"' not in render_report(VerdictDocument.read(doc), {})
+
+
+def test_the_headline_counts_undecided_checks_that_do_not_hold_apart() -> None:
+    doc = _doc()
+    undecided = {
+        "id": "steady.ttft.p90",
+        "decision": "inconclusive",
+        "required": False,
+        "threshold": 1.1,
+        "samples": [500, 500],
+        "message": "undecided: could detect p90 >= +14%",
+    }
+    passed = doc["checks"][0] | {"decision": "pass"}
+    doc |= {"verdict": "continue", "reasons": [], "checks": [passed, undecided]}
+    html = render_report(VerdictDocument.read(doc), {})
+    assert "1 of 2 checks passed and no regression was shown (1 undecided" in html
+    assert "All 2 checks passed" not in html
+    doc |= {"verdict": "hold", "checks": [passed, undecided | {"required": True}]}
+    doc["reasons"] = [{"check": "steady.ttft.p90", "message": "undecided"}]
+    assert "1 required could not be decided" in render_report(VerdictDocument.read(doc), {})
+
+
+def test_the_verdict_cost_without_an_early_stop_is_what_both_engines_sent() -> None:
+    doc = _doc()
+    doc["notes"] = ["steady: 792 planned requests per engine in 24 blocks of 32; can detect."]
+    doc["scenarios"][0]["planned_requests"] = 792
+    html = render_report(VerdictDocument.read(doc), {}, warmup=5)
+    assert "The verdict cost <strong>45 requests per engine</strong>" in html  # 50 sent - 5
