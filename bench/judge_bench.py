@@ -1,9 +1,9 @@
 """Benchmark: judge one scenario of a million request records per arm, on one core.
 
-Measures `gate.analysis.judge` end to end (TTFT and ITL at p50/p90/p99 with their confidence
-sequences, Harrell-Davis estimates and block-bootstrap intervals; the TTFT and ITL tail checks
-with their e-processes and intervals; the per-kind error test; the startup and crash rules) on
-synthetic data, and, on the same arrays in the same run, scipy's
+Measures `gate.analysis.judge` end to end (TTFT and ITL at p50/p90 and their tails, each a
+paired check: the join by schedule id, the blocks, the anytime-valid t test, the correlation
+time, Harrell-Davis estimates; the per-kind error test and the block ceiling test; the startup
+and crash rules) on synthetic data, and, on the same arrays in the same run, scipy's
 Mann-Whitney U test of TTFT alone (the core of a Kayenta-style judgement), so the ratio between
 the two is comparable across machines. Target: at most 2 s for the judge.
 
