@@ -256,8 +256,21 @@ def error_check(
                 *kinds,
                 *extra,
             ]
+        if frac_c > ceiling and not ref_over:
+            # Above the ceiling, but not with confidence at this size: neither shown broken
+            # nor shown kept. Undecided, and like an undecided latency check it holds only on
+            # evidence; the verdict keeps it in view.
+            undecided = check(
+                "inconclusive",
+                f"Errors in {s.name}: {counts}; {test}; the candidate's error rate {frac_c:.2%} "
+                f"is above the {ceiling:.2%} ceiling but not with confidence at "
+                f"{cand.requests} requests (alpha {ceiling_alpha:.2g}).",
+                (frac_r, frac_c),
+                alpha,
+            )
+            return [replace(undecided, required=False), *kinds, *extra]
         rate = (
-            f"an error rate of {frac_c:.2%}, not above the {ceiling:.2%} ceiling with confidence"
+            f"an error rate of {frac_c:.2%}, within the {ceiling:.2%} ceiling"
             if not ref_over
             else "the ceiling not judged, since the reference breaks it too"
         )
