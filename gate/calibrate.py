@@ -40,6 +40,18 @@ DEFAULT_RUNS = 20
 power of each case, not to pin a 1% false-hold rate: use --runs 500 for that."""
 
 
+def _progress(err: Console) -> Progress:
+    """The simulations' progress bar on stderr, gone when they end."""
+    return Progress(
+        TextColumn("  simulating [bold]{task.description}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
 def _fmt_rate(x: float) -> str:
     return f"{100.0 * x:.1f}%"
 
@@ -119,14 +131,7 @@ def run_calibration(
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
     err = Console(stderr=True, highlight=False)
-    with Progress(
-        TextColumn("  simulating [bold]{task.description}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
+    with _progress(err) as bar:
         task = bar.add_task("gates", total=runs * len(cases))
 
         def step(case: str) -> None:
@@ -216,14 +221,7 @@ def run_grid(
     per_cell = (aa_runs or runs) + runs * (len(GRID_CASES) - 1)
     errors_gates = 2 * ((aa_runs or runs) + runs) if errors_size else 0
     err = Console(stderr=True, highlight=False)
-    with Progress(
-        TextColumn("  simulating [bold]{task.description}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
+    with _progress(err) as bar:
         task = bar.add_task("gates", total=per_cell * len(MODELS) * len(sizes) + errors_gates)
         cells = calibrate_grid(
             policy,
