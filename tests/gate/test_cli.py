@@ -259,6 +259,10 @@ def test_a_hang_at_startup_holds_naming_the_phase(
     assert db_rows(tmp_path, "select state from reservations") == [("released",)]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_tears_down_and_records(tmp_path: Path, tag: str, sig: signal.Signals) -> None:
     p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=2000, rate=20)
@@ -280,6 +284,11 @@ def test_interrupt_tears_down_and_records(tmp_path: Path, tag: str, sig: signal.
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "GATE_DATA_DIR": str(tmp_path / ".gate")},
+        # What a terminal's Ctrl-C reaches. A job started in the background of a
+        # non-interactive shell (POSIX, Shell Command Language 2.11: "&" lists ignore SIGINT
+        # and SIGQUIT) passes SIGINT on ignored, and Python then leaves it ignored (its
+        # handler goes in only over SIG_DFL): so the test sets the default itself.
+        preexec_fn=_default_sigint,
     )
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
