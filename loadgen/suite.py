@@ -57,6 +57,7 @@ from loadgen.client import (
     make_client,
     read_capped,
 )
+from loadgen.logprobs import parse_logprobs
 from loadgen.prompts import (
     LengthDist,
     check_synthetic_prompts,
@@ -952,13 +953,16 @@ def _check_usage(usage: Any, where: str) -> list[str]:
 
 
 def _check_logprobs(lp: Any, api: ProbeKind, where: str) -> list[str]:
-    if api == "completions":
+    # On completions an engine may answer in vLLM's lists or in the chat-style content list
+    # (llama.cpp: shared/captures/llamacpp-completions-logprobs.http); both are the API's.
+    is_content = isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    if api == "completions" and not is_content:
         if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
-            return [f"{where}: logprobs lacks token_logprobs"]
+            return [f"{where}: logprobs lacks token_logprobs (or a content list)"]
         if not isinstance(lp.get("tokens"), list):
             return [f"{where}: logprobs lacks tokens"]
         return []
-    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
+    if not is_content:
         return [f"{where}: logprobs lacks content"]
     for entry in lp["content"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
@@ -1202,20 +1206,14 @@ async def _greedy_probe(
     prompt_ids = choice.get("prompt_token_ids")
     if isinstance(prompt_ids, list) and all(isinstance(i, int) for i in prompt_ids):
         result.prompt_token_ids = [int(i) for i in prompt_ids]
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        values = lp.get("token_logprobs")
-        if isinstance(values, list):
-            result.logprobs = [_logprob(v) for v in values]
-        tokens = lp.get("tokens")
-        if isinstance(tokens, list):
-            result.tokens = [str(t) for t in tokens]
-        tops = lp.get("top_logprobs")
-        if isinstance(tops, list):
-            result.top_logprobs = [
-                {str(k): _logprob(v) for k, v in t.items()} if isinstance(t, dict) else {}
-                for t in tops
-            ]
+    # vLLM's tokens/token_logprobs lists or the chat-style content list (loadgen/logprobs.py)
+    parsed = parse_logprobs(choice.get("logprobs"))
+    if parsed is not None:
+        result.logprobs = parsed.logprobs
+        result.tokens = parsed.tokens or None
+        result.top_logprobs = parsed.top or None
+        if result.token_ids is None and parsed.ids is not None:
+            result.token_ids = parsed.ids  # the ids inside the entries (llama.cpp)
     return result
 
 

@@ -1,0 +1,102 @@
+"""Logprobs in the shapes real engines send, read into one form (a pure core, no I/O).
+
+Two shapes reach ``choice["logprobs"]``:
+
+- vLLM's completions form (OpenAI's legacy ``/v1/completions``): parallel lists ``tokens``,
+  ``token_logprobs`` and ``top_logprobs``, the last a list of {token: logprob} dicts.
+- The OpenAI chat form, ``{"content": [{token, logprob, bytes, top_logprobs}]}``, which some
+  engines also answer ``/v1/completions`` with (llama.cpp's ``llama-server``, captured in
+  ``shared/captures/llamacpp-completions-logprobs.http``). Entries may carry the token ``id``
+  (llama.cpp does); ``top_logprobs`` is a list of entries or, from some servers, a dict.
+
+A logprob sent as ``null`` (vLLM's NaN) or not a number reads NaN, so the judge can count it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Shape = Literal["completions", "content"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One answer's sampled tokens with their logprobs and top-k alternatives.
+
+    ``ids`` are the token ids the entries name, where every entry names one (else None:
+    the engine's ``token_ids`` or the text must serve)."""
+
+    shape: Shape
+    tokens: list[str]
+    logprobs: list[float]
+    top: list[dict[str, float]]
+    ids: list[int] | None
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return float("nan")
+    return float(value)
+
+
+def _top_of(value: Any) -> dict[str, float]:
+    """A top-k as a {token: logprob} dict, from a dict or a list of entries."""
+    if isinstance(value, Mapping):
+        return {str(k): _number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return {
+            str(e["token"]): _number(e.get("logprob"))
+            for e in value
+            if isinstance(e, Mapping) and "token" in e
+        }
+    return {}
+
+
+def parse_logprobs(lp: Any) -> TokenLogprobs | None:
+    """The logprobs object of one choice (or one stream chunk's choice) in either shape;
+    None when it is absent or in neither shape."""
+    if not isinstance(lp, Mapping):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        entries = [e for e in content if isinstance(e, Mapping)]
+        ids = [e.get("id") for e in entries]
+        return TokenLogprobs(
+            "content",
+            [str(e.get("token", "")) for e in entries],
+            [_number(e.get("logprob")) for e in entries],
+            [_top_of(e.get("top_logprobs")) for e in entries],
+            [int(i) for i in ids if isinstance(i, int)]
+            if entries and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            else None,
+        )
+    values = lp.get("token_logprobs")
+    if not isinstance(values, list):
+        return None
+    tokens = lp.get("tokens")
+    tops = lp.get("top_logprobs")
+    return TokenLogprobs(
+        "completions",
+        [str(t) for t in tokens] if isinstance(tokens, list) else [],
+        [_number(v) for v in values],
+        [_top_of(t) for t in tops] if isinstance(tops, list) else [],
+        None,
+    )
+
+
+def concatenate(parts: list[TokenLogprobs]) -> TokenLogprobs | None:
+    """A streamed answer's logprobs, chunk after chunk, as one."""
+    if not parts:
+        return None
+    ids: list[int] | None = []
+    for p in parts:
+        ids = ids + p.ids if ids is not None and p.ids is not None else None
+    return TokenLogprobs(
+        parts[0].shape,
+        [t for p in parts for t in p.tokens],
+        [v for p in parts for v in p.logprobs],
+        [t for p in parts for t in p.top],
+        ids,
+    )
