@@ -65,7 +65,9 @@ Api = Literal["completions", "chat"]
 _MAX_MESSAGE = 500
 _DRAIN_S = 1.0
 _NONFINITE_LOGPROB = -9999.0  # vLLM's own JSON stand-in for -inf
-_KEEPALIVE_S = 30.0
+# Idle pooled connections are retired after this long: under uvicorn's 5 s idle close (vLLM's
+# VLLM_HTTP_TIMEOUT_KEEP_ALIVE), which it never announces.
+_KEEPALIVE_S = 4.0
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner, without json.loads' Python wrappers
 
 MAX_BODY_BYTES = 8 << 20

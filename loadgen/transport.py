@@ -49,6 +49,8 @@ not eat memory."""
 
 _Origin = tuple[str, int]
 _DRAIN_S = 1.0
+# An idle connection is retired this long before the idle timeout its server announced.
+_CLOSE_MARGIN_S = 1.0
 
 
 SEND_AT = "loadgen.send_at_ns"
@@ -247,6 +249,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._state = _IDLE
         self._remaining = 0
         self._head_only = False
+        self.served = 0  # responses whose head arrived on this connection
+        self.max_requests: int | None = None  # what the server's Keep-Alive max allows
+        self.idle_timeout: float | None = None  # what the server's Keep-Alive timeout says
+        self.got_bytes = False  # any byte of the current exchange's answer arrived
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -265,6 +271,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._received(self._view[:nbytes].tobytes(), now)
 
     def _received(self, data: bytes, now: int) -> None:
+        self.got_bytes = True
         if self._state == _IDLE or self.exchange is None:
             self.abort()  # bytes nobody asked for: the connection is in an unknown state
             return
@@ -304,6 +311,7 @@ class _Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         exchange = StreamTap(self.pool.dispatcher)
         self.exchange = exchange
+        self.got_bytes = False
         self._state = _HEAD
         self._head_only = head_only
         self._buf = b""
@@ -464,7 +472,10 @@ class _Connection(asyncio.BufferedProtocol):
                     close = True
                 elif b"keep-alive" in tokens:
                     close = False
-        if close:
+            elif lower == b"keep-alive":
+                self._keep_alive(value)
+        self.served += 1
+        if close or (self.max_requests is not None and self.served >= self.max_requests):
             self.reusable = False
         if not exchange._head.done():
             exchange._head.set_result((status, parts[2] if len(parts) > 2 else b"", headers))
@@ -479,6 +490,25 @@ class _Connection(asyncio.BufferedProtocol):
             return _LENGTH
         self.reusable = False
         return _TO_CLOSE
+
+    def _keep_alive(self, value: bytes) -> None:
+        """RFC 9112 appendix C.2.2's ``Keep-Alive: timeout=5, max=100``. ``max`` is read as
+        the requests left counting this one: servers that count down (Apache) and servers
+        that repeat their limit (cpp-httplib, in llama.cpp) then give the same bound."""
+        for param in value.split(b","):
+            key, _, num = param.strip().partition(b"=")
+            key = key.strip().lower()
+            try:
+                n = float(num.strip())
+            except ValueError:
+                continue  # a parameter we cannot read bounds nothing
+            if key == b"timeout" and n >= 0:
+                self.idle_timeout = n if self.idle_timeout is None else min(self.idle_timeout, n)
+            elif key == b"max" and n >= 0:
+                bound = self.served + int(n)
+                self.max_requests = (
+                    bound if self.max_requests is None else min(self.max_requests, bound)
+                )
 
     def _finish(self) -> None:
         self._state = _IDLE
@@ -591,6 +621,7 @@ class _Pool:
             collections.deque()
         )
         self.closing = False
+        self.resent = 0
         self.dispatcher = _Dispatcher()
         self._timer: PreciseTimer | None = None
 
@@ -612,11 +643,19 @@ class _Pool:
             conn = idle.pop()
             if conn.closed or not conn.reusable:
                 continue
-            if now - conn.idle_since > self.keepalive_expiry:
+            if now - conn.idle_since > self.idle_limit(conn):
                 conn.abort()  # connection_lost returns its slot
                 continue
             return conn
         return None
+
+    def idle_limit(self, conn: _Connection) -> float:
+        """How long an idle connection may wait to be reused: our expiry, or less where the
+        server announced a shorter idle timeout (retired a margin before it, so that the
+        server's close and our next request cannot cross on the wire)."""
+        if conn.idle_timeout is None:
+            return self.keepalive_expiry
+        return min(self.keepalive_expiry, max(0.0, conn.idle_timeout - _CLOSE_MARGIN_S))
 
     def evict_idle(self) -> bool:
         """Close one idle connection (of any origin) so that its slot can be reused."""
@@ -686,17 +725,34 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
         body = await _request_body(request)
         head = _request_head(request, len(body))
         send_at = request.extensions.get(SEND_AT)
-        conn = await self._acquire((url.host, url.port or 80), timeouts)
-        try:
-            exchange = conn.send(head + body, request.method == "HEAD", send_at)
-            wait = read_timeout
-            if wait is not None and send_at is not None:
-                wait += max(0, send_at - time.monotonic_ns()) / 1e9
-            status, reason, headers = await _wait_head(exchange, wait)
-        except BaseException:
-            conn.abort()
-            self._pool.release(conn)
-            raise
+        origin = (url.host, url.port or 80)
+        conn = await self._acquire(origin, timeouts)
+        resent = False
+        while True:
+            reused = conn.served > 0
+            try:
+                exchange = conn.send(head + body, request.method == "HEAD", send_at)
+                wait = read_timeout
+                if wait is not None and send_at is not None:
+                    wait += max(0, send_at - time.monotonic_ns()) / 1e9
+                status, reason, headers = await _wait_head(exchange, wait)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                stale = reused and not conn.got_bytes and not resent
+                conn.abort()
+                self._pool.release(conn)
+                if not stale:
+                    raise
+            except BaseException:
+                conn.abort()
+                self._pool.release(conn)
+                raise
+            # The server closed a kept-alive connection as the request went out (the race
+            # RFC 9112 section 9.3.1 leaves to clients): nothing of it was answered, so it is
+            # sent once more on a fresh connection, now, with its send stamp renewed.
+            resent, send_at = True, None
+            self._pool.resent += 1
+            conn = await self._acquire(origin, timeouts, fresh=True)
         return httpx.Response(
             status,
             headers=headers,
@@ -705,10 +761,18 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
                 "http_version": b"HTTP/1.1",
                 "reason_phrase": reason,
                 "loadgen.tap": exchange,
+                "loadgen.resent": resent,
             },
         )
 
-    async def _acquire(self, origin: _Origin, timeouts: dict[str, float | None]) -> _Connection:
+    @property
+    def resent(self) -> int:
+        """Requests sent again because a kept-alive connection was closed under them."""
+        return self._pool.resent
+
+    async def _acquire(
+        self, origin: _Origin, timeouts: dict[str, float | None], *, fresh: bool = False
+    ) -> _Connection:
         pool = self._pool
         if pool.closing:
             raise httpx.ConnectError("the transport is closed")
@@ -716,7 +780,7 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
         pool_timeout = timeouts.get("pool")
         deadline = None if pool_timeout is None else loop.time() + pool_timeout
         while True:
-            conn = pool.take_idle(origin)
+            conn = None if fresh else pool.take_idle(origin)
             if conn is not None:
                 return conn
             if pool.open < pool.max_connections:

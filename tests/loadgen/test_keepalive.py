@@ -1,0 +1,157 @@
+"""Pooled connections as servers manage them: ``Keep-Alive: timeout, max`` honoured, and a
+request whose reused connection the server closed before answering is sent once more.
+
+The servers here are real asyncio TCP servers speaking HTTP/1.1 by hand, with the habits of
+real ones: cpp-httplib (llama.cpp's server) announces ``Keep-Alive: timeout=5, max=100`` on
+every response (``../shared/captures/llamacpp-health.http``) and closes after that many
+requests; uvicorn (vLLM's server) closes idle connections after ``timeout_keep_alive`` (5 s)
+and announces nothing (uvicorn/protocols/http/h11_impl.py, ``timeout_keep_alive_handler``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from loadgen.transport import LoadgenTransport
+
+BODY = b'{"ok":true}'
+
+
+@asynccontextmanager
+async def server(
+    *, max_requests: int | None, idle_s: float | None, announce: bool, close_silently: bool
+) -> AsyncIterator[tuple[int, list[int]]]:
+    """Serve until the block ends; yields the port and a per-connection request count list.
+    ``close_silently``: after the last allowed request, close *without* a response to the
+    next one (the race) rather than closing right after answering."""
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = len(served)
+        served.append(0)
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), idle_s)
+                except (TimeoutError, asyncio.IncompleteReadError):
+                    return
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if max_requests is not None and served[n] >= max_requests and close_silently:
+                    return  # the request arrived on a connection we meant to close
+                served[n] += 1
+                hdrs = [
+                    b"HTTP/1.1 200 OK",
+                    b"Content-Type: application/json",
+                    b"Content-Length: %d" % len(BODY),
+                ]
+                if announce:
+                    hdrs.append(
+                        b"Keep-Alive: timeout=%d, max=%d" % (int(idle_s or 5), max_requests or 100)
+                    )
+                writer.write(b"\r\n".join(hdrs) + b"\r\n\r\n" + BODY)
+                await writer.drain()
+                if max_requests is not None and served[n] >= max_requests and not close_silently:
+                    return
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield port, served
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def _run(port: int, n: int, gap_s: float, expiry: float = 30.0) -> tuple[int, int]:
+    transport = LoadgenTransport(max_connections=1, keepalive_expiry=expiry)
+    ok = 0
+    async with httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{port}") as c:
+        for _ in range(n):
+            r = await c.post("/v1/completions", content=b"{}")
+            ok += r.status_code == 200 and r.content == BODY
+            await asyncio.sleep(gap_s)
+    return ok, transport.resent
+
+
+def test_announced_max_retires_the_connection_before_the_server_drops_it() -> None:
+    async def go() -> None:
+        async with server(max_requests=3, idle_s=5, announce=True, close_silently=True) as (
+            port,
+            served,
+        ):
+            ok, resent = await _run(port, 10, 0.0)
+            assert ok == 10 and resent == 0  # never sent the 4th request to a closing server
+            assert served == [3, 3, 3, 1]
+
+    asyncio.run(go())
+
+
+def test_announced_idle_timeout_retires_idle_connections() -> None:
+    async def go() -> None:
+        async with server(max_requests=None, idle_s=1.2, announce=True, close_silently=True) as (
+            port,
+            served,
+        ):
+            ok, resent = await _run(port, 3, 1.5)  # longer than the 1 s timeout announced
+            assert ok == 3 and resent == 0
+            assert served == [1, 1, 1]
+
+    asyncio.run(go())
+
+
+def test_unannounced_close_is_resent_once_on_a_fresh_connection() -> None:
+    async def go() -> None:
+        async with server(max_requests=2, idle_s=30, announce=False, close_silently=True) as (
+            port,
+            served,
+        ):
+            ok, resent = await _run(port, 6, 0.0)
+            assert ok == 6  # no error reaches the caller: it was the client's race
+            assert resent == 2  # the 3rd and 5th went out on connections closed under them
+            assert sum(served) == 6
+
+    asyncio.run(go())
+
+
+def test_unannounced_idle_close_is_seen_and_the_connection_not_reused() -> None:
+    """uvicorn's habit: a silent close of an idle connection. The pool sees the FIN and
+    opens a fresh connection; nothing is lost and nothing needs sending twice."""
+
+    async def go() -> None:
+        async with server(max_requests=None, idle_s=0.3, announce=False, close_silently=True) as (
+            port,
+            served,
+        ):
+            ok, resent = await _run(port, 3, 0.6, expiry=30.0)
+            assert ok == 3 and resent == 0
+            assert served == [1, 1, 1]
+
+    asyncio.run(go())
+
+
+def test_a_fresh_connection_that_dies_is_an_error_not_resent() -> None:
+    async def go() -> None:
+        async with server(max_requests=0, idle_s=5, announce=False, close_silently=True) as (
+            port,
+            _,
+        ):
+            transport = LoadgenTransport(max_connections=1)
+            async with httpx.AsyncClient(
+                transport=transport, base_url=f"http://127.0.0.1:{port}"
+            ) as c:
+                with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+                    await c.post("/", content=b"{}")
+            assert transport.resent == 0
+
+    asyncio.run(go())
