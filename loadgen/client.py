@@ -302,6 +302,7 @@ async def send_request(
                 record.sent_ns = tap.sent_ns
             else:
                 tap = None
+            record.resent = bool(response.extensions.get("loadgen.resent"))
             record.status = response.status_code
             content_type = response.headers.get("content-type", "")
             if response.status_code >= 300:

@@ -68,6 +68,9 @@ class RequestRecord:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None
+    # Sent once more on a fresh connection: the server closed the kept-alive one under it
+    # before answering (the client's race, not an engine error; loadgen/transport.py).
+    resent: bool = False
 
     @property
     def ok(self) -> bool:
