@@ -24,11 +24,11 @@ BODY = b'{"ok":true}'
 
 @asynccontextmanager
 async def server(
-    *, max_requests: int | None, idle_s: float | None, announce: bool, close_silently: bool
+    *, max_requests: int | None, idle_s: float | None, announce: bool
 ) -> AsyncIterator[tuple[int, list[int]]]:
     """Serve until the block ends; yields the port and a per-connection request count list.
-    ``close_silently``: after the last allowed request, close *without* a response to the
-    next one (the race) rather than closing right after answering."""
+    After the last request a connection allows, the next one that arrives on it is closed
+    without a response (the race a silent close leaves), as is an idle one."""
     served: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -45,7 +45,7 @@ async def server(
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 await reader.readexactly(length)
-                if max_requests is not None and served[n] >= max_requests and close_silently:
+                if max_requests is not None and served[n] >= max_requests:
                     return  # the request arrived on a connection we meant to close
                 served[n] += 1
                 hdrs = [
@@ -59,8 +59,6 @@ async def server(
                     )
                 writer.write(b"\r\n".join(hdrs) + b"\r\n\r\n" + BODY)
                 await writer.drain()
-                if max_requests is not None and served[n] >= max_requests and not close_silently:
-                    return
         finally:
             writer.close()
 
@@ -73,8 +71,8 @@ async def server(
         await srv.wait_closed()
 
 
-async def _run(port: int, n: int, gap_s: float, expiry: float = 30.0) -> tuple[int, int]:
-    transport = LoadgenTransport(max_connections=1, keepalive_expiry=expiry)
+async def _run(port: int, n: int, gap_s: float) -> tuple[int, int]:
+    transport = LoadgenTransport(max_connections=1, keepalive_expiry=30.0)
     ok = 0
     async with httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{port}") as c:
         for _ in range(n):
@@ -84,65 +82,51 @@ async def _run(port: int, n: int, gap_s: float, expiry: float = 30.0) -> tuple[i
     return ok, transport.resent
 
 
-def test_announced_max_retires_the_connection_before_the_server_drops_it() -> None:
-    async def go() -> None:
-        async with server(max_requests=3, idle_s=5, announce=True, close_silently=True) as (
-            port,
-            served,
-        ):
-            ok, resent = await _run(port, 10, 0.0)
-            assert ok == 10 and resent == 0  # never sent the 4th request to a closing server
-            assert served == [3, 3, 3, 1]
+def _through_one_slot(
+    n: int, gap_s: float, **srv: float | bool | None
+) -> tuple[int, int, list[int]]:
+    """``n`` requests ``gap_s`` apart through one pooled connection slot: how many came back
+    whole, how many were resent, and how many each server connection answered."""
 
-    asyncio.run(go())
+    async def go() -> tuple[int, int, list[int]]:
+        async with server(**srv) as (port, served):  # type: ignore[arg-type]
+            ok, resent = await _run(port, n, gap_s)
+            return ok, resent, served
+
+    return asyncio.run(go())
+
+
+def test_announced_max_retires_the_connection_before_the_server_drops_it() -> None:
+    ok, resent, served = _through_one_slot(10, 0.0, max_requests=3, idle_s=5, announce=True)
+    assert ok == 10 and resent == 0  # never sent the 4th request to a closing server
+    assert served == [3, 3, 3, 1]
 
 
 def test_announced_idle_timeout_retires_idle_connections() -> None:
-    async def go() -> None:
-        async with server(max_requests=None, idle_s=1.2, announce=True, close_silently=True) as (
-            port,
-            served,
-        ):
-            ok, resent = await _run(port, 3, 1.5)  # longer than the 1 s timeout announced
-            assert ok == 3 and resent == 0
-            assert served == [1, 1, 1]
-
-    asyncio.run(go())
+    # 1.5 s apart: longer than the 1 s timeout announced (idle_s 1.2 is announced as 1)
+    ok, resent, served = _through_one_slot(3, 1.5, max_requests=None, idle_s=1.2, announce=True)
+    assert ok == 3 and resent == 0
+    assert served == [1, 1, 1]
 
 
 def test_unannounced_close_is_resent_once_on_a_fresh_connection() -> None:
-    async def go() -> None:
-        async with server(max_requests=2, idle_s=30, announce=False, close_silently=True) as (
-            port,
-            served,
-        ):
-            ok, resent = await _run(port, 6, 0.0)
-            assert ok == 6  # no error reaches the caller: it was the client's race
-            assert resent == 2  # the 3rd and 5th went out on connections closed under them
-            assert sum(served) == 6
-
-    asyncio.run(go())
+    ok, resent, served = _through_one_slot(6, 0.0, max_requests=2, idle_s=30, announce=False)
+    assert ok == 6  # no error reaches the caller: it was the client's race
+    assert resent == 2  # the 3rd and 5th went out on connections closed under them
+    assert sum(served) == 6
 
 
 def test_unannounced_idle_close_is_seen_and_the_connection_not_reused() -> None:
     """uvicorn's habit: a silent close of an idle connection. The pool sees the FIN and
     opens a fresh connection; nothing is lost and nothing needs sending twice."""
-
-    async def go() -> None:
-        async with server(max_requests=None, idle_s=0.3, announce=False, close_silently=True) as (
-            port,
-            served,
-        ):
-            ok, resent = await _run(port, 3, 0.6, expiry=30.0)
-            assert ok == 3 and resent == 0
-            assert served == [1, 1, 1]
-
-    asyncio.run(go())
+    ok, resent, served = _through_one_slot(3, 0.6, max_requests=None, idle_s=0.3, announce=False)
+    assert ok == 3 and resent == 0
+    assert served == [1, 1, 1]
 
 
 def test_a_fresh_connection_that_dies_is_an_error_not_resent() -> None:
     async def go() -> None:
-        async with server(max_requests=0, idle_s=5, announce=False, close_silently=True) as (
+        async with server(max_requests=0, idle_s=5, announce=False) as (
             port,
             _,
         ):
