@@ -497,15 +497,14 @@ class _Connection(asyncio.BufferedProtocol):
         that repeat their limit (cpp-httplib, in llama.cpp) then give the same bound."""
         for param in value.split(b","):
             key, _, num = param.strip().partition(b"=")
-            key = key.strip().lower()
-            try:
-                n = float(num.strip())
-            except ValueError:
-                continue  # a parameter we cannot read bounds nothing
-            if key == b"timeout" and n >= 0:
+            key, num = key.strip().lower(), num.strip()
+            if not num.isdigit() or len(num) > 9:
+                continue  # not a count of seconds or requests ("inf", "-1", "5.5"): no bound
+            n = int(num)
+            if key == b"timeout":
                 self.idle_timeout = n if self.idle_timeout is None else min(self.idle_timeout, n)
-            elif key == b"max" and n >= 0:
-                bound = self.served + int(n)
+            elif key == b"max":
+                bound = self.served + n
                 self.max_requests = (
                     bound if self.max_requests is None else min(self.max_requests, bound)
                 )

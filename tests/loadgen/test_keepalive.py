@@ -139,3 +139,23 @@ def test_a_fresh_connection_that_dies_is_an_error_not_resent() -> None:
             assert transport.resent == 0
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("header", "timeout", "max_requests"),
+    [
+        (b"timeout=5, max=100", 5, 100),
+        (b"Timeout = 2 ,MAX=3", 2, 3),
+        (b"max=inf, timeout=nan", None, None),  # a hostile engine's values bound nothing
+        (b"timeout=-1, max=99999999999999999999", None, None),
+        (b"timeout, max=, =7", None, None),
+    ],
+)
+def test_keep_alive_header_is_read_or_ignored(
+    header: bytes, timeout: int | None, max_requests: int | None
+) -> None:
+    from loadgen.transport import _Connection, _Pool
+
+    conn = _Connection(_Pool(1, 30.0), ("127.0.0.1", 1))
+    conn._keep_alive(header)
+    assert conn.idle_timeout == timeout and conn.max_requests == max_requests
