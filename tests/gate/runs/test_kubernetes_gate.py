@@ -287,7 +287,16 @@ def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
     assert (out.verdict, out.exit_code, doc["state"]) == ("continue", 0, "complete"), doc["reasons"]
     ids = {ch["id"] for ch in doc["checks"]}
     assert {"steady.ttft.p50", "steady.itl.p50", "steady.errors", "startup.ready"} <= ids
-    assert all(ch["decision"] == "pass" for ch in doc["checks"])
+    # Nothing holds: every check passed, or is an optional latency check left undecided that
+    # says what it could have detected. The tail's threshold (1.07x) is below what 392 paired
+    # requests of two sims on a busy two-core machine can always pin (about 1.10x), and the
+    # Kubernetes path, not the judge's resolution, is what this test is about.
+    for ch in doc["checks"]:
+        assert ch["decision"] == "pass" or (
+            ch["decision"] == "inconclusive"
+            and not ch["required"]
+            and "could detect" in ch["message"]
+        ), ch
     steady = doc["scenarios"][0]
     # The load really flowed to both engines (the sims behind the pods).
     for role in ("reference", "candidate"):
