@@ -6,6 +6,7 @@ the field (``scenarios[0].rate``) and what is wrong with it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -567,6 +568,13 @@ class GateSpec(_Strict):
         default=None, description="inventory YAML; default: settings, then the local example"
     )
     policy: Policy = Field(default_factory=Policy)
+    correctness: Literal["auto", "off"] = Field(
+        default="auto",
+        description="'auto': when no scenario is a correctness suite, the gate runs a short "
+        "one (the suite's defaults: 8 greedy probes, seconds) after the listed scenarios, so "
+        "numerical divergence is judged in every gate; 'off': none is added (the verdict says "
+        "so in a note; the load scenarios' outputs are still compared for gross divergence).",
+    )
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     deadline_s: float | None = Field(
         default=None,
@@ -579,6 +587,27 @@ class GateSpec(_Strict):
 
     def engine(self, role: Role) -> EngineSpec:
         return self.reference if role == "reference" else self.candidate
+
+    @property
+    def added_correctness(self) -> ScenarioSpec | None:
+        """The correctness stage the gate adds (`correctness: auto` and no correctness
+        scenario listed), named `correctness` unless a listed scenario has that name."""
+        if self.correctness == "off" or any(s.suite == "correctness" for s in self.scenarios):
+            return None
+        taken = {s.name for s in self.scenarios}
+        name = "correctness"
+        for i in itertools.count(2):
+            if name not in taken:
+                break
+            name = f"correctness-{i}"
+        return ScenarioSpec(name=name, suite="correctness")
+
+    @property
+    def stages(self) -> list[ScenarioSpec]:
+        """Every scenario the gate runs, in order: the listed ones, then an added
+        correctness stage (`added_correctness`)."""
+        added = self.added_correctness
+        return [*self.scenarios, added] if added is not None else list(self.scenarios)
 
     @model_validator(mode="after")
     def _unique_scenarios(self) -> GateSpec:

@@ -67,6 +67,7 @@ __all__ = [
     "TeacherStats",
     "Token",
     "divergence_checks",
+    "envelope_early_share",
     "greedy_stats",
     "teacher_stats",
 ]
@@ -643,3 +644,19 @@ def divergence_checks(data: DivergenceSamples, policy: Policy, notes: list[str])
             )
         )
     return checks
+
+
+def envelope_early_share(data: DivergenceSamples | None, policy: Policy) -> float | None:
+    """The share of the reference's free-run pairs against itself (alone vs under load) that
+    part before `early_tokens`: the reference's own behaviour the mirrored load outputs are
+    held to (outputs.py). None without an envelope."""
+    if data is None or not data.envelope_greedy:
+        return None
+    dp = policy.divergence
+    early = 0
+    for pair in data.envelope_greedy:
+        st = greedy_stats(pair, dp.top_k, dp.runaway_factor)
+        length = min(len(pair.a.token_ids), len(pair.b.token_ids)) or st.length
+        cut = min(dp.early_tokens, max(length, 1))
+        early += st.first_divergence is not None and st.first_divergence < cut
+    return early / len(data.envelope_greedy)

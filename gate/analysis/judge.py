@@ -38,11 +38,12 @@ from collections.abc import Sequence
 
 from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, compatibility_checks
-from gate.analysis.divergence import DivergenceSamples, divergence_checks
+from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
 from gate.analysis.engines import crash_checks, startup_checks
 from gate.analysis.errors import error_checks, outputs_checks
 from gate.analysis.latency import latency_checks, planned_latency_checks
 from gate.analysis.load import OverloadPhase, PeakPhase, load_checks
+from gate.analysis.outputs import MirroredOutputs, mirrored_output_checks
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check, EngineFacts, ScenarioSamples, Verdict
@@ -83,12 +84,13 @@ def judge(
     overloads: Sequence[OverloadPhase] = (),
     probes: Sequence[ProbePair] = (),
     divergence: DivergenceSamples | None = None,
+    outputs: Sequence[MirroredOutputs] = (),
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
     plan: the plan the gate looked by (must carry this policy); peaks, overloads: load phases
     (load.py); probes: API probes (compat.py); divergence: numerical divergence samples
-    (divergence.py).
+    (divergence.py); outputs: the load scenarios' mirrored outputs compared (outputs.py).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -119,6 +121,7 @@ def judge(
     checks.extend(compatibility_checks(probes, notes))
     if divergence is not None:
         checks.extend(divergence_checks(divergence, policy, notes))
+    checks.extend(mirrored_output_checks(outputs, policy, envelope_early_share(divergence, policy)))
     reasons = sorted(
         (c for c in checks if c.holds),
         key=lambda c: (c.decision != "fail", _REASON_ORDER[c.group]),

@@ -281,6 +281,48 @@ class DivergencePolicy(BaseModel):
             "bit-identical runs (zero noise) does not make any rounding difference a failure."
         ),
     )
+    early_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description=(
+            "Mirrored load outputs (outputs.py): a greedy pair that parts before this token "
+            "counts as early. Benign numerics part late, at near-ties (1,000 greedy runs of one "
+            "prompt on one engine agreed on their first 102 tokens, He et al. 2025); a bug "
+            "that gives wrong tokens from position 0-10 parts early in most prompts."
+        ),
+    )
+    gross_share: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Mirrored load outputs: the share of early-parting pairs held as gross divergence, "
+            "unless the reference parts that early from itself more often (its correctness "
+            "envelope, x 1 + envelope_tolerance). Half the prompts: ten times what a noisier "
+            "but correct kernel does in 16 tokens on the sim, and less than half of what a "
+            "0.3-nat or wrong-token bug does."
+        ),
+    )
+    gross_alpha: float = Field(
+        default=0.001,
+        gt=0.0,
+        lt=0.5,
+        description=(
+            "Mirrored load outputs: the one-sided exact binomial test of the early share "
+            "against gross_share holds at this p; a hard rule with its own error rate, so it "
+            "holds a grossly divergent candidate even when alpha_split gives correctness "
+            "nothing or the correctness stage is off."
+        ),
+    )
+    gross_min_pairs: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "Mirrored load outputs: fewer compared pairs leave the check inconclusive (20 "
+            "pairs that all part early reach p ~ 1e-6 at gross_share 0.5)."
+        ),
+    )
     runaway_factor: float = Field(
         default=1.5,
         gt=1.0,

@@ -13,12 +13,13 @@ from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.judge import judge
 from gate.analysis.load import OverloadPhase, PeakPhase
+from gate.analysis.outputs import MirroredOutputs
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
 from gate.analysis.samples import Columns, select_requests
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.vocabulary import ROLES, Role
-from gate.runs.judging import load_phases
+from gate.runs.judging import load_phases, outputs_from_doc
 from gate.spec import ScenarioSpec
 from gate.verdict.document import CrashDoc, EngineDoc, ProbeDoc, ScenarioDoc
 
@@ -32,6 +33,7 @@ class RanScenario:
     columns: Mapping[str, Columns]
     upto: int | None = None
     marks: Sequence[tuple[str, float]] = ()
+    outputs: MirroredOutputs | None = None
 
     @classmethod
     def stored(cls, columns: Mapping[str, Columns], doc: ScenarioDoc | None) -> RanScenario:
@@ -39,7 +41,12 @@ class RanScenario:
         upto = doc.early_stop.upto if doc is not None and doc.early_stop is not None else None
         marks = [(p.name, p.start_s) for p in doc.phases] if doc is not None else []
         name = doc.name if doc is not None else ""
-        return cls(name, columns, upto, marks)
+        outputs = (
+            outputs_from_doc(name, doc.outputs)
+            if doc is not None and doc.outputs is not None
+            else None
+        )
+        return cls(name, columns, upto, marks, outputs)
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class JudgeInputs:
     overloads: list[OverloadPhase]
     facts: list[EngineFacts]
     probes: list[ProbePair]
+    outputs: list[MirroredOutputs]
 
 
 def phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
@@ -115,7 +123,8 @@ def judge_inputs(
     samples: list[ScenarioSamples] = []
     peaks: list[PeakPhase] = []
     overloads: list[OverloadPhase] = []
-    for r in ran:
+    ran_list = list(ran)
+    for r in ran_list:
         sc = scenarios.get(r.name)
         if sc is None or set(r.columns) != set(ROLES):
             continue
@@ -125,7 +134,10 @@ def judge_inputs(
         p, o = load_phases(r.name, sc.suite, sc.settings, ref, cand, list(r.marks))
         peaks.extend(p)
         overloads.extend(o)
-    return JudgeInputs(samples, peaks, overloads, engine_facts(engines), probe_pairs(probes))
+    outputs = [r.outputs for r in ran_list if r.outputs is not None and r.name in scenarios]
+    return JudgeInputs(
+        samples, peaks, overloads, engine_facts(engines), probe_pairs(probes), outputs
+    )
 
 
 def judge_gate(
@@ -144,4 +156,5 @@ def judge_gate(
         overloads=inputs.overloads,
         probes=inputs.probes,
         divergence=divergence,
+        outputs=inputs.outputs,
     )

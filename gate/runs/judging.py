@@ -34,6 +34,7 @@ from gate.analysis.divergence import (
     greedy_stats,
 )
 from gate.analysis.load import OverloadPhase, PeakPhase, RequestLog, Slo
+from gate.analysis.outputs import MirroredOutputs, Output, OutputExample, compare_outputs
 from gate.analysis.policy import Policy
 from gate.analysis.samples import (
     ERROR_KINDS,
@@ -51,6 +52,8 @@ from gate.verdict.document import (
     DivergenceExample,
     EarlyStopDoc,
     EngineFailure,
+    OutputExampleDoc,
+    OutputsDoc,
 )
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
@@ -504,4 +507,57 @@ def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> Correctness
         envelope_exact_matches=sum(p.a.token_ids == p.b.token_ids for p in data.envelope_greedy),
         teacher_forced=len(data.teacher),
         failures=[EngineFailure(engine=role, message=m[:300]) for role, m in data.failures[:20]],
+    )
+
+
+# --------------------------------------------------------------------------- mirrored outputs
+
+
+def _output(rec: RequestRecord) -> Output:
+    return Output(text=rec.text, tokens=rec.output_tokens, token_ids=rec.token_ids)
+
+
+def mirrored_outputs(
+    name: str, records: Mapping[str, Sequence[RequestRecord]], early_tokens: int
+) -> MirroredOutputs:
+    """The scenario's mirrored outputs compared, every request both engines answered."""
+    ref, cand = (
+        {r.request_id: _output(r) for r in records.get(role, ()) if r.ok} for role in ROLES
+    )
+    return compare_outputs(name, ref, cand, early_tokens)
+
+
+def outputs_doc(o: MirroredOutputs) -> OutputsDoc:
+    return OutputsDoc(
+        compared=o.compared,
+        exact=o.exact,
+        early=o.early,
+        early_tokens=o.early_tokens,
+        basis=o.basis,
+        histogram=list(o.histogram),
+        examples=[
+            OutputExampleDoc(
+                request_id=e.request_id,
+                position=e.position,
+                reference=e.reference,
+                candidate=e.candidate,
+            )
+            for e in o.examples
+        ],
+    )
+
+
+def outputs_from_doc(name: str, doc: OutputsDoc) -> MirroredOutputs:
+    """A stored comparison, for re-judge."""
+    return MirroredOutputs(
+        scenario=name,
+        compared=doc.compared,
+        exact=doc.exact,
+        early=doc.early,
+        early_tokens=doc.early_tokens,
+        basis=doc.basis,
+        histogram=tuple(doc.histogram),
+        examples=tuple(
+            OutputExample(e.request_id, e.position, e.reference, e.candidate) for e in doc.examples
+        ),
     )

@@ -214,7 +214,20 @@ class GateRunner:
     async def _scenarios(
         self, ctx: RunContext, seen: Observed, engines: Engines, gplan: GatePlan
     ) -> None:
-        for sc in self.spec.scenarios:
+        added = self.spec.added_correctness
+        if added is not None:
+            ctx.notes.append(
+                f"The spec lists no correctness scenario, so the gate added a short one "
+                f"({added.name!r}: the correctness suite's defaults) after the others; "
+                "`correctness: off` in the spec leaves it out."
+            )
+        elif not any(sc.suite == "correctness" for sc in self.spec.scenarios):
+            ctx.notes.append(
+                "No correctness stage ran (`correctness: off` in the spec): numerical "
+                "divergence was judged only from the load scenarios' outputs, for gross "
+                "divergence."
+            )
+        for sc in self.spec.stages:
             self.stage = f"scenario {sc.name}"
             if sc.suite == "compatibility":
                 seen.probes += await bounded(ctx, sc, compatibility(ctx, engines, sc))
@@ -236,12 +249,12 @@ class GateRunner:
         assert seen.engines is not None
         ran = [
             inputs.RanScenario(
-                r.name, r.columns, r.early_stop.upto if r.early_stop else None, r.phases
+                r.name, r.columns, r.early_stop.upto if r.early_stop else None, r.phases, r.outputs
             )
             for r in seen.scenarios
         ]
         found = inputs.judge_inputs(
-            {sc.name: sc for sc in self.spec.scenarios},
+            {sc.name: sc for sc in self.spec.stages},
             ran,
             seen.engines.timings(),
             seen.probes,

@@ -11,6 +11,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gate.analysis.outputs import MirroredOutputs
 from gate.analysis.samples import Columns, columns_from_records
 from gate.analysis.sequential import SequentialJudge
 from gate.core.errors import DeadlinePassed
@@ -18,7 +19,7 @@ from gate.core.limits import Limits, scenario_deadline_s
 from gate.core.vocabulary import ROLES
 from gate.runs.context import RunContext
 from gate.runs.engines import Engines
-from gate.runs.judging import EarlyStop, LiveLooks
+from gate.runs.judging import EarlyStop, LiveLooks, mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
 from gate.spec import ScenarioSpec
 from gate.verdict.document import PhaseMark, ScenarioDoc
@@ -41,6 +42,7 @@ class ScenarioResult:
     early_stop: EarlyStop | None = None  # judged on the prefix its last look saw
     looks: int = 0
     overran: str | None = None  # why it was stopped at its deadline, when it was
+    outputs: MirroredOutputs | None = None  # compared at temperature 0 (analysis/outputs.py)
 
     def describe(self) -> ScenarioDoc:
         early = self.early_stop
@@ -54,6 +56,7 @@ class ScenarioResult:
             planned_requests=self.planned,
             looks=self.looks,
             early_stop=early.describe() if early else None,
+            outputs=outputs_doc(self.outputs) if self.outputs is not None else None,
         )
 
 
@@ -252,6 +255,14 @@ class LoadScenario:
             else []
         )
         plan = self.gplan.plan
+        greedy = bool(sched.requests) and sched.requests[0].extra.get("temperature") == 0
+        outputs = (
+            mirrored_outputs(
+                self.sc.name, result.records, self.ctx.spec.policy.divergence.early_tokens
+            )
+            if greedy
+            else None
+        )
         return ScenarioResult(
             self.sc.name,
             columns,
@@ -263,4 +274,5 @@ class LoadScenario:
             early_stop=looks.stopped if looks is not None else None,
             looks=looks.looks if looks is not None else 0,
             overran=overran,
+            outputs=outputs,
         )

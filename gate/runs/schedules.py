@@ -97,7 +97,7 @@ class Chained(_IndexedRequests):
 
 
 def scenario_seed(spec: GateSpec, sc: ScenarioSpec) -> int:
-    return spec.seed * 7_777 + spec.scenarios.index(sc)
+    return spec.seed * 7_777 + spec.stages.index(sc)
 
 
 @dataclass(frozen=True)

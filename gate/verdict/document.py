@@ -168,6 +168,30 @@ class EarlyStopDoc(_Doc):
     message: str
 
 
+class OutputExampleDoc(_Doc):
+    """A mirrored pair that parted: both outputs from a little before the first difference."""
+
+    request_id: int
+    position: int = Field(description="the token where they part (estimated on text)")
+    reference: str
+    candidate: str
+
+
+class OutputsDoc(_Doc):
+    """A load scenario's mirrored greedy outputs compared (gate/analysis/outputs.py)."""
+
+    compared: int = Field(description="pairs both engines answered with output")
+    exact: int = Field(description="pairs with identical outputs")
+    early: int = Field(description="pairs that parted before `early_tokens`")
+    early_tokens: int
+    basis: Literal["token_ids", "text"]
+    histogram: list[int] = Field(
+        default_factory=list,
+        description="pairs by first-divergence token, 0..63 (the last bin: 63 and later)",
+    )
+    examples: list[OutputExampleDoc] = Field(default_factory=list)
+
+
 class ScenarioDoc(_Doc):
     """A load scenario: what each engine served (loadgen.metrics.summarize) and how it ended."""
 
@@ -180,6 +204,9 @@ class ScenarioDoc(_Doc):
     planned_requests: int | None = None
     looks: int = 0
     early_stop: EarlyStopDoc | None = None
+    outputs: OutputsDoc | None = Field(
+        default=None, description="the mirrored outputs compared (temperature 0 only)"
+    )
 
 
 class ProbeSide(_Doc):

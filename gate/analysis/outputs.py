@@ -1,0 +1,249 @@
+"""The mirrored outputs of a load scenario at temperature 0: does the candidate say what the
+reference says, to the same prompt at the same instant?
+
+Every load scenario is a divergence test the gate gets for free: the same greedy request went to
+both engines, so their outputs can be compared pair by pair (token ids where both engines sent
+them, else text), with no probe of our own and on whatever engine it is. What the comparison can
+say is limited, and the check says no more:
+    benign numerics make greedy outputs part at near-ties, and late: kernels that are not
+        batch-invariant move logits by ~1e-3 to 1e-2 nat, which flips a token only where the top
+        two are that close (He and Thinking Machines Lab, "Defeating Nondeterminism in LLM
+        Inference", 2025: 1,000 greedy completions of one prompt on one engine gave 80 distinct
+        texts, all identical for the first 102 tokens);
+    a numerical bug (a broken kernel, a wrong quantization, a flipped layer) changes the tokens
+        from the first few positions on, in most prompts.
+So the check counts the pairs that part within the first `early_tokens` tokens (of the shorter
+output, when shorter) and holds only when that share is gross: above `gross_share` (or the
+reference's own early share against itself, from the correctness stage, scaled like every
+envelope by 1 + envelope_tolerance, when that is larger), by a one-sided exact binomial test at
+`gross_alpha`. A hard rule with its own small error rate, so it holds a grossly divergent
+candidate even where the correctness stage is switched off. The finer judgement (margins,
+teacher-forced logprobs against the envelope) is the correctness stage's (divergence.py).
+
+A text comparison places the first differing character at a token position by the reference's
+characters per token (the position is an estimate then, and the check says which basis it used).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scipy.stats import binom
+
+from gate.analysis.checks import statistic_check
+from gate.analysis.policy import Policy
+from gate.analysis.types import Check, Decision
+
+__all__ = [
+    "HISTOGRAM_BINS",
+    "MirroredOutputs",
+    "Output",
+    "OutputExample",
+    "compare_outputs",
+    "first_divergence",
+    "mirrored_output_checks",
+]
+
+HISTOGRAM_BINS = 64
+"""First-divergence positions 0..63 counted one by one; the last bin counts 64 and beyond."""
+_EXAMPLES = 3
+_EXAMPLE_CHARS = 240
+
+Basis = Literal["token_ids", "text"]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One engine's answer to one request: its token ids when it sent them, its text, and the
+    number of output tokens counted."""
+
+    text: str
+    tokens: int
+    token_ids: Sequence[int] | None = None
+
+
+@dataclass(frozen=True)
+class OutputExample:
+    """A pair that parted: the request, where, and both outputs from a little before it."""
+
+    request_id: int
+    position: int
+    reference: str
+    candidate: str
+
+
+@dataclass(frozen=True)
+class MirroredOutputs:
+    """One scenario's comparison: `compared` pairs both engines answered with output, `exact`
+    of them identical, `early` parted before `early_tokens`; `histogram[i]` counts the pairs
+    whose first divergence is at token i (the last bin: at HISTOGRAM_BINS - 1 or later)."""
+
+    scenario: str
+    compared: int
+    exact: int
+    early: int
+    early_tokens: int
+    basis: Basis
+    histogram: Sequence[int] = field(default_factory=tuple)
+    examples: Sequence[OutputExample] = field(default_factory=tuple)
+
+    @property
+    def diverged(self) -> int:
+        return self.compared - self.exact
+
+    @property
+    def match_rate(self) -> float:
+        return self.exact / self.compared if self.compared else math.nan
+
+    def median_position(self) -> float | None:
+        """The median first-divergence position of the pairs that parted (None: none did)."""
+        n = sum(self.histogram)
+        if n == 0:
+            return None
+        seen = 0
+        for i, count in enumerate(self.histogram):
+            seen += count
+            if 2 * seen >= n:
+                return float(i)
+        return float(len(self.histogram) - 1)
+
+
+def first_divergence(a: Output, b: Output) -> tuple[int | None, Basis]:
+    """The token position where `b` first differs from the reference `a` (None: identical),
+    and the basis it was found on: token ids where both have them, else text."""
+    if a.token_ids is not None and b.token_ids is not None:
+        ia, ib = a.token_ids, b.token_ids
+        common = min(len(ia), len(ib))
+        for j in range(common):
+            if ia[j] != ib[j]:
+                return j, "token_ids"
+        return (None if len(ia) == len(ib) else common), "token_ids"
+    ta, tb = a.text, b.text
+    if ta == tb:
+        return None, "text"
+    common = min(len(ta), len(tb))
+    c = next((j for j in range(common) if ta[j] != tb[j]), common)
+    per_char = a.tokens / len(ta) if ta else 0.0
+    position = int(c * per_char)
+    return (min(position, max(a.tokens - 1, 0)) if a.tokens else 0), "text"
+
+
+def _example(rid: int, position: int, a: Output, b: Output) -> OutputExample:
+    # The text from a little before the first differing character, so both sides show it.
+    ta, tb = a.text, b.text
+    c = next((j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j]), min(len(ta), len(tb)))
+    start = max(0, c - 40)
+    return OutputExample(
+        request_id=rid,
+        position=position,
+        reference=ta[start : start + _EXAMPLE_CHARS],
+        candidate=tb[start : start + _EXAMPLE_CHARS],
+    )
+
+
+def compare_outputs(
+    scenario: str,
+    reference: Mapping[int, Output],
+    candidate: Mapping[int, Output],
+    early_tokens: int,
+) -> MirroredOutputs:
+    """Every request both engines answered with output, compared (module docstring). The
+    basis is token ids only when every compared pair had them on both sides."""
+    hist = [0] * HISTOGRAM_BINS
+    compared = exact = early = 0
+    bases: set[Basis] = set()
+    examples: list[OutputExample] = []
+    for rid in sorted(reference.keys() & candidate.keys()):
+        a, b = reference[rid], candidate[rid]
+        if not (a.text or a.token_ids) or not (b.text or b.token_ids):
+            continue  # an empty output is the errors' and outputs' checks' business
+        compared += 1
+        at, basis = first_divergence(a, b)
+        bases.add(basis)
+        if at is None:
+            exact += 1
+            continue
+        hist[min(at, HISTOGRAM_BINS - 1)] += 1
+        length = min(a.tokens, b.tokens) or max(a.tokens, b.tokens)
+        if at < min(early_tokens, max(length, 1)):
+            early += 1
+        if len(examples) < _EXAMPLES:
+            examples.append(_example(rid, at, a, b))
+    return MirroredOutputs(
+        scenario=scenario,
+        compared=compared,
+        exact=exact,
+        early=early,
+        early_tokens=early_tokens,
+        basis="text" if "text" in bases or not bases else "token_ids",
+        histogram=tuple(hist),
+        examples=tuple(examples),
+    )
+
+
+def gross_threshold(policy: Policy, envelope_share: float | None) -> float:
+    """The early share the check tolerates: the policy's floor, or the reference's own early
+    share against itself scaled by 1 + envelope_tolerance when that is larger (capped at 0.95,
+    so a check remains)."""
+    dp = policy.divergence
+    own = 0.0 if envelope_share is None else envelope_share * (1.0 + dp.envelope_tolerance)
+    return min(0.95, max(dp.gross_share, own))
+
+
+def mirrored_output_checks(
+    outputs: Sequence[MirroredOutputs], policy: Policy, envelope_share: float | None = None
+) -> list[Check]:
+    """One check per scenario compared (module docstring); `envelope_share`: the share of the
+    correctness stage's envelope pairs (the reference against itself) that part early."""
+    dp = policy.divergence
+    p0 = gross_threshold(policy, envelope_share)
+    checks: list[Check] = []
+    for o in outputs:
+        basis = "token ids" if o.basis == "token_ids" else "text (positions estimated)"
+        median = o.median_position()
+        where = f", the median first divergence at token {median:.0f}" if median is not None else ""
+        told = (
+            f"{o.exact} of {o.compared} mirrored greedy outputs in {o.scenario} match exactly"
+            f"{where}; {o.early} parted before token {o.early_tokens} (compared by {basis})"
+        )
+        decision: Decision
+        if o.compared < dp.gross_min_pairs:
+            decision = "inconclusive"
+            message = (
+                f"{told}: fewer than {dp.gross_min_pairs} pairs, too few to judge gross divergence."
+            )
+            p = None
+        else:
+            p = float(binom.sf(o.early - 1, o.compared, p0)) if o.early else 1.0
+            failed = p <= dp.gross_alpha
+            decision = "fail" if failed else "pass"
+            share = o.early / o.compared
+            message = (
+                f"{told}: an early share of {share:.0%} against at most {p0:.0%} that benign "
+                f"numerics explain; p={p:.2g} (alpha {dp.gross_alpha:g}): "
+                + (
+                    "the candidate's outputs differ from the first tokens on, which no "
+                    "nondeterminism explains."
+                    if failed
+                    else "no gross divergence."
+                )
+            )
+        checks.append(
+            statistic_check(
+                f"{o.scenario}.outputs.divergence",
+                "correctness",
+                "divergence",
+                decision,
+                message,
+                scenario=o.scenario,
+                reference=envelope_share,
+                candidate=o.early / o.compared if o.compared else None,
+                threshold=p0,
+                samples=(o.compared, o.compared),
+                alpha=dp.gross_alpha if p is not None else None,
+            )
+        )
+    return checks
