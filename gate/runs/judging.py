@@ -544,6 +544,7 @@ def outputs_doc(o: MirroredOutputs) -> OutputsDoc:
             )
             for e in o.examples
         ],
+        blocks=[(n, e) for n, e in o.blocks],
     )
 
 

@@ -190,6 +190,10 @@ class OutputsDoc(_Doc):
         description="pairs by first-divergence token, 0..63 (the last bin: 63 and later)",
     )
     examples: list[OutputExampleDoc] = Field(default_factory=list)
+    blocks: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="(pairs, early) per block of consecutive requests, what the check tests",
+    )
 
 
 class ScenarioDoc(_Doc):
