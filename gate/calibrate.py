@@ -26,6 +26,7 @@ from gate.analysis.calibration import (
     calibrate,
     calibrate_grid,
 )
+from gate.analysis.calibration_numerics import NUMERICS_CASES, NumericsResult, calibrate_numerics
 from gate.analysis.policy import Policy
 from gate.calibrate_engines import (
     ENGINE_CASES,
@@ -99,6 +100,7 @@ def run_calibration(
     case_names: Sequence[str] | None = None,
     engine_runs: int = 0,
     engine_rate: float = RATE,
+    numerics_runs: int = 0,
 ) -> int:
     """Simulate `runs` gates per case at the default policy (every case, or those named),
     and `engine_runs` whole gates per engine case against real sim engines (--engines); print
@@ -106,6 +108,9 @@ def run_calibration(
     runs = DEFAULT_RUNS if runs is None else runs
     if runs < 1:
         print("gate: --runs must be at least 1", file=sys.stderr)
+        return 2
+    if numerics_runs < 0:
+        print("gate: --numerics-runs must be 0 or more", file=sys.stderr)
         return 2
     if engine_runs < 0:
         print("gate: --engine-runs must be at least 1", file=sys.stderr)
@@ -118,8 +123,13 @@ def run_calibration(
         return 2
     cases = list(CASES)
     engine_cases = list(ENGINE_CASES)
+    numerics_cases = list(NUMERICS_CASES)
     if case_names:
-        names = {c.name for c in CASES} | {c.name for c in ENGINE_CASES}
+        names = (
+            {c.name for c in CASES}
+            | {c.name for c in ENGINE_CASES}
+            | {c.name for c in NUMERICS_CASES}
+        )
         unknown = [n for n in case_names if n not in names]
         if unknown:
             known = ", ".join(repr(n) for n in sorted(names))
@@ -128,6 +138,7 @@ def run_calibration(
         wanted = dict.fromkeys(case_names)
         cases = [c for c in CASES if c.name in wanted]
         engine_cases = [c for c in ENGINE_CASES if c.name in wanted]
+        numerics_cases = [c for c in NUMERICS_CASES if c.name in wanted]
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
     err = Console(stderr=True, highlight=False)
@@ -138,6 +149,16 @@ def run_calibration(
             bar.update(task, advance=1, description=case)
 
         result = calibrate(policy, runs, seed=seed, config=config, cases=cases, progress=step)
+        numerics: list[NumericsResult] = []
+        if numerics_runs and numerics_cases:
+            n_task = bar.add_task("numerics", total=numerics_runs * len(numerics_cases))
+            numerics = calibrate_numerics(
+                policy,
+                numerics_runs,
+                seed=seed,
+                cases=numerics_cases,
+                progress=lambda name: bar.update(n_task, advance=1, description=name),
+            )
     engines = []
     if engine_runs:
         engines = calibrate_engines(
@@ -149,6 +170,12 @@ def run_calibration(
         )
     if as_json:
         doc = result.to_dict()
+        if numerics:
+            doc["numerics"] = {
+                "runs": numerics_runs,
+                "reference": "deterministic (an envelope of zero)",
+                "cases": [c.to_dict() for c in numerics],
+            }
         if engine_runs:
             doc["engines"] = {
                 "runs": engine_runs,
@@ -169,11 +196,36 @@ def run_calibration(
                 f"failed check, {_fmt_rate(aa.inconclusive_rate)} inconclusive at the limit); "
                 f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
             )
+        if numerics:
+            Console(highlight=False, width=width).print(_numerics_table(numerics, numerics_runs))
         if engines:
             Console(highlight=False, width=width).print(
                 _engine_table(engines, engine_runs, engine_rate)
             )
     return 0
+
+
+def _numerics_table(results: Sequence[NumericsResult], runs: int) -> Table:
+    table = Table(
+        title=(
+            f"numerics: {runs} simulated gates per case against a deterministic reference "
+            "(default correctness stage + 500 mirrored load pairs)"
+        )
+    )
+    table.add_column("case")
+    table.add_column("expect")
+    table.add_column("hold", justify="right")
+    table.add_column("correctness off", justify="right")
+    table.add_column("target", justify="right")
+    for r in results:
+        table.add_row(
+            r.name,
+            r.expect,
+            _fmt_rate(r.hold_rate),
+            _fmt_rate(r.outputs_hold_rate),
+            ">= 99% " + ("met" if r.meets_target else "MISSED"),
+        )
+    return table
 
 
 def _engine_table(engines: Sequence[EngineCaseResult], runs: int, rate: float = RATE) -> Table:

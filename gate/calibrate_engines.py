@@ -2,13 +2,13 @@
 
 The simulation (analysis/calibration.py) draws latencies from a model; these gates are the real
 thing end to end: the gate launches two sim engine processes, mirrors Poisson load to them over
-HTTP, looks and stops early as it would in production, runs the correctness suite for the
-numerical cases, and judges. Each case differs from the reference only by the candidate's sim
-flags, and every gate uses new engine seeds. The Kayenta-style baseline (analysis/baseline.py)
-is judged on the same gate's stored samples (TTFT, mean ITL per request and the error rate per
-block of 100 requests, every `BASELINE_EVERY` requests per arm on everything so far), so both
-judges see exactly the same data; the baseline has no divergence metric here (the correctness
-suite's probes are not stored), which the output says.
+HTTP, looks and stops early as it would in production, runs the correctness suite (the default
+stage, or the numerical cases' own), and judges. Each case differs from the reference only by
+the candidate's sim flags, and every gate uses new engine seeds. The Kayenta-style baseline
+(analysis/baseline.py) is judged on the same gate's stored samples (TTFT, mean ITL per request
+and the error rate per block of 100 requests, every `BASELINE_EVERY` requests per arm on
+everything so far), so both judges see exactly the same data; the baseline has no divergence
+metric here (the correctness suite's probes are not stored), which the output says.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from sqlalchemy import select
@@ -52,6 +52,9 @@ class EngineCase:
     candidate: tuple[str, ...] = ()
     reference: tuple[str, ...] = ()
     correctness: bool = False
+    # The spec's `correctness`: "auto" gives every other case the default correctness stage,
+    # as a user's gate has; "off" leaves only the load scenario's mirrored outputs to judge.
+    stage: Literal["auto", "off"] = "auto"
 
 
 ENGINE_CASES: tuple[EngineCase, ...] = (
@@ -62,6 +65,13 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
     EngineCase("benign logit noise", ("--logit-noise", "0.03"), correctness=True),
     EngineCase("numerical bug", ("--numeric-bug", "0.05"), correctness=True),
     EngineCase("candidate crash", ("--crash-after-s", "6")),
+    # Issue 18's numerics against a deterministic reference (the sim is bit-identical against
+    # itself), each through the default correctness stage.
+    EngineCase("fp16-class noise 0.002", ("--logit-noise", "0.002")),
+    EngineCase("fp16-class noise 0.01", ("--logit-noise", "0.01")),
+    EngineCase("noise 0.3 nat", ("--logit-noise", "0.3")),
+    EngineCase("wrong tokens (30% of positions)", ("--numeric-bug", "0.3")),
+    EngineCase("load only: wrong tokens", ("--numeric-bug", "0.3"), stage="off"),
 )
 
 
@@ -127,6 +137,7 @@ def spec_for(case: EngineCase, k: int, seed: int, rate: float = RATE) -> dict[st
         },
         "shape": {"sku": "H200", "gpus_per_engine": 1},
         "scenarios": scenarios,
+        "correctness": case.stage,
     }
 
 

@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also run whole gates against real sim engine processes (--engine-runs per case)",
     )
     cal.add_argument(
+        "--numerics-runs",
+        type=int,
+        default=200,
+        help="simulated gates per numerics case: benign noise and bugs against a deterministic "
+        "reference (default 200, ~0.05 s each; 0 skips them)",
+    )
+    cal.add_argument(
         "--engine-runs",
         type=int,
         default=3,
@@ -157,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.cases,
             args.engine_runs if args.engines else 0,
             args.engine_rate,
+            args.numerics_runs,
         )
     settings = Settings()
     if args.command == "serve":

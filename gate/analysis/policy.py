@@ -274,11 +274,42 @@ class DivergencePolicy(BaseModel):
         ),
     )
     floor_nat: float = Field(
-        default=0.02,
+        default=0.05,
         ge=0.0,
         description=(
-            "Absolute slack added to the envelope of logprob statistics, so an envelope of "
-            "bit-identical runs (zero noise) does not make any rounding difference a failure."
+            "The floor of benign numerics under every logprob threshold: the envelope's "
+            "per-prompt mean |delta logprob| (x 1 + envelope_tolerance) plus this, and its "
+            "coarse KL plus floor_nat^2 / 2, so a reference bit-identical against itself (an "
+            "envelope of zero) does not hold a kernel that rounds differently. 0.05 nat is "
+            "SGLang's tolerance between two correct implementations (python/sglang/test/"
+            "runners.py check_close_model_outputs: every top-k |delta logprob| of HF against "
+            "SGLang below prefill_tolerance 5e-2, test_generation_models.py), applied here to "
+            "a prompt's mean, so looser; fp16-vs-fp32 differences are 0.002-0.01, a bug 0.3 "
+            "and more (six times the floor)."
+        ),
+    )
+    floor_top1: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "The floor under the teacher-forced top-1 disagreement (the share of positions "
+            "where the engines' most likely tokens differ): the envelope's x 1 + "
+            "envelope_tolerance plus this. vLLM's check_logprobs_close (tests/models/utils.py) "
+            "accepts any differing token whose rival is in the other engine's top-k, so the "
+            "field tolerates near-tie flips at any rate; 5% of positions is what noise at the "
+            "floor_nat level flips on the calibration toy, where a wrong-token bug or a "
+            "flipped layer disagrees on 10% to 60%."
+        ),
+    )
+    tie_nat: float = Field(
+        default=0.1,
+        ge=0.0,
+        description=(
+            "A free-run greedy flip where the reference preferred its own token by at most "
+            "this (its margin) is a near-tie that benign numerics make, at any position: the "
+            "first-divergence position test does not count it as a divergence. Twice "
+            "floor_nat: two engines each off by the floor can swap tokens that close."
         ),
     )
     early_tokens: int = Field(
