@@ -561,4 +561,5 @@ def outputs_from_doc(name: str, doc: OutputsDoc) -> MirroredOutputs:
         examples=tuple(
             OutputExample(e.request_id, e.position, e.reference, e.candidate) for e in doc.examples
         ),
+        blocks=tuple((n, e) for n, e in doc.blocks),
     )

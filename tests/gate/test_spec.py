@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gate.core.errors import SpecError
-from gate.spec import load_spec, parse_spec, parse_spec_text
+from gate.spec import load_spec, parse_spec, parse_spec_text, spec_to_dict
 
 EXAMPLE = """
 name: example
@@ -171,6 +171,39 @@ def test_correctness_suite_is_accepted_with_its_knobs() -> None:
     sc = spec.scenarios[1]
     assert sc.name == "correctness" and sc.is_probe
     assert sc.settings == {"probes_count": 12, "max_tokens": 16, "envelope_load": 4}
+
+
+def test_a_spec_without_a_correctness_scenario_gets_the_default_stage() -> None:
+    """Issue 18: divergence is judged in every gate unless the spec says `correctness: off`."""
+    spec = parse_spec(yaml_example())
+    added = spec.added_correctness
+    assert spec.correctness == "auto" and added is not None
+    assert (added.name, added.suite, added.settings) == ("correctness", "correctness", {})
+    assert [s.name for s in spec.stages] == ["steady", "correctness"]
+    # what the author wrote is what is stored: the stage is derived, not written into the spec
+    assert spec_to_dict(spec) == yaml_example() and parse_spec(spec_to_dict(spec)) == spec
+
+
+def test_a_listed_correctness_scenario_or_off_adds_none() -> None:
+    own = yaml_example()
+    own["scenarios"].append({"suite": "correctness", "name": "numerics", "probes_count": 4})
+    spec = parse_spec(own)
+    assert spec.added_correctness is None and [s.name for s in spec.stages] == [
+        "steady",
+        "numerics",
+    ]
+    off = parse_spec(yaml_example() | {"correctness": "off"})
+    assert off.added_correctness is None and [s.name for s in off.stages] == ["steady"]
+    with pytest.raises(SpecError) as err:
+        parse_spec(yaml_example() | {"correctness": "no"})
+    assert err.value.problems[0].path == "correctness"
+
+
+def test_the_default_stage_takes_a_free_name() -> None:
+    base = yaml_example()
+    base["scenarios"].append(base["scenarios"][0] | {"name": "correctness"})
+    spec = parse_spec(base)
+    assert spec.added_correctness is not None and spec.added_correctness.name == "correctness-2"
 
 
 def test_correctness_and_peak_knobs_are_validated() -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.analysis.judge import judge
+from gate.analysis.outputs import mirrored_output_checks
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
 from gate.analysis.samples import Columns, columns_from_records, concat_columns, select_requests
@@ -25,8 +26,12 @@ from gate.runs.judging import (
     divergence_examples,
     divergence_samples,
     load_phases,
+    mirrored_outputs,
+    outputs_doc,
+    outputs_from_doc,
     request_log,
 )
+from gate.verdict.document import ScenarioDoc
 from loadgen.records import RequestRecord
 from loadgen.suite import CorrectnessResult, ScoreResult
 
@@ -438,3 +443,38 @@ def test_closing_the_looks_never_leaves_a_paused_schedule_waiting() -> None:
         return looks.go.result()
 
     assert asyncio.run(main()) is False
+
+
+def _rec(role: str, rid: int, text: str, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        request_id=rid,
+        target=role,
+        intended_ns=0,
+        sent_ns=0,
+        text=text,
+        output_tokens=len(text),
+        error_kind=None if ok else "http_5xx",
+    )
+
+
+def test_mirrored_outputs_pair_records_and_survive_the_document() -> None:
+    """The live run compares records by request id (failed requests left out); the verdict
+    document keeps the comparison, and re-judge reads back exactly what was judged."""
+    records = {
+        "reference": [_rec("reference", i, "abcdefgh") for i in range(300)],
+        "candidate": [
+            _rec("candidate", i, "abcdefgh" if i % 3 else "Xbcdefgh", ok=i != 7) for i in range(300)
+        ],
+    }
+    live = mirrored_outputs("steady", records, early_tokens=16)
+    assert live.compared == 299 and live.early == 100 and live.basis == "text"
+    doc = ScenarioDoc.model_validate_json(
+        ScenarioDoc(
+            name="steady", duration_s=1.0, reference={}, candidate={}, outputs=outputs_doc(live)
+        ).model_dump_json()
+    )
+    assert doc.outputs is not None
+    again = outputs_from_doc("steady", doc.outputs)
+    assert again == live
+    policy = Policy()
+    assert mirrored_output_checks([again], policy) == mirrored_output_checks([live], policy)

@@ -162,6 +162,65 @@ def test_a_systematic_numeric_bug_holds_with_examples(tmp_path: Path, tag: str) 
     assert ex["outside_top_k"] and ex["margin"] is None  # the worst kind of flip comes first
 
 
+WIDE = {"tolerance": {"p50": 0.3, "p90": 0.5, "p99": 0.5}, "tail": {"tolerance": 0.5}}
+
+
+def test_a_gate_with_only_a_load_scenario_holds_a_divergent_candidate(
+    tmp_path: Path, tag: str
+) -> None:
+    """Issue 18: no correctness stage at all (`correctness: off`), a candidate whose greedy
+    outputs are wrong from the first tokens on (30% of positions swapped with a token ranked
+    5th or lower): the mirrored load outputs hold it."""
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--numeric-bug", "0.3", "--seed", "2"),
+        policy=WIDE,
+        correctness="off",
+        scenarios=[STEADY | {"rate": 80, "requests": 300, "max_tokens": 32}],
+    )
+    assert doc["verdict"] == "hold" and doc["correctness"] in (None, [])
+    gross = checks(doc)["steady.outputs.divergence"]
+    assert gross["decision"] == "fail" and gross["group"] == "correctness"
+    assert "steady.outputs.divergence" in {r["check"] for r in doc["reasons"]}
+    out = doc["scenarios"][0]["outputs"]
+    assert out["compared"] == 300 and out["early"] >= 0.9 * 300
+    assert out["basis"] == "text" and len(out["blocks"]) == 18 and out["examples"]
+    assert sum(out["histogram"]) == out["compared"] - out["exact"]
+    assert any("`correctness: off`" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize(("noise", "verdict"), [("0.01", "continue"), ("0.3", "hold")])
+def test_the_default_stage_judges_numerics_against_a_deterministic_reference(
+    tmp_path: Path, tag: str, noise: str, verdict: str
+) -> None:
+    """The spec lists only a load scenario; the gate adds the default correctness stage. The
+    sim reference is bit-identical against itself (an envelope of zero): fp16-class noise
+    continues on the policy's floor, 0.3 nat holds."""
+    doc = run(
+        tmp_path,
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--logit-noise", noise, "--seed", "2"),
+        policy=WIDE,
+        scenarios=[STEADY | {"rate": 80, "requests": 120}],
+    )
+    assert doc["verdict"] == verdict, doc["reasons"]
+    (corr,) = doc["correctness"]
+    assert corr["name"] == "correctness" and corr["probes"] == 8
+    assert corr["envelope_exact_matches"] == 8  # the reference against itself: identical
+    got = checks(doc)
+    assert {"correctness.teacher.kl", "correctness.greedy.position"} <= set(got)
+    if verdict == "continue":
+        stage = [c for c in doc["checks"] if c["id"].startswith("correctness.")]
+        assert stage and all(c["decision"] == "pass" for c in stage), stage
+        # 120 pairs are 7 blocks: too few for the gross rule, which says so and holds nothing
+        gross = got["steady.outputs.divergence"]
+        assert gross["decision"] == "inconclusive" and not gross["required"]
+    else:
+        assert got["correctness.teacher.logprob"]["decision"] == "fail"
+    assert any("added a short one ('correctness'" in n for n in doc["notes"])
+
+
 def test_nan_logprobs_after_some_requests_hold(tmp_path: Path, tag: str) -> None:
     doc = run(
         tmp_path,
