@@ -15,7 +15,13 @@ from html import escape
 import numpy as np
 import numpy.typing as npt
 
-COLORS = {"reference": "#3566a8", "candidate": "#d9622b"}
+COLORS = {
+    "reference": "#3566a8",
+    "candidate": "#d9622b",
+    # the divergence view: the reference against the candidate, and against itself
+    "reference vs candidate": "#d9622b",
+    "reference vs itself": "#3566a8",
+}
 MUTED = "#57606a"
 W, H = 560, 300
 ML, MR, MT, MB = 60, 18, 52, 44
@@ -206,16 +212,20 @@ def cdf_chart(
     title: str,
     unit: str,
     quantiles: Sequence[float] = (0.5, 0.9, 0.99),
+    verticals: Sequence[tuple[str, float]] = (),
+    what: str = "requests",
 ) -> str:
     """Empirical CDFs of both engines overlaid, with the quantiles the judge looks at marked
     (a dotted level per quantile, a dashed drop to each engine's value). A long tail switches
-    the x axis to a log scale, where a ratio between engines is a constant distance."""
+    the x axis to a log scale, where a ratio between engines is a constant distance.
+    `verticals`: labelled x values drawn across the plot (a threshold, a floor)."""
     data = {k: np.sort(v[np.isfinite(v)]) for k, v in series.items()}
     data = {k: v for k, v in data.items() if v.size}
     if not data:
         return _empty(title, "cdf")
     allv = np.concatenate(list(data.values()))
     lo, hi = float(allv.min()), float(np.quantile(allv, 0.999))
+    hi = max([hi, *(x * 1.05 for _, x in verticals)])
     xlog = lo > 0 and hi / lo > 3.0
     if xlog:
         x0, x1 = lo / 1.15, hi * 1.15
@@ -255,10 +265,18 @@ def cdf_chart(
                 f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{color}" stroke="#fff">'
                 f"<title>{escape(name)} p{q * 100:g} = {_val(qv)} {escape(unit)}</title></circle>"
             )
-        desc.append(f"{name} ({n} requests): {', '.join(said)} {unit}")
+        desc.append(f"{name} ({n} {what}): {', '.join(said)} {unit}")
+    for label, xv in verticals:
+        x = ax.sx(xv)
+        body.append(
+            f'<line x1="{x:.1f}" y1="{MT}" x2="{x:.1f}" y2="{MT + ax.ph}" class="vmark" '
+            f'stroke="{MUTED}" stroke-dasharray="6 3" stroke-width="1.5"/>'
+            f'<text x="{x + 4:.1f}" y="{MT + 12}" class="qlabel">{escape(label)}</text>'
+        )
+        desc.append(f"{label} at {_val(xv)} {unit}")
     parts = _open("cdf", title, "; ".join(desc), H)
     parts += _legend([Legend(k, COLORS.get(k, MUTED), "line") for k in data])
-    parts += _grid(ax, f"{unit} (log scale)" if xlog else unit, "fraction of requests")
+    parts += _grid(ax, f"{unit} (log scale)" if xlog else unit, f"fraction of {what}")
     parts += body
     return _svg(parts)
 

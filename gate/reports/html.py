@@ -631,9 +631,69 @@ def _correctness(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                     for f in run.get("failures") or []
                     if isinstance(f, Mapping)
                 ],
+                "probes_detail": [
+                    p for p in run.get("probe_divergence") or [] if isinstance(p, Mapping)
+                ],
+                "delta_chart": _delta_chart(run.get("abs_delta_logprob")),
             }
         )
     return out
+
+
+def _mirrored(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each load scenario's mirrored outputs, as compared (temperature 0 only)."""
+    out = []
+    for sc in doc.get("scenarios") or []:
+        o = sc.get("outputs") if isinstance(sc, Mapping) else None
+        if not isinstance(o, Mapping):
+            continue
+        hist = [int(x) for x in o.get("histogram") or []]
+        n, seen, median = sum(hist), 0, None
+        for i, count in enumerate(hist):
+            seen += count
+            if n and 2 * seen >= n:
+                median = i
+                break
+        out.append(
+            {
+                "scenario": str(sc.get("name", "")),
+                "compared": o.get("compared"),
+                "exact": o.get("exact"),
+                "early": o.get("early"),
+                "early_tokens": o.get("early_tokens"),
+                "median": median,
+                "basis": "token ids" if o.get("basis") == "token_ids" else "text",
+                "examples": [e for e in o.get("examples") or [] if isinstance(e, Mapping)],
+            }
+        )
+    return out
+
+
+def _delta_chart(delta: Any) -> Markup | None:
+    """Teacher-forced |delta logprob| per position, the candidate's against the reference's
+    own, with the floor and the envelope's reach marked."""
+    if not isinstance(delta, Mapping):
+        return None
+    cand = np.asarray(delta.get("candidate") or [], dtype=np.float64)
+    env = np.asarray(delta.get("envelope") or [], dtype=np.float64)
+    if not cand.size and not env.size:
+        return None
+    floor = float(delta.get("floor_nat") or 0.0)
+    scale = 1.0 + float(delta.get("envelope_tolerance") or 0.0)
+    marks = [(f"floor {floor:g}", floor)]
+    if env.size and float(np.max(env)) > 0:
+        reach = scale * float(np.quantile(env, 0.99)) + floor
+        marks.append((f"envelope p99 x{scale:g} + floor {reach:.3g}", reach))
+    return Markup(
+        cdf_chart(
+            {"reference vs candidate": cand, "reference vs itself": env},
+            "Teacher-forced |delta logprob| per position",
+            "nat",
+            quantiles=(0.5, 0.99),
+            verticals=marks,
+            what="positions",
+        )
+    )
 
 
 def _probes(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -706,6 +766,7 @@ def report_context(
         "engines": _engines(doc),
         "divergences": _divergences(doc),
         "correctness": _correctness(doc),
+        "mirrored": _mirrored(doc),
         "probes": _probes(doc),
         "links": list(links),
         "doc_json": json.dumps(doc, indent=2, allow_nan=False, default=str),

@@ -47,6 +47,7 @@ from gate.analysis.samples import (
 from gate.analysis.sequential import Look, SequentialJudge
 from gate.core.vocabulary import ROLES, Role
 from gate.verdict.document import (
+    AbsDeltaDoc,
     Answered,
     CorrectnessDoc,
     DivergenceExample,
@@ -54,6 +55,7 @@ from gate.verdict.document import (
     EngineFailure,
     OutputExampleDoc,
     OutputsDoc,
+    ProbeDivergenceDoc,
 )
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
@@ -488,8 +490,71 @@ def divergence_examples(
     return [doc for _, doc in found[:limit]]
 
 
-def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> CorrectnessDoc:
+_DELTA_CAP = 4096
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def probe_divergence(run: CorrectnessRun, policy: Policy) -> list[ProbeDivergenceDoc]:
+    """Per greedy probe both engines answered: where they part and the tokens there."""
+    dp = policy.divergence
+    out: list[ProbeDivergenceDoc] = []
+    for i, (r, c) in enumerate(zip(run.reference, run.candidate, strict=True)):
+        a, b = _greedy(r, run.max_tokens), _greedy(c, run.max_tokens)
+        if isinstance(a, str) or isinstance(b, str):
+            continue
+        st = greedy_stats(GreedyPair(a, b), dp.top_k, dp.runaway_factor)
+        j = st.first_divergence
+        doc = ProbeDivergenceDoc(probe=i, first=j, length=len(a.token_ids))
+        if j is not None and j < min(len(a.token_ids), len(b.token_ids)):
+            ta, tb = a.token_ids[j], b.token_ids[j]
+            of_b = a.top[j].get(tb)
+            margin = st.margin if st.margin is not None and math.isfinite(st.margin) else None
+            doc = doc.model_copy(
+                update={
+                    "reference_token": str(ta),
+                    "reference_logprob": _sig(a.logprobs[j]),
+                    "candidate_token": str(tb),
+                    "candidate_logprob": _sig(b.logprobs[j]),
+                    "reference_logprob_of_candidate": _sig(of_b) if of_b is not None else None,
+                    "margin": _sig(margin) if margin is not None else None,
+                    "outside_top_k": st.outside_top_k,
+                }
+            )
+        out.append(doc)
+    return out
+
+
+def abs_delta_logprob(data: DivergenceSamples, policy: Policy) -> AbsDeltaDoc | None:
+    """Teacher-forced |delta logprob| per position, both sets of pairs (None: no scoring)."""
+    if not data.teacher and not data.envelope_teacher:
+        return None
+
+    def deltas(pairs: Sequence[TeacherForcedPair]) -> list[float]:
+        vals = [
+            abs(x - y)
+            for p in pairs
+            for x, y in zip(p.a.logprobs, p.b.logprobs, strict=True)
+            if math.isfinite(x) and math.isfinite(y)
+        ]
+        return [_sig(v) for v in vals[:_DELTA_CAP]]
+
+    dp = policy.divergence
+    return AbsDeltaDoc(
+        candidate=deltas(data.teacher),
+        envelope=deltas(data.envelope_teacher),
+        floor_nat=dp.floor_nat,
+        envelope_tolerance=dp.envelope_tolerance,
+    )
+
+
+def correctness_doc(
+    run: CorrectnessRun, data: DivergenceSamples, policy: Policy | None = None
+) -> CorrectnessDoc:
     """A correctness scenario's summary for the verdict document."""
+    policy = policy or Policy()
 
     def answered(results: Sequence[catalogue.CorrectnessResult]) -> int:
         return sum(not isinstance(_greedy(x, run.max_tokens), str) for x in results)
@@ -507,6 +572,8 @@ def correctness_doc(run: CorrectnessRun, data: DivergenceSamples) -> Correctness
         envelope_exact_matches=sum(p.a.token_ids == p.b.token_ids for p in data.envelope_greedy),
         teacher_forced=len(data.teacher),
         failures=[EngineFailure(engine=role, message=m[:300]) for role, m in data.failures[:20]],
+        probe_divergence=probe_divergence(run, policy),
+        abs_delta_logprob=abs_delta_logprob(data, policy),
     )
 
 

@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import dataclass
 
 from gate.analysis.divergence import DivergenceSamples
+from gate.analysis.policy import Policy
 from gate.runs.context import RunContext
 from gate.runs.engines import Engines
 from gate.runs.judging import CorrectnessRun, correctness_doc, divergence_samples
@@ -43,9 +44,10 @@ async def compatibility(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> 
 class CorrectnessResult:
     run: CorrectnessRun
     samples: DivergenceSamples
+    policy: Policy
 
     def describe(self) -> CorrectnessDoc:
-        return correctness_doc(self.run, self.samples)
+        return correctness_doc(self.run, self.samples, self.policy)
 
 
 async def _teacher_forced(
@@ -104,4 +106,4 @@ async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> Co
     if cfg.teacher_forced:
         await _teacher_forced(ctx, run, cfg, (ref_t, cand_t), seed)
     engines.check_crashes()
-    return CorrectnessResult(run, divergence_samples(run, ctx.notes))
+    return CorrectnessResult(run, divergence_samples(run, ctx.notes), ctx.spec.policy)

@@ -238,6 +238,35 @@ class EngineFailure(_Doc):
     message: str
 
 
+class ProbeDivergenceDoc(_Doc):
+    """One greedy probe, reference against candidate, where they first part (None: identical):
+    both tokens with the logprob each engine gave its own, the reference's logprob of the
+    candidate's token, and the reference's margin there."""
+
+    probe: int
+    first: int | None = None
+    length: int = 0
+    reference_token: str | None = None
+    reference_logprob: float | None = None
+    candidate_token: str | None = None
+    candidate_logprob: float | None = None
+    reference_logprob_of_candidate: float | None = Field(
+        None, description="None: the candidate's token is outside the reference's top-k"
+    )
+    margin: float | None = None
+    outside_top_k: bool = False
+
+
+class AbsDeltaDoc(_Doc):
+    """Teacher-forced |delta logprob| per position (rounded, at most 4,096 a side): reference
+    vs candidate and the reference against itself, with the policy's floor."""
+
+    candidate: list[float] = Field(default_factory=list)
+    envelope: list[float] = Field(default_factory=list)
+    floor_nat: float
+    envelope_tolerance: float
+
+
 class CorrectnessDoc(_Doc):
     """A correctness scenario: how many greedy probes each engine answered and matched."""
 
@@ -248,6 +277,8 @@ class CorrectnessDoc(_Doc):
     envelope_exact_matches: int
     teacher_forced: int
     failures: list[EngineFailure] = Field(default_factory=list)
+    probe_divergence: list[ProbeDivergenceDoc] = Field(default_factory=list)
+    abs_delta_logprob: AbsDeltaDoc | None = None
 
 
 class DivergenceExample(_Doc):
