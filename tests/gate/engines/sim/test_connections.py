@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from gate.engines.sim.config import parse_args
+from gate.engines.sim.http11 import ConnectionHabits
 from gate.engines.sim.launch import SimHandle, SimPool
 from loadgen.transport import LoadgenTransport
 
@@ -128,6 +129,16 @@ def test_bad_values_are_named(flags: str, message: str, capsys: pytest.CaptureFi
         parse_args(["--port", "0", *flags.split()])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("timeout", "limit", "header"),
+    [(5.0, 100, "timeout=5, max=100"), (0.5, None, "timeout=0"), (None, 7, "max=7")],
+)
+def test_what_is_announced(timeout: float | None, limit: int | None, header: str) -> None:
+    habits = ConnectionHabits(idle_timeout_s=timeout, max_requests=limit, announce=True)
+    assert habits.keep_alive_header() == header
+    assert ConnectionHabits(timeout, limit).keep_alive_header() is None  # silent
 
 
 def test_announced_limit_says_keep_alive_then_close(launcher: SimPool) -> None:
