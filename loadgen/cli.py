@@ -499,8 +499,9 @@ def _table(summary: dict[str, Any], target: Target, plan: _Plan) -> Table:
             name, _fmt(dist["mean"]), _fmt(dist["p50"]), _fmt(dist["p90"]), _fmt(dist["p99"])
         )
     errors = ", ".join(f"{k}={v}" for k, v in summary["errors_by_kind"].items() if v) or "none"
+    resent = f", sent again on a fresh connection: {req['resent']}" if req["resent"] else ""
     table.caption = (
-        f"{req['ok']}/{req['sent']} ok, errors: {errors}; "
+        f"{req['ok']}/{req['sent']} ok, errors: {errors}{resent}; "
         f"{summary['output_tokens']} output tokens in {summary['duration_s']:.2f} s; "
         f"{_fmt(thr['requests_per_s'])} req/s, {_fmt(thr['output_tokens_per_s'])} tok/s; "
         f"prompt lengths: {plan.token_source}"

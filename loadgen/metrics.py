@@ -14,6 +14,9 @@ Definitions are in ``records``. Choices made here:
   inference-perf define it. A request with one output token has no TPOT and meets a TPOT
   SLO: it had no decode phase to be slow in. Failed requests never count.
 - Empty samples give ``None`` (JSON null), never NaN, so the output is valid strict JSON.
+- ``requests.resent`` counts requests sent once more on a fresh connection because the server
+  closed a kept-alive one under them (``RequestRecord.resent``): shown, never errors, since
+  the race was the client's; their latencies count from the resend.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class RequestCounts(TypedDict):
     sent: int
     ok: int
     errors: int
+    resent: int
 
 
 class Throughput(TypedDict):
@@ -104,7 +108,12 @@ def summarize(
         return distribution(v * ms for v in values if v is not None)
 
     summary: Summary = {
-        "requests": {"sent": len(records), "ok": len(ok), "errors": len(records) - len(ok)},
+        "requests": {
+            "sent": len(records),
+            "ok": len(ok),
+            "errors": len(records) - len(ok),
+            "resent": sum(1 for r in records if r.resent),
+        },
         "errors_by_kind": errors_by_kind,
         "ttft_ms": per_request(r.ttft_ns for r in ok),
         "itl_ms": distribution(g * ms for r in ok for g in r.itl_gaps_ns()),

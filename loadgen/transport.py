@@ -748,8 +748,9 @@ class LoadgenTransport(httpx.AsyncBaseTransport):
                 raise
             # The server closed a kept-alive connection as the request went out (the race
             # RFC 9112 section 9.3.1 leaves to clients): nothing of it was answered, so it is
-            # sent once more on a fresh connection, now, with its send stamp renewed.
-            resent, send_at = True, None
+            # sent once more on a fresh connection, with its send stamp renewed: at once, or
+            # at its instant when the close came while it was armed (never early).
+            resent = True
             self._pool.resent += 1
             conn = await self._acquire(origin, timeouts, fresh=True)
         return httpx.Response(

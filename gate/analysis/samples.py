@@ -42,6 +42,9 @@ class Columns:
     gaps_ns: npt.NDArray[np.float64]
     phase: npt.NDArray[np.int16]  # index of the scenario phase the request was sent in
     bad_logprobs: npt.NDArray[np.bool_]  # a NaN or infinite logprob came back
+    # sent once more on a fresh connection (the server closed a kept-alive one under it before
+    # answering): not an error; its times count from the resend (RequestRecord.resent)
+    resent: npt.NDArray[np.bool_]
 
     def __len__(self) -> int:
         return int(self.request_id.size)
@@ -62,6 +65,7 @@ class Columns:
         # Columns added after a row was written get their neutral value.
         cols.setdefault("phase", np.zeros(cols["request_id"].size, np.int16))
         cols.setdefault("bad_logprobs", np.zeros(cols["request_id"].size, np.bool_))
+        cols.setdefault("resent", np.zeros(cols["request_id"].size, np.bool_))
         return cls(**cols)
 
     def ttft_ms(self) -> npt.NDArray[np.float64]:
@@ -108,7 +112,12 @@ class Columns:
         )
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": len(self), "ok": int(self.ok.sum()), "errors": self.errors()}
+        return {
+            "requests": len(self),
+            "ok": int(self.ok.sum()),
+            "errors": self.errors(),
+            "resent": int(self.resent.sum()),
+        }
 
 
 def _contiguous(ids: npt.NDArray[np.int64]) -> bool:
@@ -134,6 +143,7 @@ def columns_from_records(
     error = np.full(n, -1, np.int16)
     out_tok = np.zeros(n, np.int32)
     bad_lp = np.zeros(n, np.bool_)
+    resent = np.zeros(n, np.bool_)
     itl_mean = np.full(n, np.nan, np.float64)
     offsets = np.zeros(n + 1, np.int64)
     gaps: list[float] = []
@@ -150,6 +160,7 @@ def columns_from_records(
             kind = r.error_kind if r.error_kind in ERROR_KINDS else "protocol_error"
             error[i] = ERROR_KINDS.index(kind)
         out_tok[i] = r.output_tokens
+        resent[i] = r.resent
         if r.logprobs:
             lp = np.asarray(r.logprobs, np.float64)
             bad_lp[i] = not bool(np.isfinite(lp).all())
@@ -174,6 +185,7 @@ def columns_from_records(
             phase_of[rid].astype(np.int16) if phase_of is not None and n else np.zeros(n, np.int16)
         ),
         bad_logprobs=bad_lp,
+        resent=resent,
     )
 
 
@@ -220,6 +232,7 @@ def take_requests(cols: Columns, keep: npt.NDArray[np.bool_]) -> Columns:
         gaps_ns=gaps,
         phase=cols.phase[keep],
         bad_logprobs=cols.bad_logprobs[keep],
+        resent=cols.resent[keep],
     )
 
 

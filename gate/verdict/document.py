@@ -203,8 +203,14 @@ class ScenarioDoc(_Doc):
     duration_s: float
     aborted: bool = False
     phases: list[PhaseMark] = Field(default_factory=list)
-    reference: dict[str, Any] = Field(description="the reference's run summary")
-    candidate: dict[str, Any] = Field(description="the candidate's run summary")
+    reference: dict[str, Any] = Field(
+        description=(
+            "the reference's run summary; `requests` is {sent, ok, errors, resent}, resent: "
+            "requests sent once more on a fresh connection after the engine closed a "
+            "kept-alive one under them, never errors (absent from documents of older gates)"
+        )
+    )
+    candidate: dict[str, Any] = Field(description="the candidate's run summary, as reference's")
     planned_requests: int | None = None
     looks: int = 0
     early_stop: EarlyStopDoc | None = None

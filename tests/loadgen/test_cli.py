@@ -36,7 +36,7 @@ def test_json_summary_open_loop(
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary) == KEYS
-    assert summary["requests"] == {"sent": 10, "ok": 10, "errors": 0}
+    assert summary["requests"] == {"sent": 10, "ok": 10, "errors": 0, "resent": 0}
     assert summary["output_tokens"] == 30
     assert set(summary["throughput"]) == {"requests_per_s", "output_tokens_per_s"}
     written = list(read_jsonl(records))
@@ -115,7 +115,7 @@ def test_workers_json_and_slo(
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary) == KEYS | {"goodput"}
-    assert summary["requests"] == {"sent": 20, "ok": 20, "errors": 0}
+    assert summary["requests"] == {"sent": 20, "ok": 20, "errors": 0, "resent": 0}
     assert summary["goodput"]["requests"] == 20
     assert [r.request_id for r in read_jsonl(records)] == list(range(20))
 

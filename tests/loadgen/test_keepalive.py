@@ -11,12 +11,15 @@ and announces nothing (uvicorn/protocols/http/h11_impl.py, ``timeout_keep_alive_
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 import pytest
 
+from loadgen.client import RequestSpec, Target, make_client, send_request
+from loadgen.records import RequestRecord
 from loadgen.transport import LoadgenTransport
 
 BODY = b'{"ok":true}'
@@ -159,3 +162,115 @@ def test_keep_alive_header_is_read_or_ignored(
     conn = _Connection(_Pool(1, 30.0), ("127.0.0.1", 1))
     conn._keep_alive(header)
     assert conn.idle_timeout == timeout and conn.max_requests == max_requests
+
+
+STREAM = (
+    b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def test_a_resent_request_is_timed_from_its_resend() -> None:
+    """The server answers the first request of each connection and closes it LATE_S after the
+    second arrives, unanswered. The record of that second request says it was resent, and
+    its send stamp is the resend's: TTFT does not include the LATE_S its first try waited,
+    which shows as dispatch delay instead."""
+    late_s = 0.3
+    closed_at: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in range(2):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                if n == 1:
+                    await asyncio.sleep(late_s)
+                    closed_at.append(time.monotonic_ns())
+                    return
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+                )
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    async def go() -> list[RequestRecord]:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        target = Target("t", f"http://127.0.0.1:{port}")
+        records = []
+        try:
+            async with make_client(target, 1) as client:
+                for i in range(2):
+                    req = RequestSpec(request_id=i, prompt="x", max_tokens=2)
+                    at = time.monotonic_ns() + 20_000_000
+                    records.append(await send_request(client, target, req, at, armed=True))
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        return records
+
+    first, second = asyncio.run(go())
+    assert first.ok and not first.resent
+    assert second.ok and second.resent, second.error_message
+    assert second.text == "ab"
+    (closed,) = closed_at
+    assert second.sent_ns > closed  # stamped when it went out again, not on its first try
+    assert second.dispatch_delay_ns >= late_s * 1e9
+    assert second.ttft_ns is not None and second.ttft_ns < late_s * 1e9
+
+
+def test_a_request_armed_on_a_connection_closed_under_it_still_leaves_on_time() -> None:
+    """The server answers one request per connection and closes it 30 ms later, silently; the
+    next request was armed on that connection 300 ms ahead of its instant. It goes out again
+    on a fresh connection, at its instant, not early."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+            )
+            await writer.drain()
+            await asyncio.sleep(0.03)
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    async def go() -> tuple[RequestRecord, RequestRecord, int]:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        target = Target("t", f"http://127.0.0.1:{port}")
+        try:
+            async with make_client(target, 1) as client:
+                req = RequestSpec(request_id=0, prompt="x", max_tokens=2)
+                first = await send_request(client, target, req, time.monotonic_ns(), armed=True)
+                at = time.monotonic_ns() + 300_000_000
+                req = RequestSpec(request_id=1, prompt="x", max_tokens=2)
+                second = await send_request(client, target, req, at, armed=True)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        return first, second, at
+
+    first, second, at = asyncio.run(go())
+    assert first.ok and not first.resent
+    assert second.ok and second.resent, second.error_message
+    assert second.sent_ns >= at  # at its instant, not when the close was seen

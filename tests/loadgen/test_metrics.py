@@ -68,7 +68,7 @@ def test_exact_shape_and_values() -> None:
     ]
     s = summarize(records, duration_s=2.0)
     assert set(s) == KEYS
-    assert s["requests"] == {"sent": 4, "ok": 2, "errors": 2}
+    assert s["requests"] == {"sent": 4, "ok": 2, "errors": 2, "resent": 0}
     assert set(s["errors_by_kind"]) == set(ERROR_KINDS)
     assert s["errors_by_kind"]["http_5xx"] == 1
     assert s["errors_by_kind"]["timeout"] == 1
@@ -85,6 +85,14 @@ def test_exact_shape_and_values() -> None:
     assert s["throughput"] == {"requests_per_s": 1.0, "output_tokens_per_s": 3.0}
     for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "dispatch_delay_ms"):
         assert set(s[key]) == {"mean", "p50", "p90", "p99"}  # type: ignore[literal-required]
+
+
+def test_a_resent_request_is_counted_and_is_no_error() -> None:
+    records = [ok_record(i, ttft_ms=10, gaps_ms=[2]) for i in range(3)]
+    records[1].resent = True
+    s = summarize(records, duration_s=1.0)
+    assert s["requests"] == {"sent": 3, "ok": 3, "errors": 0, "resent": 1}
+    assert sum(s["errors_by_kind"].values()) == 0
 
 
 def test_percentiles_match_numpy() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from gate.engines.sim.config import SimConfig
 from gate.engines.sim.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
 from gate.engines.sim.faults import FaultPlan, StreamFaults
-from gate.engines.sim.http11 import Request, Responder
+from gate.engines.sim.http11 import ConnectionStats, Request, Responder
 from gate.engines.sim.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
 from gate.engines.sim.protocol import (
     DONE_EVENT,
@@ -193,6 +193,7 @@ class SimApp:
         self.injected_errors = 0
         self.shed_requests = 0
         self.stream_faults = FaultCounters()
+        self.connections = ConnectionStats()  # the server's habits at work (http11.py)
         self._in_frontend = 0
         self._ids = itertools.count(1)
         self._frontend_s = self.timer.frontend_ns() / 1e9
@@ -358,6 +359,25 @@ class SimApp:
                 self.stream_faults.hung_streams,
             ),
             *metric("sim:engine_steps_total", "counter", "Engine steps run.", stats.steps),
+            *metric(
+                "sim:connections_opened_total",
+                "counter",
+                "Client connections accepted.",
+                self.connections.opened,
+            ),
+            "# HELP sim:connections_closed_total Connections the server closed, by habit "
+            "(--keep-alive-timeout, --max-requests-per-connection).",
+            "# TYPE sim:connections_closed_total counter",
+            f'sim:connections_closed_total{{reason="idle",{labels}}} '
+            f"{float(self.connections.closed_idle)}",
+            f'sim:connections_closed_total{{reason="limit",{labels}}} '
+            f"{float(self.connections.closed_at_limit)}",
+            *metric(
+                "sim:requests_dropped_total",
+                "counter",
+                "Requests closed unanswered: their connection had served its limit, silently.",
+                self.connections.dropped,
+            ),
         ]
         body = ("\n".join(lines) + "\n").encode()
         responder.send(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")

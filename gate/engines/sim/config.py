@@ -65,6 +65,10 @@ class SimConfig:
     degrade_itl_per_min: float = 0.0
     max_waiting: int | None = None
     shed_status: int = 429
+    # Connection habits of real servers (http11.ConnectionHabits): None is no limit.
+    keep_alive_timeout_s: float | None = None
+    max_requests_per_connection: int | None = None
+    announce_keep_alive: bool = False
     # Ground truth for benchmarks of clients.
     truth_log: str | None = None
     tag: str = ""
@@ -121,6 +125,38 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         required=True,
         help="port to bind; 0 picks a free port, announced on stdout",
+    )
+
+    conn = parser.add_argument_group(
+        "connections",
+        "how the server ends kept-alive connections; without these flags it never does",
+    )
+    conn.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=None,
+        metavar="T",
+        help=(
+            "close a connection idle for T seconds after its last response (uvicorn's "
+            "timeout_keep_alive, 5 s under vLLM; llama.cpp's server: 5 s)"
+        ),
+    )
+    conn.add_argument(
+        "--max-requests-per-connection",
+        type=int,
+        default=None,
+        metavar="N",
+        help="close a connection once it has served N requests (llama.cpp's server: 100)",
+    )
+    conn.add_argument(
+        "--announce-keep-alive",
+        action="store_true",
+        help=(
+            "say so as llama.cpp's server does: 'Keep-Alive: timeout=T, max=N' on every "
+            "response, 'Connection: close' on a connection's last; without it the server is "
+            "silent as uvicorn is: idle connections close unannounced, and the request after "
+            "a connection's N-th is closed unanswered (the close crossing it on the wire)"
+        ),
     )
 
     mdl = parser.add_argument_group("model")
@@ -371,6 +407,21 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--crash-after-s must be a finite number >= 0",
     )
     require(bool(ns.model), "--model must not be empty")
+    timeout = ns.keep_alive_timeout
+    require(
+        timeout is None or (math.isfinite(timeout) and timeout > 0),
+        f"--keep-alive-timeout must be a finite number of seconds > 0, got {timeout!r}",
+    )
+    limit = ns.max_requests_per_connection
+    require(
+        limit is None or limit >= 1,
+        f"--max-requests-per-connection must be >= 1, got {limit!r}",
+    )
+    require(
+        not ns.announce_keep_alive or timeout is not None or limit is not None,
+        "--announce-keep-alive has nothing to announce: "
+        "give --keep-alive-timeout or --max-requests-per-connection",
+    )
 
     return SimConfig(
         port=ns.port,
@@ -407,6 +458,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         degrade_itl_per_min=ns.degrade_itl_per_min,
         max_waiting=ns.max_waiting,
         shed_status=ns.shed_status,
+        keep_alive_timeout_s=timeout,
+        max_requests_per_connection=limit,
+        announce_keep_alive=ns.announce_keep_alive,
         truth_log=ns.truth_log,
         tag=ns.tag,
     )

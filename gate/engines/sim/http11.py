@@ -8,12 +8,15 @@ order, ``Connection: close``, HTTP/1.0, HEAD, and responses that are either size
 streamed with chunked transfer encoding. ``drain()`` waits out write back-pressure, but the
 engine's streams never call it: a slow reader's bytes queue in its transport, so one slow
 client cannot hold up a whole batch. A client that disconnects cancels the task serving it.
+Connections end the ways real servers end them (:class:`ConnectionHabits`): after an idle
+timeout, after a number of requests, announced in a ``Keep-Alive`` header or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import sys
 import time
@@ -48,6 +51,63 @@ class Request:
     read_ns: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionHabits:
+    """How the server ends kept-alive connections, after the two kinds of real server.
+
+    ``idle_timeout_s``: a connection with no request in progress is closed this long after its
+    last response (or its opening); any byte of a request stops the clock until the response
+    is out, as uvicorn's ``timeout_keep_alive`` does. ``max_requests``: a connection serves at
+    most this many requests.
+
+    ``announce`` is cpp-httplib's way (llama.cpp's server): ``Keep-Alive: timeout=T, max=N``
+    on every response (T in whole seconds, rounded down; N the limit, repeated), and
+    ``Connection: close`` on the last response a connection may give, which closes it.
+    Without it the server is silent, as uvicorn (vLLM's server) is: an idle connection is
+    closed without notice, and a connection that has served its N requests stays open but
+    closes, unanswered, on the next request that arrives: what a client sees when a server's
+    close crosses its request on the wire, here every time, so a client must send again.
+    """
+
+    idle_timeout_s: float | None = None
+    max_requests: int | None = None
+    announce: bool = False
+
+    def __post_init__(self) -> None:
+        t = self.idle_timeout_s
+        if t is not None and not (math.isfinite(t) and t > 0):
+            raise ValueError(f"idle_timeout_s: must be a finite number > 0, got {t!r}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max_requests: must be >= 1, got {self.max_requests!r}")
+
+    def keep_alive_header(self) -> str | None:
+        """The ``Keep-Alive`` value announced on a response that keeps its connection."""
+        if not self.announce:
+            return None
+        params = []
+        if self.idle_timeout_s is not None:
+            params.append(f"timeout={math.floor(self.idle_timeout_s)}")
+        if self.max_requests is not None:
+            params.append(f"max={self.max_requests}")
+        return ", ".join(params) or None
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    """What the server's connection habits did, for /metrics and the log at exit."""
+
+    opened: int = 0
+    closed_idle: int = 0  # closed after the idle timeout
+    closed_at_limit: int = 0  # closed having served max_requests
+    dropped: int = 0  # requests closed unanswered on a connection that had served its limit
+
+    def line(self) -> str:
+        return (
+            f"connections opened {self.opened}, closed idle {self.closed_idle}, closed at the "
+            f"request limit {self.closed_at_limit}; requests closed unanswered {self.dropped}"
+        )
+
+
 class HttpError(Exception):
     """A request the server cannot even parse; answered with a bare status, then closed."""
 
@@ -78,10 +138,17 @@ def _reason(status: int) -> str:
 class Responder:
     """How a handler answers: ``send`` once, or ``start_stream``, ``write``..., ``end_stream``."""
 
-    def __init__(self, protocol: HttpProtocol, request: Request, keep_alive: bool) -> None:
+    def __init__(
+        self,
+        protocol: HttpProtocol,
+        request: Request,
+        keep_alive: bool,
+        announce: str | None = None,
+    ) -> None:
         self._protocol = protocol
         self._head_only = request.method == "HEAD"
         self._http10 = request.version == "HTTP/1.0"
+        self._announce = announce  # the Keep-Alive header's value, when the server says it
         self.keep_alive = keep_alive
         self.started = False
         self.finished = False
@@ -99,8 +166,11 @@ class Responder:
         lines.extend(f"{name}: {value}\r\n" for name, value in headers)
         if not self.keep_alive:
             lines.append("connection: close\r\n")
-        elif self._http10:
-            lines.append("connection: keep-alive\r\n")
+        else:
+            if self._http10:
+                lines.append("connection: keep-alive\r\n")
+            if self._announce is not None:
+                lines.append(f"keep-alive: {self._announce}\r\n")
         lines.append("\r\n")
         return "".join(lines).encode("latin-1")
 
@@ -172,10 +242,18 @@ class HttpProtocol(asyncio.Protocol):
         connections: set[HttpProtocol],
         *,
         max_body: int = MAX_BODY_BYTES,
+        habits: ConnectionHabits | None = None,
+        stats: ConnectionStats | None = None,
     ) -> None:
         self._handler = handler
         self._connections = connections
         self._max_body = max_body
+        self._habits = habits or ConnectionHabits()
+        self._announce = self._habits.keep_alive_header()
+        self._stats = stats or ConnectionStats()
+        self._served = 0  # responses this connection has given
+        self._spent = False  # served its limit, silently: the next request is not answered
+        self._idle: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._task: asyncio.Task[None] | None = None
@@ -195,16 +273,20 @@ class HttpProtocol(asyncio.Protocol):
         self._connections.add(self)
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None else -1
+        self._stats.opened += 1
+        self._arm_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._connections.discard(self)
+        self._disarm_idle()
         self._writable.set()
         if self._task is not None and not self._task.done():
             # The client is gone: stop generating for it (vLLM aborts the request too).
             self._task.cancel()
 
     def data_received(self, data: bytes) -> None:
+        self._disarm_idle()  # a request is coming: the idle clock stops until it is answered
         self._buffer += data
         if self._task is None:
             self._process()
@@ -247,10 +329,38 @@ class HttpProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    # -- connection habits -------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        timeout = self._habits.idle_timeout_s
+        if timeout is not None and not self.closed and self._task is None:
+            self._disarm_idle()
+            self._idle = asyncio.get_running_loop().call_later(timeout, self._idle_expired)
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_expired(self) -> None:
+        self._idle = None
+        if self.closed or self._task is not None or self._transport is None:
+            return
+        self._stats.closed_idle += 1
+        self._transport.close()
+
     # -- request parsing ---------------------------------------------------------------------
 
     def _process(self) -> None:
         if self.closed or self._task is not None:
+            return
+        if self._spent and self._buffer.strip(b"\r\n"):
+            # A request on a connection that has served its limit: closed unanswered.
+            self._stats.dropped += 1
+            self._stats.closed_at_limit += 1
+            self._buffer.clear()
+            if self._transport is not None:
+                self._transport.close()
             return
         try:
             parsed = self._parse_one()
@@ -402,7 +512,11 @@ class HttpProtocol(asyncio.Protocol):
     # -- serving -----------------------------------------------------------------------------
 
     async def _serve(self, request: Request, keep_alive: bool) -> None:
-        responder = Responder(self, request, keep_alive and not self._eof)
+        limit = self._habits.max_requests
+        last = limit is not None and self._served + 1 >= limit
+        if last and self._habits.announce:
+            keep_alive = False  # said on this response: connection: close
+        responder = Responder(self, request, keep_alive and not self._eof, self._announce)
         try:
             await self._handler(request, responder)
             if not responder.started:
@@ -425,11 +539,16 @@ class HttpProtocol(asyncio.Protocol):
             )
         finally:
             self._task = None
+            self._served += 1
         if not responder.keep_alive or self._eof:
+            if last and self._habits.announce:
+                self._stats.closed_at_limit += 1
             if self._transport is not None:
                 self._transport.close()
             return
+        self._spent = last
         self._process()
+        self._arm_idle()  # a no-op when a pipelined request is being served
 
 
 async def start_server(
@@ -438,11 +557,14 @@ async def start_server(
     connections: set[HttpProtocol],
     *,
     max_body: int = MAX_BODY_BYTES,
+    habits: ConnectionHabits | None = None,
+    stats: ConnectionStats | None = None,
 ) -> asyncio.Server:
     """Serve on an already bound socket, so a caller asking for port 0 knows the port first."""
     loop = asyncio.get_running_loop()
+    shared = stats or ConnectionStats()
     return await loop.create_server(
-        lambda: HttpProtocol(handler, connections, max_body=max_body),
+        lambda: HttpProtocol(handler, connections, max_body=max_body, habits=habits, stats=shared),
         sock=sock,
         backlog=2048,
     )

@@ -21,7 +21,7 @@ import traceback
 from gate.engines.sim import rxstamp
 from gate.engines.sim.announce import base_url, format_listening_line
 from gate.engines.sim.config import SimConfig
-from gate.engines.sim.http11 import HttpProtocol, start_server
+from gate.engines.sim.http11 import ConnectionHabits, HttpProtocol, start_server
 
 
 def log(message: str) -> None:
@@ -103,7 +103,12 @@ async def serve(config: SimConfig) -> int:
         return 1
     app = SimApp(config, tokenizer, model, truth=truth)
     connections: set[HttpProtocol] = set()
-    server = await start_server(app.handle, sock, connections)
+    habits = ConnectionHabits(
+        idle_timeout_s=config.keep_alive_timeout_s,
+        max_requests=config.max_requests_per_connection,
+        announce=config.announce_keep_alive,
+    )
+    server = await start_server(app.handle, sock, connections, habits=habits, stats=app.connections)
     port = int(sock.getsockname()[1])
     print(format_listening_line(config.host, port), flush=True)
     engine_task = loop.create_task(app.engine.run())
@@ -138,4 +143,5 @@ async def serve(config: SimConfig) -> int:
     await server.wait_closed()
     if truth is not None:
         truth.close()
+    log(f"sim: {app.connections.line()}")
     return 0

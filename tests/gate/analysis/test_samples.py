@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import io
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,8 +58,27 @@ def test_columns_compute_ttft_itl_and_errors() -> None:
     np.testing.assert_allclose(arm.error_offsets_s, [0.1])
 
 
+def test_a_resent_request_is_a_column_not_an_error() -> None:
+    records = [rec(0), rec(1), rec(2, error="connect")]
+    records[1].resent = True
+    cols = columns_from_records(records, T0)
+    assert cols.resent.tolist() == [False, True, False]
+    assert cols.ok.tolist() == [True, True, False]
+    assert cols.summary() == {"requests": 3, "ok": 2, "errors": {"connect": 1}, "resent": 1}
+    assert drop_warmup(cols, 1).resent.tolist() == [True, False]
+
+
+def test_columns_stored_before_resent_read_back_with_none_resent() -> None:
+    cols = columns_from_records([rec(i) for i in range(4)], T0)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: getattr(cols, k) for k in Columns.__slots__ if k != "resent"})
+    back = Columns.from_bytes(buf.getvalue())
+    assert back.resent.tolist() == [False] * 4
+
+
 def test_roundtrip_and_warmup_drop() -> None:
     records = [rec(i, gaps=(1,) * (i % 4 + 1)) for i in range(20)]
+    records[3].resent = True
     cols = columns_from_records(records, T0)
     back = Columns.from_bytes(cols.to_bytes())
     for name in Columns.__slots__:

@@ -361,3 +361,38 @@ def test_the_verdict_cost_without_an_early_stop_is_what_both_engines_sent() -> N
     doc["scenarios"][0]["planned_requests"] = 792
     html = render_report(VerdictDocument.read(doc), {}, warmup=5)
     assert "The verdict cost <strong>45 requests per engine</strong>" in html  # 50 sent - 5
+
+
+def _summary_cells(html: str) -> dict[str, list[str]]:
+    """Each engine's row of the scenario's summary table, as cell texts."""
+    table = html.split('<table class="summary">', 1)[1].split("</table>", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for row in re.findall(r"<tr><td>.*?</tr>", table, flags=re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_resent_requests_have_a_column_and_a_line_and_are_no_errors() -> None:
+    doc = _doc()
+    summary = doc["scenarios"][0]["reference"]
+    doc["scenarios"][0]["reference"] = summary | {
+        "requests": {"sent": 50, "ok": 50, "errors": 0, "resent": 0}
+    }
+    doc["scenarios"][0]["candidate"] = summary | {
+        "requests": {"sent": 50, "ok": 50, "errors": 0, "resent": 3}
+    }
+    html = render_report(VerdictDocument.read(doc), {})
+    assert ">sent again</th>" in html
+    cells = _summary_cells(html)
+    assert cells["reference"][-2:] == ["none", "0"]  # errors, sent again
+    assert cells["candidate"][-2:] == ["none", "3"]
+    assert "Sent again on a fresh connection: 3 to the candidate." in html
+    assert "not engine errors" in html
+
+
+def test_a_document_from_before_resent_counts_shows_a_dash_and_no_line() -> None:
+    html = render_report(VerdictDocument.read(_doc()), {})
+    cells = _summary_cells(html)
+    assert cells["reference"][-1] == "–" and cells["candidate"][-1] == "–"
+    assert "Sent again on a fresh connection" not in html

@@ -300,7 +300,9 @@ def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
     steady = doc["scenarios"][0]
     # The load really flowed to both engines (the sims behind the pods).
     for role in ("reference", "candidate"):
-        assert steady[role]["requests"] == {"sent": 400, "ok": 400, "errors": 0}, steady[role]
+        assert steady[role]["requests"] == {"sent": 400, "ok": 400, "errors": 0, "resent": 0}, (
+            steady[role]
+        )
     # Reserved from the cluster's nodes: one whole H200 host each; h200-c is half used.
     ref, cand = doc["engines"]["reference"], doc["engines"]["candidate"]
     assert {ref["placement"]["node"], cand["placement"]["node"]} == {"h200-a", "h200-b"}
