@@ -396,3 +396,61 @@ def test_a_document_from_before_resent_counts_shows_a_dash_and_no_line() -> None
     cells = _summary_cells(html)
     assert cells["reference"][-1] == "–" and cells["candidate"][-1] == "–"
     assert "Sent again on a fresh connection" not in html
+
+
+def test_the_divergence_view_shows_each_probe_the_deltas_and_the_mirrored_outputs() -> None:
+    """Issue 18, part 6: per probe where it parts, both tokens with their logprobs and the
+    margin; the |delta logprob| distribution against the envelope and the floor; the load
+    scenarios' mirrored outputs with an example."""
+    doc = _doc()
+    doc["correctness"] = [
+        {
+            "name": "correctness",
+            "probes": 2,
+            "answered": {"reference": 2, "candidate": 2},
+            "exact_matches": 1,
+            "envelope_exact_matches": 2,
+            "teacher_forced": 2,
+            "probe_divergence": [
+                {"probe": 0, "first": None, "length": 32},
+                {
+                    "probe": 1,
+                    "first": 5,
+                    "length": 32,
+                    "reference_token": " pazon",
+                    "reference_logprob": -0.1234,
+                    "candidate_token": EVIL,
+                    "candidate_logprob": -0.2468,
+                    "reference_logprob_of_candidate": -0.9,
+                    "margin": 0.7766,
+                },
+            ],
+            "abs_delta_logprob": {
+                "candidate": [0.01, 0.2, 0.5, 0.03],
+                "envelope": [0.02, 0.02, 0.02, 0.02],
+                "floor_nat": 0.05,
+                "envelope_tolerance": 0.5,
+            },
+        }
+    ]
+    doc["scenarios"][0]["outputs"] = {
+        "compared": 300,
+        "exact": 10,
+        "early": 280,
+        "early_tokens": 16,
+        "basis": "text",
+        "histogram": [200, 80, 10] + [0] * 61,
+        "examples": [{"request_id": 3, "position": 0, "reference": "abc", "candidate": EVIL}],
+        "blocks": [[16, 15]] * 18,
+    }
+    html = render_report(VerdictDocument.read(doc), {})
+    assert "identical (32 tokens)" in html and "token 5 of 32" in html
+    assert "<code> pazon</code> (-0.1234)" in html and "-0.2468 · -0.9000" in html
+    assert "0.7766" in html
+    chart = re.search(r'<svg[^>]*aria-label="Teacher-forced \|delta logprob\|[^"]*"', html)
+    assert chart is not None and "floor 0.05" in chart.group(0)
+    # the envelope's p99 (0.02 x 1.5) plus the floor is marked where the deltas are judged
+    assert "envelope p99 x1.5 + floor 0.08" in html
+    assert "Mirrored load outputs" in html and "280 (before token 16)" in html
+    assert "token 0" in html and "request 3" in html
+    assert "<script" not in html and EVIL not in html
