@@ -474,6 +474,7 @@ class _StreamState:
         "error_message",
         "finish_reason",
         "first_token_ns",
+        "ids_partial",
         "logprobs",
         "prompt_tokens",
         "text",
@@ -491,6 +492,7 @@ class _StreamState:
         self.error_message: str | None = None
         self.finish_reason: str | None = None
         self.first_token_ns: int | None = None
+        self.ids_partial = False  # some event's logprob entries had no ids: ids unknown
         self.logprobs: list[float] | None = None
         self.prompt_tokens: int | None = None
         self.text: list[str] = []
@@ -572,7 +574,7 @@ class _StreamState:
                 n_ids += len(clean)
             logprobs = choice.get("logprobs")
             if logprobs is not None:
-                n_logprobs += self._logprobs(logprobs)
+                n_logprobs += self._logprobs(logprobs, entry_ids=type(ids) is not list)
             reason = choice.get("finish_reason")
             if type(reason) is str:
                 self.finish_reason = reason
@@ -595,14 +597,27 @@ class _StreamState:
             self.chunk_tokens.append(tokens)
         return True
 
-    def _logprobs(self, logprobs: Any) -> int:
+    def _logprobs(self, logprobs: Any, entry_ids: bool = False) -> int:
+        """Count the event's logprobs (vLLM's completions lists, or the chat-style `content`
+        list that llama.cpp also sends on /v1/completions); with `entry_ids` (the event had
+        no `token_ids`) the `id` of each content entry is the token id, where every entry
+        has one (llama.cpp's): otherwise the output's ids are unknown."""
         if type(logprobs) is not dict:
             return 0
         values: list[Any] = []
         if type(logprobs.get("token_logprobs")) is list:  # completions
             values = logprobs["token_logprobs"]
         elif type(logprobs.get("content")) is list:  # chat
-            values = [e.get("logprob") for e in logprobs["content"] if type(e) is dict]
+            entries = [e for e in logprobs["content"] if type(e) is dict]
+            values = [e.get("logprob") for e in entries]
+            if entry_ids and entries:
+                found = [i for e in entries if type(i := e.get("id")) is int]
+                if len(found) == len(entries) and not self.ids_partial:
+                    if self.token_ids is None:
+                        self.token_ids = []
+                    self.token_ids.extend(found)
+                else:
+                    self.ids_partial = True
         chosen = [_finite(v) for v in values if _is_number(v)]
         if chosen:
             if self.logprobs is None:
@@ -623,7 +638,7 @@ class _StreamState:
         record.chunk_ns = self.chunk_ns
         record.chunk_tokens = self.chunk_tokens
         record.text = "".join(self.text)
-        record.token_ids = self.token_ids
+        record.token_ids = None if self.ids_partial else self.token_ids
         record.logprobs = self.logprobs
         record.finish_reason = self.finish_reason
 
