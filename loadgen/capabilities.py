@@ -1,0 +1,211 @@
+"""What an engine can do, learned by asking it: a handful of tiny requests at readiness.
+
+Engines differ in what they return beyond text (the field's servers, as their sources and our
+captures show): vLLM has `prompt_logprobs`, `return_token_ids` and up to `max_logprobs` (20 by
+default) top logprobs; llama.cpp ignores `prompt_logprobs` and `return_token_ids` but gives
+each logprob entry its token `id` (../shared/captures/); an OpenAI-compatible server may answer
+an unknown field with a 400, or silently ignore it. The gate asks rather than assumes, so a check
+never holds an engine for a field its reference does not have either (gate/analysis/compat.py).
+
+Each feature is one request with `max_tokens` 2 (`top_logprobs_max` tries 20, then 5, then 1),
+answered when the response is a 200 whose body really carries the feature; anything else (an
+error status, a body without it, a transport failure) is "not supported", with what was seen in
+`problems`. Bodies are read up to `MAX_CAPABILITY_BODY_BYTES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import httpx
+
+from loadgen.client import IDENTITY_HEADERS, Target, excerpt, make_client, read_capped
+from loadgen.logprobs import parse_logprobs
+
+__all__ = ["FEATURES", "MAX_CAPABILITY_BODY_BYTES", "Capabilities", "discover"]
+
+MAX_CAPABILITY_BODY_BYTES = 256 << 10
+_TOP_K_TRIES = (20, 5, 1)
+_PROMPT = "The quick brown fox"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one engine answered when asked (module docstring). `top_logprobs_max`: the largest
+    of 20, 5 and 1 top logprobs per token it returned in full (None: none)."""
+
+    completions: bool = False
+    chat: bool = False
+    logprobs: bool = False
+    top_logprobs_max: int | None = None
+    prompt_logprobs: bool = False
+    token_ids: bool = False
+    prompt_token_ids: bool = False
+    stream_usage: bool = False
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    FEATURES: ClassVar[tuple[str, ...]] = (
+        "completions",
+        "chat",
+        "logprobs",
+        "prompt_logprobs",
+        "token_ids",
+        "prompt_token_ids",
+        "stream_usage",
+    )
+
+    def has(self, feature: str) -> bool:
+        return bool(getattr(self, feature))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "problems"} | {
+            "problems": list(self.problems)
+        }
+
+
+FEATURES = Capabilities.FEATURES
+
+
+async def _post(
+    http: httpx.AsyncClient, target: Target, api: str, body: Mapping[str, Any]
+) -> tuple[int | None, Any, str | None]:
+    """(status, parsed body or the raw text for a stream, problem) of one request."""
+    base = target.base_url.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+    url = base + ("/completions" if api == "completions" else "/chat/completions")
+    payload = {"model": target.model, **body}
+    try:
+        async with (
+            asyncio.timeout(target.deadline_s),
+            http.stream(
+                "POST", url, json=payload, headers=IDENTITY_HEADERS, timeout=target.timeout_s
+            ) as response,
+        ):
+            raw, more = await read_capped(response, MAX_CAPABILITY_BODY_BYTES)
+            status = response.status_code
+    except (httpx.HTTPError, TimeoutError) as exc:
+        return None, None, f"{type(exc).__name__}: {excerpt(str(exc))}"
+    if more:
+        return status, None, f"answer over {MAX_CAPABILITY_BODY_BYTES} bytes"
+    text = raw.decode("utf-8", "replace")
+    if status != 200:
+        return status, None, f"HTTP {status}: {excerpt(text)}"
+    if body.get("stream"):
+        return status, text, None
+    try:
+        return status, json.loads(text), None
+    except ValueError:
+        return status, None, f"HTTP 200 but not JSON: {excerpt(text)}"
+
+
+def _choice(doc: Any) -> Mapping[str, Any] | None:
+    choices = doc.get("choices") if isinstance(doc, Mapping) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        return choices[0]
+    return None
+
+
+def _stream_has_usage(text: str) -> bool:
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        usage = event.get("usage") if isinstance(event, Mapping) else None
+        if isinstance(usage, Mapping) and isinstance(usage.get("completion_tokens"), int):
+            return True
+    return False
+
+
+async def discover(target: Target, *, client: httpx.AsyncClient | None = None) -> Capabilities:
+    """Ask `target` for each feature (module docstring); never raises for an answer."""
+    if client is None:
+        async with make_client(target, 2, lean=False) as owned:
+            return await discover(target, client=owned)
+    http = client
+    problems: list[str] = []
+    base = {"prompt": _PROMPT, "max_tokens": 2, "temperature": 0.0}
+
+    def note(feature: str, problem: str | None, fallback: str) -> None:
+        problems.append(f"{feature}: {problem or fallback}")
+
+    _, doc, problem = await _post(http, target, "completions", base)
+    completions = _choice(doc) is not None
+    if not completions:
+        note("completions", problem, "no choices in the answer")
+
+    _, doc, problem = await _post(
+        http,
+        target,
+        "chat",
+        {"messages": [{"role": "user", "content": _PROMPT}], "max_tokens": 2},
+    )
+    ch = _choice(doc)
+    message = ch.get("message") if ch is not None else None
+    chat = isinstance(message, Mapping) and "content" in message
+    if not chat:
+        note("chat", problem, "no message in the answer (no chat template?)")
+
+    top_max: int | None = None
+    token_ids_from_entries = False
+    for k in _TOP_K_TRIES:
+        _, doc, problem = await _post(http, target, "completions", base | {"logprobs": k})
+        ch = _choice(doc)
+        parsed = parse_logprobs(ch.get("logprobs")) if ch is not None else None
+        if parsed is not None and parsed.logprobs and parsed.top:
+            if all(len(t) >= k for t in parsed.top):
+                top_max = k
+                token_ids_from_entries = parsed.ids is not None
+                break
+            problem = f"asked for {k} top logprobs, got {min(len(t) for t in parsed.top)}"
+        note(f"logprobs {k}", problem, "no logprobs in the answer")
+    logprobs = top_max is not None
+
+    _, doc, problem = await _post(
+        http, target, "completions", base | {"prompt_logprobs": 1, "return_token_ids": True}
+    )
+    ch = _choice(doc)
+    prompt_lps = ch.get("prompt_logprobs") if ch is not None else None
+    prompt_logprobs = isinstance(prompt_lps, list) and len(prompt_lps) > 0
+    if not prompt_logprobs:
+        note("prompt_logprobs", problem, "the answer has no prompt_logprobs")
+    ids = ch.get("token_ids") if ch is not None else None
+    token_ids = (isinstance(ids, list) and len(ids) > 0) or token_ids_from_entries
+    prompt_ids = ch.get("prompt_token_ids") if ch is not None else None
+    if prompt_ids is None and isinstance(doc, Mapping):
+        prompt_ids = doc.get("prompt_token_ids")  # some versions put it beside the choices
+    prompt_token_ids = isinstance(prompt_ids, list) and len(prompt_ids) > 0
+    if not token_ids:
+        note("token_ids", problem, "no token_ids in the answer nor ids in its logprobs")
+    if not prompt_token_ids:
+        note("prompt_token_ids", problem, "no prompt_token_ids in the answer")
+
+    _, text, problem = await _post(
+        http,
+        target,
+        "completions",
+        base | {"stream": True, "stream_options": {"include_usage": True}},
+    )
+    stream_usage = isinstance(text, str) and _stream_has_usage(text)
+    if not stream_usage:
+        note("stream_usage", problem, "no usage in the stream")
+    return Capabilities(
+        completions=completions,
+        chat=chat,
+        logprobs=logprobs,
+        top_logprobs_max=top_max,
+        prompt_logprobs=prompt_logprobs,
+        token_ids=token_ids,
+        prompt_token_ids=prompt_token_ids,
+        stream_usage=stream_usage,
+        problems=tuple(p[:300] for p in problems[:20]),
+    )
