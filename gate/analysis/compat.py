@@ -15,13 +15,14 @@ of keys (dotted paths) of the response schema. Compatibility is a fact, not a st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gate.analysis.checks import rule_check
 from gate.analysis.types import Check, Decision
 
-__all__ = ["ProbePair", "ProbeResult", "compatibility_checks"]
+__all__ = ["ProbePair", "ProbeResult", "capability_checks", "compatibility_checks"]
 
 
 @dataclass(frozen=True)
@@ -98,5 +99,70 @@ def compatibility_checks(probes: Sequence[ProbePair], notes: list[str]) -> list[
                 candidate=float(cand.status),
                 samples=(1, 1),
             )
+        )
+    return checks
+
+
+_FEATURE_WORDS = {
+    "completions": "the completions API",
+    "chat": "the chat API (a chat template)",
+    "logprobs": "logprobs",
+    "top_logprobs_max": "as many top logprobs",
+    "prompt_logprobs": "prompt logprobs (teacher-forced scoring)",
+    "token_ids": "output token ids",
+    "prompt_token_ids": "prompt token ids",
+    "stream_usage": "usage in streams",
+}
+
+
+def capability_checks(
+    reference: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, notes: list[str]
+) -> list[Check]:
+    """One check per feature the reference has (loadgen/capabilities.py, as the verdict
+    document lists them): the candidate lost it, a compatibility failure; kept, a pass. A
+    feature the reference lacks is not judged (a note), and the gate's own checks that need it
+    were already adapted. Nothing when either engine's capabilities are unknown."""
+    if reference is None or candidate is None:
+        return []
+    checks: list[Check] = []
+    lacking = []
+    for feature, words in _FEATURE_WORDS.items():
+        ref, cand = reference.get(feature), candidate.get(feature)
+        if feature == "top_logprobs_max":
+            if not isinstance(ref, int) or ref <= 0:
+                continue
+            lost = not isinstance(cand, int) or cand < ref
+            told = f"up to {ref} top logprobs per token, the candidate {cand or 0}"
+        else:
+            if not ref:
+                lacking.append(words)
+                continue
+            lost = not cand
+            told = "supports it" if not lost else "does not"
+        decision: Decision = "fail" if lost else "pass"
+        if feature == "top_logprobs_max":
+            message = f"Top logprobs: the reference returns {told}" + (
+                "; clients that ask for as many are refused." if lost else "."
+            )
+        elif lost:
+            message = f"The candidate lost {words}: the reference supports it and clients use it."
+        else:
+            message = f"The candidate keeps {words}, as the reference has it."
+        checks.append(
+            rule_check(
+                f"compat.capability.{feature}",
+                "compatibility",
+                "capability",
+                decision,
+                message,
+                reference=float(ref) if isinstance(ref, int | float) else 1.0,
+                candidate=float(cand) if isinstance(cand, int | float) else float(bool(cand)),
+                samples=(1, 1),
+            )
+        )
+    if lacking:
+        notes.append(
+            f"Not judged, because the reference lacks them too: {', '.join(lacking)}; the "
+            "checks that need them were skipped or adapted (capabilities in the engines)."
         )
     return checks

@@ -34,10 +34,11 @@ decides on evidence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gate.analysis.checks import rule_check
-from gate.analysis.compat import ProbePair, compatibility_checks
+from gate.analysis.compat import ProbePair, capability_checks, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
 from gate.analysis.engines import crash_checks, startup_checks
 from gate.analysis.errors import error_checks, outputs_checks
@@ -85,12 +86,14 @@ def judge(
     probes: Sequence[ProbePair] = (),
     divergence: DivergenceSamples | None = None,
     outputs: Sequence[MirroredOutputs] = (),
+    capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
     plan: the plan the gate looked by (must carry this policy); peaks, overloads: load phases
     (load.py); probes: API probes (compat.py); divergence: numerical divergence samples
-    (divergence.py); outputs: the load scenarios' mirrored outputs compared (outputs.py).
+    (divergence.py); outputs: the load scenarios' mirrored outputs compared (outputs.py);
+    capabilities: what each engine supports, (reference, candidate) (compat.py).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -119,6 +122,7 @@ def judge(
     checks.extend(crash_checks(engines))
     checks.extend(load_checks(peaks, overloads, policy, notes))
     checks.extend(compatibility_checks(probes, notes))
+    checks.extend(capability_checks(*capabilities, notes))
     if divergence is not None:
         checks.extend(divergence_checks(divergence, policy, notes))
     checks.extend(mirrored_output_checks(outputs, policy, envelope_early_share(divergence, policy)))

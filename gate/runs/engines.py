@@ -23,7 +23,8 @@ from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
 from gate.runs.schedules import LazyRequests
 from gate.spec import EngineSpec
-from gate.verdict.document import EngineDoc
+from gate.verdict.document import CapabilitiesDoc, EngineDoc
+from loadgen.capabilities import Capabilities, discover
 from loadgen.client import Target
 from loadgen.runner import run_paired
 
@@ -96,6 +97,7 @@ class Engines:
     placement: Placement | None
     built: dict[Role, Engine] = field(default_factory=dict)
     crashes: list[CrashInfo] = field(default_factory=list)
+    capabilities: dict[Role, Capabilities] = field(default_factory=dict)
 
     async def launch(self) -> None:
         """Build both, then start both at once; the first failure in role order is raised."""
@@ -146,6 +148,26 @@ class Engines:
                 f"{who} {rec.error_kind}: {rec.error_message}",
             )
 
+    async def discover(self) -> None:
+        """What each engine supports (loadgen/capabilities.py), asked once both are ready;
+        the stages adapt to it and the judge compares it (gate/analysis/compat.py)."""
+        found = await asyncio.gather(*(discover(t) for t in self.targets("completions")))
+        self.capabilities = dict(zip(ROLES, found, strict=True))
+        self.check_crashes()
+        lacking = {
+            role: [f for f in Capabilities.FEATURES if not caps.has(f)]
+            for role, caps in self.capabilities.items()
+        }
+        said = "; ".join(
+            f"{role} lacks {', '.join(fs)}" if fs else f"{role} has every feature asked for"
+            for role, fs in lacking.items()
+        )
+        self.ctx.gate_phase("capabilities", said)
+
+    def capabilities_doc(self, role: Role) -> CapabilitiesDoc | None:
+        caps = self.capabilities.get(role)
+        return CapabilitiesDoc.model_validate(caps.to_dict()) if caps is not None else None
+
     def check_crashes(self) -> None:
         seen = {c.role for c in self.crashes}
         for role in ROLES:
@@ -187,7 +209,9 @@ class Engines:
     def timings(self) -> dict[Role, EngineDoc]:
         """The engines as the judge reads them: exact phases, ready times and crashes."""
         return {
-            role: timing_doc(eng, self.ctx.spec.engine(role).kind, self._crash(role))
+            role: timing_doc(eng, self.ctx.spec.engine(role).kind, self._crash(role)).model_copy(
+                update={"capabilities": self.capabilities_doc(role)}
+            )
             for role, eng in self.built.items()
         }
 
@@ -205,5 +229,7 @@ class Engines:
             if eng is None:
                 out[role] = unlaunched_doc(es.kind, es.url, placement)
             else:
-                out[role] = eng.describe(placement, crash)
+                out[role] = eng.describe(placement, crash).model_copy(
+                    update={"capabilities": self.capabilities_doc(role)}
+                )
         return out

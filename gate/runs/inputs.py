@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
@@ -57,6 +58,7 @@ class JudgeInputs:
     facts: list[EngineFacts]
     probes: list[ProbePair]
     outputs: list[MirroredOutputs]
+    capabilities: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
 
 
 def phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
@@ -136,8 +138,27 @@ def judge_inputs(
         overloads.extend(o)
     outputs = [r.outputs for r in ran_list if r.outputs is not None and r.name in scenarios]
     return JudgeInputs(
-        samples, peaks, overloads, engine_facts(engines), probe_pairs(probes), outputs
+        samples,
+        peaks,
+        overloads,
+        engine_facts(engines),
+        probe_pairs(probes),
+        outputs,
+        engine_capabilities(engines),
     )
+
+
+def engine_capabilities(
+    engines: Mapping[Role, EngineDoc] | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(reference, candidate) capabilities as the document lists them (None: not learned)."""
+
+    def of(role: Role) -> dict[str, Any] | None:
+        eng = (engines or {}).get(role)
+        caps = eng.capabilities if eng is not None else None
+        return caps.model_dump() if caps is not None else None
+
+    return of("reference"), of("candidate")
 
 
 def judge_gate(
@@ -157,4 +178,5 @@ def judge_gate(
         probes=inputs.probes,
         divergence=divergence,
         outputs=inputs.outputs,
+        capabilities=inputs.capabilities,
     )

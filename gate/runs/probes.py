@@ -6,6 +6,7 @@ scoring where the engines allow it; judged in judging.divergence_samples)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 from gate.analysis.divergence import DivergenceSamples
@@ -17,6 +18,7 @@ from gate.runs.schedules import scenario_seed
 from gate.spec import ScenarioSpec
 from gate.verdict.document import CorrectnessDoc, ProbeDoc, ProbeSide
 from loadgen import suite as suite_catalogue
+from loadgen.capabilities import Capabilities
 from loadgen.client import Target
 
 
@@ -86,12 +88,49 @@ async def _teacher_forced(
     run.scores = {"reference": s_ref, "candidate": s_cand, "loaded": s_load}
 
 
+def adapt_to(
+    cfg: suite_catalogue.Correctness,
+    reference: Capabilities | None,
+    name: str,
+    notes: list[str],
+) -> suite_catalogue.Correctness:
+    """The suite as far as the reference supports it: no more top logprobs than it returns,
+    and no teacher-forced scoring where it has no prompt logprobs or prompt token ids (the
+    free-run comparison remains). What the candidate lost is a compatibility check's."""
+    if reference is None:
+        return cfg
+    changes: dict[str, object] = {}
+    k = reference.top_logprobs_max
+    if k is not None and k < cfg.top_logprobs:
+        changes["top_logprobs"] = k
+        notes.append(
+            f"{name}: the reference returns at most {k} top logprobs per token, so the probes "
+            f"ask for {k}, not {cfg.top_logprobs}."
+        )
+    if cfg.teacher_forced and not (reference.prompt_logprobs and reference.prompt_token_ids):
+        changes["teacher_forced"] = False
+        lacks = [
+            f
+            for f, has in (
+                ("prompt logprobs", reference.prompt_logprobs),
+                ("prompt token ids", reference.prompt_token_ids),
+            )
+            if not has
+        ]
+        notes.append(
+            f"{name}: teacher-forced scoring skipped, the reference has no "
+            f"{' and no '.join(lacks)}; the probes are compared free-running."
+        )
+    return dataclasses.replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
+
+
 async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> CorrectnessResult:
     """The correctness suite: greedy probes on both engines one at a time, the same probes on
     the reference again all at once beside `envelope_load` other requests, then teacher-forced
     scoring when the suite asks for it."""
     cfg = suite_catalogue.get("correctness", **sc.settings)
     assert isinstance(cfg, suite_catalogue.Correctness)
+    cfg = adapt_to(cfg, engines.capabilities.get("reference"), sc.name, ctx.notes)
     seed = scenario_seed(ctx.spec, sc)
     ctx.gate_phase(f"scenario:{sc.name}", f"{cfg.probes_count} correctness probes")
     ref_t, cand_t = engines.targets("completions")

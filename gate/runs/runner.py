@@ -191,6 +191,8 @@ class GateRunner:
         await engines.launch()
         self.stage = "the warm-up"
         await engines.warm_up()
+        self.stage = "learning the engines' capabilities"
+        await engines.discover()
         await self._scenarios(ctx, seen, engines, gplan)
         self.stage = "judging"
         ctx.gate_phase("judging")

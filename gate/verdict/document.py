@@ -115,6 +115,20 @@ class CrashDoc(_Doc):
     log_tail: list[str] = Field(default_factory=list)
 
 
+class CapabilitiesDoc(_Doc):
+    """What the engine answered when asked at readiness (loadgen/capabilities.py)."""
+
+    completions: bool = False
+    chat: bool = False
+    logprobs: bool = False
+    top_logprobs_max: int | None = None
+    prompt_logprobs: bool = False
+    token_ids: bool = False
+    prompt_token_ids: bool = False
+    stream_usage: bool = False
+    problems: list[str] = Field(default_factory=list, description="what each failed ask said")
+
+
 class EngineDoc(_Doc):
     """One engine as the gate saw it: how it was run, its startup phases, a crash, its log."""
 
@@ -130,6 +144,9 @@ class EngineDoc(_Doc):
     crash: CrashDoc | None = None
     log: str | None = Field(None, description="the engine's log file (process engines)")
     log_tail: list[str] = Field(default_factory=list)
+    capabilities: CapabilitiesDoc | None = Field(
+        None, description="learned at readiness; null when the gate did not get that far"
+    )
 
 
 class ReservationReleased(_Doc):
