@@ -1,0 +1,57 @@
+"""The correctness stage adapted to what the reference supports (gate/runs/probes.py adapt_to):
+never asking for what the reference cannot give, so nothing is held against the candidate for
+a feature neither has."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gate.runs.probes import adapt_to
+from loadgen import suite
+from loadgen.capabilities import Capabilities
+
+FULL = Capabilities(
+    completions=True,
+    chat=True,
+    logprobs=True,
+    top_logprobs_max=20,
+    prompt_logprobs=True,
+    token_ids=True,
+    prompt_token_ids=True,
+    stream_usage=True,
+)
+
+
+def default() -> suite.Correctness:
+    cfg = suite.get("correctness")
+    assert isinstance(cfg, suite.Correctness)
+    return cfg
+
+
+def test_a_reference_with_everything_changes_nothing() -> None:
+    notes: list[str] = []
+    assert adapt_to(default(), FULL, "c", notes) == default() and notes == []
+    assert adapt_to(default(), None, "c", notes) == default() and notes == []
+
+
+def test_fewer_top_logprobs_are_asked_for_when_the_reference_returns_fewer() -> None:
+    notes: list[str] = []
+    got = adapt_to(
+        default(),
+        Capabilities(**{**FULL.to_dict(), "problems": (), "top_logprobs_max": 1}),
+        "c",
+        notes,
+    )
+    assert got.top_logprobs == 1 and got.teacher_forced
+    assert notes and "at most 1 top logprobs" in notes[0]
+
+
+def test_no_prompt_logprobs_on_the_reference_means_free_run_only() -> None:
+    # llama.cpp as the reference: `prompt_logprobs` and `return_token_ids` ignored
+    llamacpp = Capabilities(
+        completions=True, chat=True, logprobs=True, top_logprobs_max=20, token_ids=True
+    )
+    notes: list[str] = []
+    got = adapt_to(default(), llamacpp, "c", notes)
+    assert not got.teacher_forced and got.top_logprobs == default().top_logprobs
+    assert "no prompt logprobs and no prompt token ids" in notes[0]
