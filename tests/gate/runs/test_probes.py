@@ -36,12 +36,7 @@ def test_a_reference_with_everything_changes_nothing() -> None:
 
 def test_fewer_top_logprobs_are_asked_for_when_the_reference_returns_fewer() -> None:
     notes: list[str] = []
-    got = adapt_to(
-        default(),
-        Capabilities(**{**FULL.to_dict(), "problems": (), "top_logprobs_max": 1}),
-        "c",
-        notes,
-    )
+    got = adapt_to(default(), dataclasses.replace(FULL, top_logprobs_max=1), "c", notes)
     assert got.top_logprobs == 1 and got.teacher_forced
     assert notes and "at most 1 top logprobs" in notes[0]
 
