@@ -560,8 +560,32 @@ def _engines(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "crash": crash,
                 "log_tail": [str(x) for x in e.get("log_tail") or []],
                 "log": e.get("log"),
+                "capabilities": _capabilities(e.get("capabilities")),
             }
         )
+    return out
+
+
+_CAPABILITY_WORDS = (
+    ("completions", "completions"),
+    ("chat", "chat"),
+    ("logprobs", "logprobs"),
+    ("prompt_logprobs", "prompt logprobs"),
+    ("token_ids", "token ids"),
+    ("prompt_token_ids", "prompt token ids"),
+    ("stream_usage", "usage in streams"),
+)
+
+
+def _capabilities(caps: Any) -> list[tuple[str, bool]] | None:
+    """(feature, supported) as the engine answered at readiness; None when not learned."""
+    if not isinstance(caps, Mapping):
+        return None
+    out = []
+    for key, words in _CAPABILITY_WORDS:
+        if key == "logprobs" and isinstance(caps.get("top_logprobs_max"), int):
+            words = f"logprobs (top {caps['top_logprobs_max']})"
+        out.append((words, bool(caps.get(key))))
     return out
 
 

@@ -454,3 +454,23 @@ def test_the_divergence_view_shows_each_probe_the_deltas_and_the_mirrored_output
     assert "Mirrored load outputs" in html and "280 (before token 16)" in html
     assert "token 0" in html and "request 3" in html
     assert "<script" not in html and EVIL not in html
+
+
+def test_each_engine_card_lists_what_it_supports() -> None:
+    doc = _doc()
+    caps = {
+        "completions": True,
+        "chat": True,
+        "logprobs": True,
+        "top_logprobs_max": 5,
+        "prompt_logprobs": False,
+        "token_ids": True,
+        "prompt_token_ids": False,
+        "stream_usage": True,
+        "problems": ["prompt_logprobs: the answer has no prompt_logprobs"],
+    }
+    for role in doc["engines"]:
+        doc["engines"][role]["capabilities"] = caps
+    html = render_report(VerdictDocument.read(doc), {})
+    assert len(doc["engines"]) == 2 and html.count("✓ logprobs (top 5)") == 2
+    assert "✗ prompt logprobs" in html and "✓ usage in streams" in html
