@@ -70,24 +70,50 @@ class Capabilities:
 FEATURES = Capabilities.FEATURES
 
 
+class _Clock:
+    """The discovery's budget: every ask gets what is left of it (at most the target's own
+    deadline); once spent, the asks left are not sent."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.end = None if budget_s is None else loop.time() + budget_s
+        self.budget_s = budget_s
+
+    def left(self, target: Target) -> float | None:
+        if self.end is None:
+            return target.deadline_s
+        left = self.end - asyncio.get_running_loop().time()
+        return max(0.0, left if target.deadline_s is None else min(left, target.deadline_s))
+
+
 async def _post(
-    http: httpx.AsyncClient, target: Target, api: str, body: Mapping[str, Any]
+    http: httpx.AsyncClient,
+    target: Target,
+    api: str,
+    body: Mapping[str, Any],
+    clock: _Clock | None = None,
 ) -> tuple[int | None, Any, str | None]:
     """(status, parsed body or the raw text for a stream, problem) of one request."""
+    limit = clock.left(target) if clock is not None else target.deadline_s
+    if limit is not None and limit <= 0.0:
+        budget = clock.budget_s if clock is not None else 0.0
+        return None, None, f"not asked: the discovery's {budget:g} s were spent"
     base = target.base_url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
     url = base + ("/completions" if api == "completions" else "/chat/completions")
     payload = {"model": target.model, **body}
     try:
         async with (
-            asyncio.timeout(target.deadline_s),
+            asyncio.timeout(limit),
             http.stream(
                 "POST", url, json=payload, headers=IDENTITY_HEADERS, timeout=target.timeout_s
             ) as response,
         ):
             raw, more = await read_capped(response, MAX_CAPABILITY_BODY_BYTES)
             status = response.status_code
-    except (httpx.HTTPError, TimeoutError) as exc:
+    except TimeoutError:
+        return None, None, f"no answer within {limit:g} s"
+    except httpx.HTTPError as exc:
         return None, None, f"{type(exc).__name__}: {excerpt(str(exc))}"
     if more:
         return status, None, f"answer over {MAX_CAPABILITY_BODY_BYTES} bytes"
@@ -126,26 +152,32 @@ def _stream_has_usage(text: str) -> bool:
     return False
 
 
-async def discover(target: Target, *, client: httpx.AsyncClient | None = None) -> Capabilities:
-    """Ask `target` for each feature (module docstring); never raises for an answer."""
+async def discover(
+    target: Target, *, client: httpx.AsyncClient | None = None, budget_s: float | None = None
+) -> Capabilities:
+    """Ask `target` for each feature (module docstring), all within `budget_s` seconds (an
+    engine that hangs is "not supported" for what it did not answer); never raises for an
+    answer."""
     if client is None:
         async with make_client(target, 2, lean=False) as owned:
-            return await discover(target, client=owned)
-    http = client
+            return await discover(target, client=owned, budget_s=budget_s)
+    clock = _Clock(budget_s)
+
+    async def post(api: str, body: Mapping[str, Any]) -> tuple[int | None, Any, str | None]:
+        return await _post(client, target, api, body, clock)
+
     problems: list[str] = []
     base = {"prompt": _PROMPT, "max_tokens": 2, "temperature": 0.0}
 
     def note(feature: str, problem: str | None, fallback: str) -> None:
         problems.append(f"{feature}: {problem or fallback}")
 
-    _, doc, problem = await _post(http, target, "completions", base)
+    _, doc, problem = await post("completions", base)
     completions = _choice(doc) is not None
     if not completions:
         note("completions", problem, "no choices in the answer")
 
-    _, doc, problem = await _post(
-        http,
-        target,
+    _, doc, problem = await post(
         "chat",
         {"messages": [{"role": "user", "content": _PROMPT}], "max_tokens": 2},
     )
@@ -158,7 +190,7 @@ async def discover(target: Target, *, client: httpx.AsyncClient | None = None) -
     top_max: int | None = None
     token_ids_from_entries = False
     for k in _TOP_K_TRIES:
-        _, doc, problem = await _post(http, target, "completions", base | {"logprobs": k})
+        _, doc, problem = await post("completions", base | {"logprobs": k})
         ch = _choice(doc)
         parsed = parse_logprobs(ch.get("logprobs")) if ch is not None else None
         if parsed is not None and parsed.logprobs and parsed.top:
@@ -170,8 +202,8 @@ async def discover(target: Target, *, client: httpx.AsyncClient | None = None) -
         note(f"logprobs {k}", problem, "no logprobs in the answer")
     logprobs = top_max is not None
 
-    _, doc, problem = await _post(
-        http, target, "completions", base | {"prompt_logprobs": 1, "return_token_ids": True}
+    _, doc, problem = await post(
+        "completions", base | {"prompt_logprobs": 1, "return_token_ids": True}
     )
     ch = _choice(doc)
     prompt_lps = ch.get("prompt_logprobs") if ch is not None else None
@@ -189,9 +221,7 @@ async def discover(target: Target, *, client: httpx.AsyncClient | None = None) -
     if not prompt_token_ids:
         note("prompt_token_ids", problem, "no prompt_token_ids in the answer")
 
-    _, text, problem = await _post(
-        http,
-        target,
+    _, text, problem = await post(
         "completions",
         base | {"stream": True, "stream_options": {"include_usage": True}},
     )

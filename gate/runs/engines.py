@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gate.core.errors import EngineError, GateError
+from gate.core.limits import scenario_deadline_s
 from gate.core.vocabulary import ROLES, Role
 from gate.engines.describe import placement_doc, timing_doc, unlaunched_doc
 from gate.engines.launchers import TERM_GRACE_S, EndpointEngine, Engine, ProcessEngine
@@ -151,7 +152,12 @@ class Engines:
     async def discover(self) -> None:
         """What each engine supports (loadgen/capabilities.py), asked once both are ready;
         the stages adapt to it and the judge compares it (gate/analysis/compat.py)."""
-        found = await asyncio.gather(*(discover(t) for t in self.targets("completions")))
+        # Bounded like a probe suite (no planned duration: the cap on one, limits.py): an
+        # engine that hangs has not answered, and the features it did not answer are lacking.
+        budget = scenario_deadline_s(None, self.ctx.limits)
+        found = await asyncio.gather(
+            *(discover(t, budget_s=budget) for t in self.targets("completions"))
+        )
         self.capabilities = dict(zip(ROLES, found, strict=True))
         self.check_crashes()
         lacking = {
