@@ -7,10 +7,11 @@ each logprob entry its token `id` (../shared/captures/); an OpenAI-compatible se
 an unknown field with a 400, or silently ignore it. The gate asks rather than assumes, so a check
 never holds an engine for a field its reference does not have either (gate/analysis/compat.py).
 
-Each feature is one request with `max_tokens` 2 (`top_logprobs_max` tries 20, then 5, then 1),
-answered when the response is a 200 whose body really carries the feature; anything else (an
-error status, a body without it, a transport failure) is "not supported", with what was seen in
-`problems`. Bodies are read up to `MAX_CAPABILITY_BODY_BYTES`.
+Each feature is one request with `max_tokens` 2 (token ids and prompt token ids share one;
+`top_logprobs_max` tries 20, then 5, then 1), answered when the response is a 200 whose body
+really carries the feature; anything else (an error status, a body without it, a transport
+failure) is "not supported", with what was seen in `problems`. Bodies are read up to
+`MAX_CAPABILITY_BODY_BYTES`.
 """
 
 from __future__ import annotations
@@ -202,14 +203,17 @@ async def discover(
         note(f"logprobs {k}", problem, "no logprobs in the answer")
     logprobs = top_max is not None
 
-    _, doc, problem = await post(
-        "completions", base | {"prompt_logprobs": 1, "return_token_ids": True}
-    )
+    # Prompt logprobs and token ids are asked apart: an engine that refuses one of them (vLLM
+    # refuses prompt logprobs over its --max-logprobs) may still serve the other.
+    _, doc, problem = await post("completions", base | {"prompt_logprobs": 1})
     ch = _choice(doc)
     prompt_lps = ch.get("prompt_logprobs") if ch is not None else None
     prompt_logprobs = isinstance(prompt_lps, list) and len(prompt_lps) > 0
     if not prompt_logprobs:
         note("prompt_logprobs", problem, "the answer has no prompt_logprobs")
+
+    _, doc, problem = await post("completions", base | {"return_token_ids": True})
+    ch = _choice(doc)
     ids = ch.get("token_ids") if ch is not None else None
     token_ids = (isinstance(ids, list) and len(ids) > 0) or token_ids_from_entries
     prompt_ids = ch.get("prompt_token_ids") if ch is not None else None

@@ -1,10 +1,6 @@
 """The load generator's streaming client against a real engine's exact responses: a socket server
-replays llama.cpp's captured bytes (``../shared/captures/``, ``curl -i -N`` of ``llama-server``;
-see that folder's README) and the client reads them as it would the engine.
-
-curl prints a chunked body with its chunk framing removed, so the replay sends the captured
-status line, headers and body bytes unchanged and frames the body again, one chunk per SSE event
-(llama.cpp writes one event per chunk: its server's ``sink.write`` per ``data:`` line).
+replays llama.cpp's captured bytes (``tests/support/capture_replay.py``) and the client reads
+them as it would the engine.
 """
 
 from __future__ import annotations
@@ -12,59 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
+
+from capture_replay import CAPTURES, replay, split_capture
 
 from loadgen.client import RequestSpec, Target, make_client, send_request
 from loadgen.records import RequestRecord
-
-CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "captures"
-
-
-def _split(raw: bytes) -> tuple[bytes, bytes]:
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        head, _, body = raw.partition(b"\n\n")
-    return head, body
-
-
-@asynccontextmanager
-async def replay(name: str) -> AsyncIterator[str]:
-    """A server answering every request with the capture `name`, byte for byte."""
-    head, body = _split((CAPTURES / name).read_bytes())
-    lines = head.replace(b"\r\n", b"\n").split(b"\n")
-    chunked = any(ln.lower() == b"transfer-encoding: chunked" for ln in lines)
-    response = b"\r\n".join(lines) + b"\r\n\r\n"
-    if chunked:
-        events = [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]
-        response += b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
-    else:
-        response += body
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                request = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in request.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                writer.write(response)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass  # the client closed, or the test ended with the connection kept alive
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def fetch(name: str, api: str = "completions") -> RequestRecord:
@@ -81,7 +29,7 @@ def fetch(name: str, api: str = "completions") -> RequestRecord:
 def expected(name: str, api: str) -> tuple[str, list[int], list[float]]:
     """What the capture's events say, read here independently of the client: the text, and
     each content entry's id and logprob."""
-    _, body = _split((CAPTURES / name).read_bytes())
+    _, body = split_capture((CAPTURES / name).read_bytes())
     text, ids, lps = "", [], []
     for line in body.decode().splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":

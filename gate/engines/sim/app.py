@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gate.engines.sim.config import SimConfig
 from gate.engines.sim.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
 from gate.engines.sim.faults import FaultPlan, StreamFaults
+from gate.engines.sim.features import Served
 from gate.engines.sim.http11 import ConnectionStats, Request, Responder
 from gate.engines.sim.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
 from gate.engines.sim.protocol import (
@@ -39,7 +40,7 @@ from gate.engines.sim.timing import StepTimer
 from gate.engines.sim.truth import TruthLog, TruthRecord
 
 Route = Callable[[Request, Responder], Awaitable[None]]
-Parser = Callable[[bytes, ToyTokenizer, str, int], ApiRequest]
+Parser = Callable[[bytes, ToyTokenizer, str, int, Served], ApiRequest]
 
 FINISH_REASONS = ("stop", "length", "abort")
 SIM_VERSION = "0.2.0-sim"
@@ -188,6 +189,7 @@ class SimApp:
         )
         self.truth = truth
         self.faults = FaultPlan(config)
+        self.served = config.served()  # --max-logprobs, --without
         self.ready = False
         self.started_generations = 0
         self.injected_errors = 0
@@ -262,7 +264,9 @@ class SimApp:
         responder.send(200, dumps({"object": "list", "data": [card]}).encode())
 
     async def _tokenize(self, request: Request, responder: Responder) -> None:
-        tokens = parse_tokenize_request(request.body, self.tokenizer, self.config.model)
+        tokens = parse_tokenize_request(
+            request.body, self.tokenizer, self.config.model, self.served
+        )
         body = {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens}
         responder.send(200, dumps(body).encode())
 
@@ -460,7 +464,7 @@ class SimApp:
         cfg = self.config
         turn = await self.engine.intake_turn()  # parse and tokenize between steps
         try:
-            api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len)
+            api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len, self.served)
             self._inject_error()
             self._shed_if_overloaded()
         except BaseException:

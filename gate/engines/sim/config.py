@@ -13,6 +13,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gate.engines.sim.features import (
+    DEFAULT_MAX_LOGPROBS,
+    FEATURES,
+    Feature,
+    Served,
+    parse_features,
+)
 from gate.engines.sim.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
 from gate.engines.sim.timing import CostModel
 
@@ -69,6 +76,9 @@ class SimConfig:
     keep_alive_timeout_s: float | None = None
     max_requests_per_connection: int | None = None
     announce_keep_alive: bool = False
+    # What the engine answers beyond text (features.py): vLLM's defaults, everything on.
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    without: tuple[Feature, ...] = ()
     # Ground truth for benchmarks of clients.
     truth_log: str | None = None
     tag: str = ""
@@ -84,6 +94,9 @@ class SimConfig:
             jitter=self.jitter,
             degrade_itl_per_min=self.degrade_itl_per_min,
         )
+
+    def served(self) -> Served:
+        return Served.build(self.max_logprobs, self.without)
 
 
 def _request_list(text: str) -> tuple[int, ...]:
@@ -103,6 +116,13 @@ def _request_list(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"bad request range: {part!r}")
         out.extend(range(lo, hi + 1))
     return tuple(sorted(set(out)))
+
+
+def _features(text: str) -> tuple[Feature, ...]:
+    try:
+        return parse_features(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _profile_help() -> str:
@@ -343,6 +363,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="status of shed requests (default 429)",
     )
 
+    feat = parser.add_argument_group(
+        "features",
+        "what the engine answers beyond text, for a reference without a feature or a "
+        "candidate that lost one; without these flags, everything vLLM has",
+    )
+    feat.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS,
+        metavar="N",
+        help=(
+            "vLLM's --max-logprobs (default 20): a request for more than N logprobs "
+            "(completions' logprobs, chat's top_logprobs, prompt_logprobs) gets vLLM's 400; "
+            "0 refuses every request for one or more, as vLLM does"
+        ),
+    )
+    feat.add_argument(
+        "--without",
+        type=_features,
+        action="append",
+        default=[],
+        metavar="FEATURE[,FEATURE]",
+        help=(
+            "serve without a feature (repeatable, or a comma list): prompt_logprobs, "
+            "token_ids (return_token_ids), stream_usage (stream_options), logprobs "
+            "(logprobs, top_logprobs) are ignored in requests, as llama.cpp ignores "
+            "prompt_logprobs and return_token_ids; chat answers 400 as vLLM does for a model "
+            "without a chat template"
+        ),
+    )
+
     out = parser.add_argument_group("ground truth")
     out.add_argument(
         "--truth-log",
@@ -422,6 +473,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--announce-keep-alive has nothing to announce: "
         "give --keep-alive-timeout or --max-requests-per-connection",
     )
+    require(
+        0 <= ns.max_logprobs <= ns.vocab_size,
+        f"--max-logprobs must be in [0, --vocab-size {ns.vocab_size}], got {ns.max_logprobs}",
+    )
+    without = tuple(f for f in FEATURES if any(f in group for group in ns.without))
 
     return SimConfig(
         port=ns.port,
@@ -461,6 +517,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         keep_alive_timeout_s=timeout,
         max_requests_per_connection=limit,
         announce_keep_alive=ns.announce_keep_alive,
+        max_logprobs=ns.max_logprobs,
+        without=without,
         truth_log=ns.truth_log,
         tag=ns.tag,
     )

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gate.engines.sim.engine import GenerationRequest, StreamEvent
+from gate.engines.sim.features import ALL_SERVED, Served
 from gate.engines.sim.model import PromptTokenLogprobs, TokenLogprobs, ToyTokenizer, render_chat
 
-MAX_LOGPROBS = 20
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -71,6 +71,23 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
+
+
+# vLLM's answer to chat for a model whose tokenizer defines no chat template (raised while
+# rendering the messages, so after the request's own validation and the model check).
+NO_CHAT_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must "
+    "provide a chat template if the tokenizer does not define one."
+)
+
+
+def _too_many_logprobs(kind: str, requested: int, served: Served, param: str) -> ApiError:
+    """vLLM's refusal of more logprobs than --max-logprobs (its input processor's check)."""
+    return bad_request(
+        f"Requested {kind} logprobs of {requested}, which is greater than max allowed: "
+        f"{served.max_logprobs}",
+        param,
+    )
 
 
 # --------------------------------------------------------------------------- field readers
@@ -193,6 +210,7 @@ def _common(
     served_model: str,
     max_model_len: int,
     endpoint: Endpoint,
+    served: Served,
 ) -> ApiRequest:
     n = _opt_int(obj, "n")
     if n not in (None, 1):
@@ -229,7 +247,7 @@ def _common(
     if min_tokens > max_tokens:
         raise bad_request("`min_tokens` must be less than or equal to `max_tokens`", "min_tokens")
     stream = _opt_bool(obj, "stream")
-    prompt_logprobs = _prompt_logprobs(obj, stream)
+    prompt_logprobs = _prompt_logprobs(obj, stream, served)
     generation = GenerationRequest(
         prompt_token_ids=tuple(prompt_ids),
         max_tokens=max_tokens,
@@ -247,26 +265,26 @@ def _common(
         endpoint=endpoint,
         generation=generation,
         stream=stream,
-        stream_options=_stream_options(obj, stream),
-        return_token_ids=_opt_bool(obj, "return_token_ids"),
+        # An engine without these ignores the fields, as llama.cpp does: no check, no effect.
+        stream_options=_stream_options(obj, stream) if served.stream_usage else StreamOptions(),
+        return_token_ids=served.token_ids and _opt_bool(obj, "return_token_ids"),
         prompt_logprobs=prompt_logprobs,
     )
     check_model(obj, served_model)
     return request
 
 
-def _prompt_logprobs(obj: dict[str, Any], stream: bool) -> int | None:
+def _prompt_logprobs(obj: dict[str, Any], stream: bool, served: Served) -> int | None:
+    if not served.prompt_logprobs:
+        return None
     value = _opt_int(obj, "prompt_logprobs")
     if value is None:
         return None
     if value < 0 and value != -1:
         raise bad_request("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs")
-    if value == -1 or value > MAX_LOGPROBS:
-        raise bad_request(
-            f"Requested prompt logprobs of {value}, which is greater than max allowed: "
-            f"{MAX_LOGPROBS}",
-            "prompt_logprobs",
-        )
+    if value == -1 or value > served.max_logprobs:
+        # -1 (vLLM: the whole vocabulary) the sim does not serve: refused as over the limit
+        raise _too_many_logprobs("prompt", value, served, "prompt_logprobs")
     if stream:
         raise bad_request(
             "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
@@ -302,7 +320,11 @@ def _prompt_ids(value: object, tokenizer: ToyTokenizer) -> list[int]:
 
 
 def parse_completion_request(
-    body: bytes, tokenizer: ToyTokenizer, served_model: str, max_model_len: int
+    body: bytes,
+    tokenizer: ToyTokenizer,
+    served_model: str,
+    max_model_len: int,
+    served: Served = ALL_SERVED,
 ) -> ApiRequest:
     obj = _load_object(body)
     if "prompt" not in obj or obj["prompt"] is None:
@@ -310,13 +332,10 @@ def parse_completion_request(
     prompt_ids = _prompt_ids(obj["prompt"], tokenizer)
     if _opt_bool(obj, "echo"):
         raise bad_request("The sim does not support `echo`", "echo")
-    logprobs = _opt_int(obj, "logprobs", minimum=0)
-    if logprobs is not None and logprobs > MAX_LOGPROBS:
-        raise bad_request(
-            f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
-            f"{MAX_LOGPROBS}",
-            "logprobs",
-        )
+    logprobs = _opt_int(obj, "logprobs", minimum=0) if served.logprobs else None
+    # As in vLLM, 0 asks for the chosen token's logprob alone, allowed under any limit.
+    if logprobs and logprobs > served.max_logprobs:
+        raise _too_many_logprobs("sample", logprobs, served, "logprobs")
     return _common(
         obj,
         prompt_ids=prompt_ids,
@@ -327,6 +346,7 @@ def parse_completion_request(
         served_model=served_model,
         max_model_len=max_model_len,
         endpoint="completion",
+        served=served,
     )
 
 
@@ -360,23 +380,25 @@ def chat_messages(value: object) -> list[tuple[str, str]]:
 
 
 def parse_chat_request(
-    body: bytes, tokenizer: ToyTokenizer, served_model: str, max_model_len: int
+    body: bytes,
+    tokenizer: ToyTokenizer,
+    served_model: str,
+    max_model_len: int,
+    served: Served = ALL_SERVED,
 ) -> ApiRequest:
     obj = _load_object(body)
     if "messages" not in obj:
         raise bad_request("`messages` is required", "messages")
-    prompt_ids = tokenizer.encode(render_chat(chat_messages(obj["messages"])))
-    want_logprobs = _opt_bool(obj, "logprobs")
-    top = _opt_int(obj, "top_logprobs", minimum=0)
+    prompt_ids = tokenizer.encode(_render_chat(obj, served_model, served))
+    want_logprobs = served.logprobs and _opt_bool(obj, "logprobs")
+    top = _opt_int(obj, "top_logprobs", minimum=0) if served.logprobs else None
     if top is not None and top > 0 and not want_logprobs:
         raise bad_request(
             "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
         )
-    if top is not None and top > MAX_LOGPROBS:
-        raise bad_request(
-            f"Requested top_logprobs of {top}, which is greater than max allowed: {MAX_LOGPROBS}",
-            "top_logprobs",
-        )
+    if top and top > served.max_logprobs:
+        # vLLM hands top_logprobs to the engine as its sample logprobs, and says so
+        raise _too_many_logprobs("sample", top, served, "top_logprobs")
     field = (
         "max_completion_tokens" if obj.get("max_completion_tokens") is not None else "max_tokens"
     )
@@ -390,16 +412,29 @@ def parse_chat_request(
         served_model=served_model,
         max_model_len=max_model_len,
         endpoint="chat",
+        served=served,
     )
 
 
-def parse_tokenize_request(body: bytes, tokenizer: ToyTokenizer, served_model: str) -> list[int]:
+def _render_chat(obj: dict[str, Any], served_model: str, served: Served) -> str:
+    """The messages through the toy chat template; without one (``--without chat``) vLLM's
+    400, after the messages' own checks and the model's, as vLLM renders after both."""
+    messages = chat_messages(obj["messages"])
+    if not served.chat:
+        check_model(obj, served_model)
+        raise bad_request(NO_CHAT_TEMPLATE)
+    return render_chat(messages)
+
+
+def parse_tokenize_request(
+    body: bytes, tokenizer: ToyTokenizer, served_model: str, served: Served = ALL_SERVED
+) -> list[int]:
     obj = _load_object(body)
     check_model(obj, served_model)
     if obj.get("prompt") is not None:
         return _prompt_ids(obj["prompt"], tokenizer)
     if obj.get("messages") is not None:
-        return tokenizer.encode(render_chat(chat_messages(obj["messages"])))
+        return tokenizer.encode(_render_chat(obj, served_model, served))
     raise bad_request("Either `prompt` or `messages` is required", "prompt")
 
 
