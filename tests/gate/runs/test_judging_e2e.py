@@ -221,6 +221,43 @@ def test_the_default_stage_judges_numerics_against_a_deterministic_reference(
     assert any("added a short one ('correctness'" in n for n in doc["notes"])
 
 
+def test_a_candidate_that_lost_a_feature_holds_one_the_reference_lacks_is_a_note(
+    tmp_path: Path, tag: str
+) -> None:
+    """Capabilities learned at readiness: a candidate without prompt logprobs behind a reference
+    that has them fails `compat.capability.prompt_logprobs`; a reference without them (as
+    llama.cpp ignores the field) holds nothing against a candidate that lacks them too, and
+    the correctness stage runs free-running only, with a note."""
+    lost = run(
+        tmp_path / "lost",
+        sim(tag, "--profile", "tiny"),
+        sim(tag, "--profile", "tiny", "--without", "prompt_logprobs", "--seed", "2"),
+        policy=WIDE,
+        scenarios=[STEADY | {"rate": 80, "requests": 120}],
+    )
+    got = checks(lost)
+    assert got["compat.capability.prompt_logprobs"]["decision"] == "fail"
+    assert lost["verdict"] == "hold"
+    assert "compat.capability.prompt_logprobs" in {r["check"] for r in lost["reasons"]}
+    caps = lost["engines"]["candidate"]["capabilities"]
+    assert caps["prompt_logprobs"] is False and caps["top_logprobs_max"] == 20
+    assert lost["engines"]["reference"]["capabilities"]["prompt_logprobs"] is True
+
+    neither = run(
+        tmp_path / "neither",
+        sim(tag, "--profile", "tiny", "--without", "prompt_logprobs"),
+        sim(tag, "--profile", "tiny", "--without", "prompt_logprobs", "--seed", "2"),
+        policy=WIDE,
+        scenarios=[STEADY | {"rate": 80, "requests": 120}],
+    )
+    got = checks(neither)
+    assert "compat.capability.prompt_logprobs" not in got
+    assert neither["verdict"] == "continue", neither["reasons"]
+    assert neither["correctness"][0]["teacher_forced"] == 0
+    assert any("teacher-forced scoring skipped" in n for n in neither["notes"])
+    assert any("reference lacks them too: prompt logprobs" in n for n in neither["notes"])
+
+
 def test_nan_logprobs_after_some_requests_hold(tmp_path: Path, tag: str) -> None:
     doc = run(
         tmp_path,
