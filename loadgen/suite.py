@@ -1126,12 +1126,13 @@ async def _post_completion(
     body: dict[str, Any],
     result: CorrectnessResult | ScoreResult,
     cap: int = MAX_BODY_BYTES,
+    api: ProbeKind = "completions",
 ) -> tuple[int | None, Any]:
-    """POST a non-streaming completion, reading at most ``cap`` bytes of the answer; a
-    transport failure, the deadline or a longer answer goes to `result.error` (and the status
-    returned is None), else the status to `result.status` and it and the parsed body are
-    returned."""
-    url = _api_url(target, "completions")
+    """POST a non-streaming completion (or chat completion), reading at most ``cap`` bytes of
+    the answer; a transport failure, the deadline or a longer answer goes to `result.error`
+    (and the status returned is None), else the status to `result.status` and it and the
+    parsed body are returned."""
+    url = _api_url(target, api)
     try:
         status, payload, more = await _post_capped(http, url, body, target, cap)
     except (httpx.HTTPError, TimeoutError) as exc:
@@ -1165,8 +1166,11 @@ async def run_correctness(
     client: httpx.AsyncClient | None = None,
     concurrent: bool = False,
     background: int = 0,
+    api: ProbeKind = "completions",
 ) -> list[CorrectnessResult]:
-    """Send the greedy probes (non-streaming completions) and return what each produced.
+    """Send the greedy probes (non-streaming completions, or chat with ``api="chat"`` for an
+    engine without the completions API: the prompt as one user message, OpenAI's
+    ``logprobs: true`` and ``top_logprobs``) and return what each produced.
 
     Non-streaming, so that the answer is one JSON document whose logprobs need no
     reassembly; ``return_token_ids`` is vLLM's (engines without it give ``token_ids=None``
@@ -1179,28 +1183,47 @@ async def run_correctness(
     width = (len(requests) if concurrent else 1) + background
     async with (
         _client_for(target, client, width) as http,
-        _background_load(http, target, background, scenario, seed),
+        _background_load(http, target, background, scenario, seed, api),
     ):
         if concurrent:
-            return list(await asyncio.gather(*(_greedy_probe(http, target, r) for r in requests)))
-        return [await _greedy_probe(http, target, r) for r in requests]
+            return list(
+                await asyncio.gather(*(_greedy_probe(http, target, r, api) for r in requests))
+            )
+        return [await _greedy_probe(http, target, r, api) for r in requests]
+
+
+def _greedy_body(target: Target, req: RequestSpec, api: ProbeKind) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": target.model, "max_tokens": req.max_tokens}
+    body.update(req.extra)
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+        k = body.pop("logprobs", None)
+        if isinstance(k, int) and not isinstance(k, bool):
+            body["logprobs"], body["top_logprobs"] = True, k
+    else:
+        body["prompt"] = req.prompt
+    body["stream"] = False
+    return body
 
 
 async def _greedy_probe(
-    http: httpx.AsyncClient, target: Target, req: RequestSpec
+    http: httpx.AsyncClient, target: Target, req: RequestSpec, api: ProbeKind = "completions"
 ) -> CorrectnessResult:
-    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.max_tokens}
-    body.update(req.extra)
-    body["stream"] = False
+    body = _greedy_body(target, req, api)
     result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
-    status, obj = await _post_completion(http, target, body, result)
+    status, obj = await _post_completion(http, target, body, result, api=api)
     if status is None:
         return result
     choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
     if status != 200 or not isinstance(choice, dict):
         result.error = f"HTTP {status}: {excerpt(str(obj))}"
         return result
-    result.text = choice.get("text") or ""
+    message = choice.get("message")
+    if api == "chat" and isinstance(message, dict):
+        content = message.get("content")
+        result.text = content if isinstance(content, str) else ""
+    else:
+        result.text = choice.get("text") or ""
     ids = choice.get("token_ids")
     result.token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
     prompt_ids = choice.get("prompt_token_ids")
@@ -1219,24 +1242,32 @@ async def _greedy_probe(
 
 @contextlib.asynccontextmanager
 async def _background_load(
-    http: httpx.AsyncClient, target: Target, n: int, scenario: Correctness, seed: int
+    http: httpx.AsyncClient,
+    target: Target,
+    n: int,
+    scenario: Correctness,
+    seed: int,
+    api: ProbeKind = "completions",
 ) -> AsyncIterator[None]:
     """Keep ``n`` generation requests in flight on ``target`` until the block ends."""
     if n <= 0:
         yield
         return
     prompts = synthetic_prompts(n, scenario.prompt_tokens, seed=seed + 104_729)
-    url = _api_url(target, "completions")
+    url = _api_url(target, api)
 
     async def loop(prompt: str) -> None:
-        body = {
+        body: dict[str, Any] = {
             "model": target.model,
-            "prompt": prompt,
             "max_tokens": scenario.max_tokens,
             "temperature": 0.0,
             "ignore_eos": True,
             "stream": False,
         }
+        if api == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
         while True:
             try:
                 await _post_capped(http, url, body, target, MAX_BODY_BYTES)

@@ -20,6 +20,7 @@ from gate.verdict.document import CorrectnessDoc, ProbeDoc, ProbeSide
 from loadgen import suite as suite_catalogue
 from loadgen.capabilities import Capabilities
 from loadgen.client import Target
+from loadgen.suite import ProbeKind
 
 
 def _side(r: suite_catalogue.ProbeResult) -> ProbeSide:
@@ -124,22 +125,38 @@ def adapt_to(
     return dataclasses.replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
 
 
+def probe_api(reference: Capabilities | None, name: str, notes: list[str]) -> ProbeKind:
+    """The API the greedy probes go to: completions, or chat for a reference that serves only
+    chat (free-running then: teacher forcing scores prompts on the completions API)."""
+    if reference is not None and not reference.completions and reference.chat:
+        notes.append(
+            f"{name}: the reference has no completions API, so the greedy probes go to chat "
+            "(one user message, logprobs with top_logprobs), free-running only."
+        )
+        return "chat"
+    return "completions"
+
+
 async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> CorrectnessResult:
     """The correctness suite: greedy probes on both engines one at a time, the same probes on
     the reference again all at once beside `envelope_load` other requests, then teacher-forced
     scoring when the suite asks for it."""
     cfg = suite_catalogue.get("correctness", **sc.settings)
     assert isinstance(cfg, suite_catalogue.Correctness)
-    cfg = adapt_to(cfg, engines.capabilities.get("reference"), sc.name, ctx.notes)
+    reference = engines.capabilities.get("reference")
+    cfg = adapt_to(cfg, reference, sc.name, ctx.notes)
+    api = probe_api(reference, sc.name, ctx.notes)
+    if api == "chat":
+        cfg = dataclasses.replace(cfg, teacher_forced=False)
     seed = scenario_seed(ctx.spec, sc)
     ctx.gate_phase(f"scenario:{sc.name}", f"{cfg.probes_count} correctness probes")
     ref_t, cand_t = engines.targets("completions")
     ref, cand = await asyncio.gather(
-        suite_catalogue.run_correctness(ref_t, scenario=cfg, seed=seed),
-        suite_catalogue.run_correctness(cand_t, scenario=cfg, seed=seed),
+        suite_catalogue.run_correctness(ref_t, scenario=cfg, seed=seed, api=api),
+        suite_catalogue.run_correctness(cand_t, scenario=cfg, seed=seed, api=api),
     )
     loaded = await suite_catalogue.run_correctness(
-        ref_t, scenario=cfg, seed=seed, concurrent=True, background=cfg.envelope_load
+        ref_t, scenario=cfg, seed=seed, concurrent=True, background=cfg.envelope_load, api=api
     )
     run = CorrectnessRun(sc.name, cfg.max_tokens, ref, cand, loaded)
     if cfg.teacher_forced:

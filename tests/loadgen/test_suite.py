@@ -96,6 +96,27 @@ def test_probes_and_correctness_against_the_sim(sim: Any) -> None:
         assert first_divergence(c, d) is None  # greedy: the same engine agrees with itself
 
 
+def test_correctness_probes_on_the_chat_api_for_an_engine_without_completions(sim: Any) -> None:
+    """An engine that serves only chat gets the greedy probes as one user message with OpenAI's
+    `logprobs: true, top_logprobs: k`; the answer's `logprobs.content` list is read as on
+    completions, and the same greedy prompt agrees with itself."""
+    cfg = Correctness(probes_count=2, max_tokens=6, top_logprobs=3)
+
+    async def main(url: str) -> tuple[Any, Any]:
+        target = Target("t", url)
+        first = await run_correctness(target, scenario=cfg, api="chat")
+        return first, await run_correctness(target, scenario=cfg, api="chat", concurrent=True)
+
+    with sim() as url:
+        checks, again = asyncio.run(main(url))
+    assert len(checks) == 2
+    for c, d in zip(checks, again, strict=True):
+        assert c.error is None and c.status == 200
+        assert c.text and c.logprobs is not None and len(c.logprobs) == 6
+        assert c.top_logprobs is not None and all(len(t) == 3 for t in c.top_logprobs)
+        assert first_divergence(c, d) is None
+
+
 def test_a_context_beyond_the_cap_gets_no_long_prompt_probes(sim: Any) -> None:
     """The long prompts are sized to what the engine reports, up to the caller's cap: the sim
     reports 4096 tokens, so with a cap of 1024 no prompt of its size is built or sent."""

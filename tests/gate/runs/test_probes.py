@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gate.runs.probes import adapt_to
+from gate.runs.probes import adapt_to, probe_api
 from loadgen import suite
 from loadgen.capabilities import Capabilities
 
@@ -50,3 +50,13 @@ def test_no_prompt_logprobs_on_the_reference_means_free_run_only() -> None:
     got = adapt_to(default(), llamacpp, "c", notes)
     assert not got.teacher_forced and got.top_logprobs == default().top_logprobs
     assert "no prompt logprobs and no prompt token ids" in notes[0]
+
+
+def test_a_reference_that_serves_only_chat_gets_the_probes_on_chat() -> None:
+    notes: list[str] = []
+    chat_only = dataclasses.replace(FULL, completions=False)
+    assert probe_api(chat_only, "c", notes) == "chat" and "no completions API" in notes[0]
+    assert probe_api(FULL, "c", []) == "completions"
+    assert probe_api(None, "c", []) == "completions"
+    neither = dataclasses.replace(FULL, completions=False, chat=False)
+    assert probe_api(neither, "c", []) == "completions"  # its failures say the rest
