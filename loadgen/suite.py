@@ -1192,6 +1192,9 @@ async def run_correctness(
         return [await _greedy_probe(http, target, r, api) for r in requests]
 
 
+_GREEDY_SLACK_BYTES = 1 << 20
+
+
 def _greedy_body(target: Target, req: RequestSpec, api: ProbeKind) -> dict[str, Any]:
     body: dict[str, Any] = {"model": target.model, "max_tokens": req.max_tokens}
     body.update(req.extra)
@@ -1211,7 +1214,17 @@ async def _greedy_probe(
 ) -> CorrectnessResult:
     body = _greedy_body(target, req, api)
     result = CorrectnessResult(req.request_id, req.prompt, None, None, None, None, "")
-    status, obj = await _post_completion(http, target, body, result, api=api)
+    # The answer is its tokens with their top-k and the prompt's ids: its size follows from
+    # the request, so an engine that sends more is stopped early (1 MiB of slack, as a
+    # streamed line gets).
+    k = req.extra.get("logprobs")
+    top = k if isinstance(k, int) and not isinstance(k, bool) else 0
+    cap = _GREEDY_SLACK_BYTES + (req.max_tokens * (top + 1) + len(req.prompt)) * (
+        _SCORE_BYTES_PER_ENTRY
+    )
+    status, obj = await _post_completion(
+        http, target, body, result, min(cap, MAX_BODY_BYTES), api=api
+    )
     if status is None:
         return result
     choice = (obj.get("choices") or [None])[0] if isinstance(obj, dict) else None
@@ -1255,6 +1268,7 @@ async def _background_load(
         return
     prompts = synthetic_prompts(n, scenario.prompt_tokens, seed=seed + 104_729)
     url = _api_url(target, api)
+    background_cap = _GREEDY_SLACK_BYTES + scenario.max_tokens * _SCORE_BYTES_PER_ENTRY
 
     async def loop(prompt: str) -> None:
         body: dict[str, Any] = {
@@ -1270,7 +1284,7 @@ async def _background_load(
             body["prompt"] = prompt
         while True:
             try:
-                await _post_capped(http, url, body, target, MAX_BODY_BYTES)
+                await _post_capped(http, url, body, target, background_cap)
             except (httpx.HTTPError, TimeoutError):
                 await asyncio.sleep(0.05)  # a refusing engine is not ours to hammer
 
@@ -1354,7 +1368,7 @@ async def _score(
     result = ScoreResult(request_id, None)
     # The answer scores every prompt token: its size grows with the prompt and the top-k.
     scored = len(prompt) + len(continuation)
-    cap = MAX_BODY_BYTES + scored * (top_n + 1) * _SCORE_BYTES_PER_ENTRY
+    cap = _GREEDY_SLACK_BYTES + scored * (top_n + 1) * _SCORE_BYTES_PER_ENTRY
     status, obj = await _post_completion(http, target, body, result, cap)
     if status is None:
         return result

@@ -262,9 +262,11 @@ def test_nan_logprobs_after_some_requests_hold(tmp_path: Path, tag: str) -> None
     doc = run(
         tmp_path,
         sim(tag, "--profile", "tiny"),
-        # 4 engine warm-up requests, then two greedy probes, then NaN logits (vLLM answers a
-        # non-streaming request whose logprobs are NaN with a 500).
-        sim(tag, "--profile", "tiny", "--nan-after-requests", "6"),
+        # 4 engine warm-up requests, 6 that learn its capabilities (loadgen/capabilities.py:
+        # completions, chat, logprobs 20, prompt logprobs, token ids, a stream), then two
+        # greedy probes, then NaN logits (vLLM answers a non-streaming request whose logprobs
+        # are NaN with a 500).
+        sim(tag, "--profile", "tiny", "--nan-after-requests", "12"),
         scenarios=[correctness_spec()],
     )
     assert doc["verdict"] == "hold"

@@ -55,7 +55,9 @@ CONTRAST = [
     "pre.log",
     "label",
 ]
-REPORT_CHARTS = {"cdf": 2, "over-time": 2, "throughput": 1, "errors": 1, "lifecycle": 1}
+# cdf: TTFT and ITL of the load scenario, and the default correctness stage's teacher-forced
+# |delta logprob| per position (issue 18)
+REPORT_CHARTS = {"cdf": 3, "over-time": 2, "throughput": 1, "errors": 1, "lifecycle": 1}
 
 
 @dataclass
