@@ -165,7 +165,13 @@ async def discover(
     clock = _Clock(budget_s)
 
     async def post(api: str, body: Mapping[str, Any]) -> tuple[int | None, Any, str | None]:
-        return await _post(client, target, api, body, clock)
+        # One more try after a transport failure or a 5xx: a blip is not a missing feature.
+        got = await _post(client, target, api, body, clock)
+        status, _, problem = got
+        spent = problem is not None and problem.startswith("not asked")
+        if not spent and (status is None or status >= 500):
+            got = await _post(client, target, api, body, clock)
+        return got
 
     problems: list[str] = []
     base = {"prompt": _PROMPT, "max_tokens": 2, "temperature": 0.0}

@@ -47,6 +47,7 @@ Checks (group correctness):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,8 +274,10 @@ def greedy_stats(pair: GreedyPair, k: int, runaway_factor: float) -> GreedyStats
         best = max(top.values()) if top else math.nan
         if chosen in top:
             margin = float(best - top[chosen])
-        else:
+        elif len(a.top[first]) >= k:
             outside = True
+        # else: the reference listed fewer than k (an engine capped below top_k), so whether
+        # the candidate's token is in its top-k is unknown: neither a margin nor a flip
     return GreedyStats(
         exact=first is None,
         first_divergence=first,
@@ -297,7 +300,7 @@ def _check(
     samples: tuple[int, int] = (0, 0),
     alpha: float | None = None,
 ) -> Check:
-    return statistic_check(
+    check = statistic_check(
         f"correctness.{cid}",
         "correctness",
         cid,
@@ -310,6 +313,9 @@ def _check(
         samples=samples,
         alpha=alpha,
     )
+    # Undecided is a lack of evidence (the reference failed a probe, too few prompts for the
+    # budget, no budget at all), never a finding against the candidate: only a failure holds.
+    return dataclasses.replace(check, required=False) if decision == "inconclusive" else check
 
 
 def _answered_check(failures: Sequence[tuple[str, str]], compared: int) -> Check | None:
@@ -650,12 +656,11 @@ def divergence_checks(data: DivergenceSamples, policy: Policy, notes: list[str])
     return checks
 
 
-def envelope_early_share(data: DivergenceSamples | None, policy: Policy) -> float | None:
-    """The share of the reference's free-run pairs against itself (alone vs under load) that
-    part before `early_tokens`: the reference's own behaviour the mirrored load outputs are
-    held to (outputs.py). None without an envelope."""
-    if data is None or not data.envelope_greedy:
-        return None
+def envelope_early_counts(data: DivergenceSamples | None, policy: Policy) -> tuple[int, int]:
+    """(pairs that part before `early_tokens`, pairs) of the reference's free-run pairs against
+    itself (alone vs under load)."""
+    if data is None:
+        return 0, 0
     dp = policy.divergence
     early = 0
     for pair in data.envelope_greedy:
@@ -663,4 +668,12 @@ def envelope_early_share(data: DivergenceSamples | None, policy: Policy) -> floa
         length = min(len(pair.a.token_ids), len(pair.b.token_ids)) or st.length
         cut = min(dp.early_tokens, max(length, 1))
         early += st.first_divergence is not None and st.first_divergence < cut
-    return early / len(data.envelope_greedy)
+    return early, len(data.envelope_greedy)
+
+
+def envelope_early_share(data: DivergenceSamples | None, policy: Policy) -> float | None:
+    """The share of the reference's free-run pairs against itself (alone vs under load) that
+    part before `early_tokens`: the reference's own behaviour the mirrored load outputs are
+    held to (outputs.py). None without an envelope."""
+    early, pairs = envelope_early_counts(data, policy)
+    return early / pairs if pairs else None

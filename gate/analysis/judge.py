@@ -87,13 +87,16 @@ def judge(
     divergence: DivergenceSamples | None = None,
     outputs: Sequence[MirroredOutputs] = (),
     capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
+    envelope_share: float | None = None,
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
     plan: the plan the gate looked by (must carry this policy); peaks, overloads: load phases
     (load.py); probes: API probes (compat.py); divergence: numerical divergence samples
     (divergence.py); outputs: the load scenarios' mirrored outputs compared (outputs.py);
-    capabilities: what each engine supports, (reference, candidate) (compat.py).
+    capabilities: what each engine supports, (reference, candidate) (compat.py);
+    envelope_share: the reference's early share against itself when `divergence` is not
+    given (re-judge reads it from the document).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -125,7 +128,10 @@ def judge(
     checks.extend(capability_checks(*capabilities, notes))
     if divergence is not None:
         checks.extend(divergence_checks(divergence, policy, notes))
-    checks.extend(mirrored_output_checks(outputs, policy, envelope_early_share(divergence, policy)))
+    # The reference's own early share: from the correctness samples, or (re-judge, whose
+    # samples are gone) as the document kept it.
+    share = envelope_early_share(divergence, policy) if divergence is not None else envelope_share
+    checks.extend(mirrored_output_checks(outputs, policy, share))
     reasons = sorted(
         (c for c in checks if c.holds),
         key=lambda c: (c.decision != "fail", _REASON_ORDER[c.group]),

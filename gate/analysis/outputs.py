@@ -55,10 +55,12 @@ __all__ = [
     "Output",
     "OutputExample",
     "block_counts",
+    "common_prefix",
     "compare_outputs",
     "first_divergence",
     "gross_threshold",
     "hoeffding_p",
+    "is_prefix",
     "mirrored_output_checks",
 ]
 
@@ -130,21 +132,40 @@ class MirroredOutputs:
         return float(len(self.histogram) - 1)
 
 
+def common_prefix(x: Sequence[object] | str, y: Sequence[object] | str) -> int:
+    """The length of the longest common prefix, by bisection on slice comparisons (done in C),
+    so long outputs that part late cost O(n log n) machine work, not a Python loop per item."""
+    lo, hi = 0, min(len(x), len(y))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if x[:mid] == y[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def is_prefix(a: Output, b: Output) -> bool:
+    """One output is the other's beginning (an earlier stop, a truncation): they part only
+    where the shorter ends, which says nothing about its tokens."""
+    if a.token_ids is not None and b.token_ids is not None:
+        n = common_prefix(a.token_ids, b.token_ids)
+        return n == min(len(a.token_ids), len(b.token_ids))
+    return common_prefix(a.text, b.text) == min(len(a.text), len(b.text))
+
+
 def first_divergence(a: Output, b: Output) -> tuple[int | None, Basis]:
     """The token position where `b` first differs from the reference `a` (None: identical),
     and the basis it was found on: token ids where both have them, else text."""
     if a.token_ids is not None and b.token_ids is not None:
-        ia, ib = a.token_ids, b.token_ids
-        common = min(len(ia), len(ib))
-        for j in range(common):
-            if ia[j] != ib[j]:
-                return j, "token_ids"
-        return (None if len(ia) == len(ib) else common), "token_ids"
+        ia, ib = list(a.token_ids), list(b.token_ids)
+        if ia == ib:
+            return None, "token_ids"
+        return common_prefix(ia, ib), "token_ids"
     ta, tb = a.text, b.text
     if ta == tb:
         return None, "text"
-    common = min(len(ta), len(tb))
-    c = next((j for j in range(common) if ta[j] != tb[j]), common)
+    c = common_prefix(ta, tb)
     per_char = a.tokens / len(ta) if ta else 0.0
     position = int(c * per_char)
     return (min(position, max(a.tokens - 1, 0)) if a.tokens else 0), "text"
@@ -153,7 +174,7 @@ def first_divergence(a: Output, b: Output) -> tuple[int | None, Basis]:
 def _example(rid: int, position: int, a: Output, b: Output) -> OutputExample:
     # The text from a little before the first differing character, so both sides show it.
     ta, tb = a.text, b.text
-    c = next((j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j]), min(len(ta), len(tb)))
+    c = common_prefix(ta, tb)
     start = max(0, c - 40)
     return OutputExample(
         request_id=rid,
@@ -189,7 +210,8 @@ def compare_outputs(
             continue
         hist[min(at, HISTOGRAM_BINS - 1)] += 1
         length = min(a.tokens, b.tokens) or max(a.tokens, b.tokens)
-        flags.append(at < min(early_tokens, max(length, 1)))
+        # a prefix parts where the shorter ends, never early on either basis
+        flags.append(at < min(early_tokens, max(length, 1)) and not is_prefix(a, b))
         early += flags[-1]
         if len(examples) < _EXAMPLES:
             examples.append(_example(rid, at, a, b))

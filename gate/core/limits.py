@@ -220,6 +220,19 @@ def spec_limit_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:
                 "" if by_field else f"{size.duration_s:.0f} s of planned load",
             )
         out += _scenario_knob_problems(at, sc, limits)
+    added = spec.added_correctness
+    if added is not None:
+        # The stage the gate adds (spec.py) meets the same caps; the operator's are the
+        # ones a spec cannot see, so the problem says how to leave it out.
+        for p in _scenario_knob_problems("correctness", added, limits):
+            out.append(
+                FieldProblem(
+                    "correctness",
+                    f"the default correctness stage ({p.path.removeprefix('correctness.')}): "
+                    f"{p.message}; set `correctness: off` or list a smaller "
+                    "`{suite: correctness}` scenario",
+                )
+            )
     out += _cap(
         "scenarios",
         total,

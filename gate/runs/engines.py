@@ -30,6 +30,8 @@ from loadgen.client import Target
 from loadgen.runner import run_paired
 
 ENGINE_WARMUP_REQUESTS = 4
+CAPABILITY_BUDGET_S = 60.0
+"""The most the capability asks may take per engine: eight tiny requests (~1 s on a GPU)."""
 CRASH_POLL_S = 0.1
 
 EngineKind = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
@@ -152,9 +154,9 @@ class Engines:
     async def discover(self) -> None:
         """What each engine supports (loadgen/capabilities.py), asked once both are ready;
         the stages adapt to it and the judge compares it (gate/analysis/compat.py)."""
-        # Bounded like a probe suite (no planned duration: the cap on one, limits.py): an
-        # engine that hangs has not answered, and the features it did not answer are lacking.
-        budget = scenario_deadline_s(None, self.ctx.limits)
+        # A minute at most, less when the probe suites' cap is smaller (limits.py): an engine
+        # that hangs has not answered, and the features it did not answer are lacking.
+        budget = min(CAPABILITY_BUDGET_S, scenario_deadline_s(None, self.ctx.limits))
         found = await asyncio.gather(
             *(discover(t, budget_s=budget) for t in self.targets("completions"))
         )

@@ -167,6 +167,7 @@ def judge_gate(
     *,
     plan: Plan | None = None,
     divergence: DivergenceSamples | None = None,
+    envelope_share: float | None = None,
 ) -> Verdict:
     return judge(
         inputs.scenarios,
@@ -179,4 +180,5 @@ def judge_gate(
         divergence=divergence,
         outputs=inputs.outputs,
         capabilities=inputs.capabilities,
+        envelope_share=envelope_share,
     )

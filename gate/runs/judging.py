@@ -31,6 +31,7 @@ from gate.analysis.divergence import (
     Scored,
     TeacherForcedPair,
     Token,
+    envelope_early_counts,
     greedy_stats,
 )
 from gate.analysis.load import OverloadPhase, PeakPhase, RequestLog, Slo
@@ -574,6 +575,8 @@ def correctness_doc(
         failures=[EngineFailure(engine=role, message=m[:300]) for role, m in data.failures[:20]],
         probe_divergence=probe_divergence(run, policy),
         abs_delta_logprob=abs_delta_logprob(data, policy),
+        envelope_early=envelope_early_counts(data, policy)[0],
+        envelope_pairs=len(data.envelope_greedy),
     )
 
 

@@ -144,6 +144,13 @@ async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> Co
     cfg = suite_catalogue.get("correctness", **sc.settings)
     assert isinstance(cfg, suite_catalogue.Correctness)
     reference = engines.capabilities.get("reference")
+    if reference is not None and not reference.logprobs:
+        ctx.notes.append(
+            f"{sc.name} skipped: the reference returns no logprobs, so there is nothing to "
+            "compare a candidate's numerics with beyond the load scenarios' mirrored outputs."
+        )
+        empty = CorrectnessRun(sc.name, cfg.max_tokens, [], [], [])
+        return CorrectnessResult(empty, divergence_samples(empty, ctx.notes), ctx.spec.policy)
     cfg = adapt_to(cfg, reference, sc.name, ctx.notes)
     api = probe_api(reference, sc.name, ctx.notes)
     if api == "chat":

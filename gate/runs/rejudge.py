@@ -53,7 +53,9 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
         doc.probes,
         policy.warmup_requests,
     )
-    verdict = judge_gate(found, policy)
+    pairs = sum(c.envelope_pairs for c in doc.correctness or [])
+    early = sum(c.envelope_early for c in doc.correctness or [])
+    verdict = judge_gate(found, policy, envelope_share=early / pairs if pairs else None)
     if doc.correctness:
         verdict = replace(verdict, notes=(*verdict.notes, NOT_REJUDGED))
     return verdict

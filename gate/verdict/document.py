@@ -302,6 +302,10 @@ class CorrectnessDoc(_Doc):
     failures: list[EngineFailure] = Field(default_factory=list)
     probe_divergence: list[ProbeDivergenceDoc] = Field(default_factory=list)
     abs_delta_logprob: AbsDeltaDoc | None = None
+    envelope_early: int = Field(
+        0, description="envelope pairs that part before early_tokens (the load outputs' bar)"
+    )
+    envelope_pairs: int = Field(0, description="the reference's free-run pairs against itself")
 
 
 class DivergenceExample(_Doc):

@@ -130,7 +130,9 @@ def test_divergence_through_the_judge() -> None:
 
 
 def test_flip_outside_the_reference_top_k_is_a_hard_failure() -> None:
-    top = [{1: L2, 2: math.log(0.3)}, {3: L2, 4: L4}]
+    # the reference lists its top-5 at the first position: token 9 is not among them
+    five = {1: L2, 2: math.log(0.3), 5: math.log(0.1), 6: math.log(0.05), 7: math.log(0.01)}
+    top = [five, {3: L2, 4: L4}]
     ref = GreedyRun([1, 3], [L2, L2], top)
     far = GreedyRun([9, 3], [L4, L2], [{9: L4, 1: L2}, *top[1:]])
     data = DivergenceSamples(greedy=[GreedyPair(ref, far)], envelope_greedy=[GreedyPair(ref, ref)])
@@ -146,6 +148,32 @@ def test_flip_outside_the_reference_top_k_is_a_hard_failure() -> None:
     }
     assert lone["correctness.greedy.margin"].decision == "fail"
     assert lone["correctness.greedy.margin"].alpha is None
+
+
+def test_a_reference_capped_below_top_k_makes_no_flip_a_hard_failure() -> None:
+    """A reference that returns one top logprob (an engine's max_logprobs of 1): whether the
+    candidate's token is in its top-5 is unknown, so a flip is neither outside nor a margin."""
+    ref = GreedyRun([1, 3], [L2, L2], [{1: L2}, {3: L2}])
+    other = GreedyRun([2, 3], [L2, L2], [{2: L2}, {3: L2}])
+    data = DivergenceSamples(
+        greedy=[GreedyPair(ref, other)], envelope_greedy=[GreedyPair(ref, ref)]
+    )
+    checks = {c.id: c for c in divergence_checks(data, POLICY, [])}
+    assert checks["correctness.greedy.flips"].decision == "pass"
+    st = greedy_stats(GreedyPair(ref, other), 5, 1.5)
+    assert st.first_divergence == 0 and st.margin is None and not st.outside_top_k
+
+
+def test_undecided_correctness_checks_never_hold() -> None:
+    """Lack of evidence (no budget for correctness, or too few prompts for it) leaves the
+    tests inconclusive and not required: only a failure holds the gate."""
+    data = sim("same", seed=3, prompts=12)
+    no_budget = POLICY.model_copy(
+        update={"alpha_split": {**POLICY.alpha_split, "latency": 0.55, "correctness": 0.0}}
+    )
+    checks = divergence_checks(data, no_budget, [])
+    undecided = [c for c in checks if c.decision == "inconclusive"]
+    assert undecided and all(not c.required and not c.holds for c in undecided)
 
 
 def test_unanswered_probes_fail_for_the_candidate_and_void_for_the_reference() -> None:

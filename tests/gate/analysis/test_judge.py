@@ -542,3 +542,27 @@ def test_one_environment_check_for_the_gate() -> None:
     assert len(env) == 1 and env[0].holds
     assert "in steady" in env[0].message and "in burst" in env[0].message
     assert len({c.id for c in verdict.checks}) == len(verdict.checks)
+
+
+def test_the_load_outputs_bar_is_the_same_live_and_on_rejudge() -> None:
+    """Live, the reference's own early share comes from the correctness samples; re-judge has
+    only the document's count of it (`envelope_share`): the same bar gives the same check."""
+    from gate.analysis.divergence import DivergenceSamples, GreedyPair, GreedyRun
+    from gate.analysis.outputs import MirroredOutputs, block_counts
+
+    flags = [i % 10 != 0 for i in range(2000)]  # 90% of the pairs part early
+    out = MirroredOutputs("steady", 2000, 200, 1800, 16, "text", blocks=block_counts(flags))
+    same = GreedyRun([1, 2, 3], [-0.1] * 3, [{1: -0.1}, {2: -0.1}, {3: -0.1}])
+    early = GreedyRun([9, 2, 3], [-0.1] * 3, [{9: -0.1}, {2: -0.1}, {3: -0.1}])
+    # the reference parts early from itself in 6 of 10 probes: a bar of 0.9
+    env = [GreedyPair(same, early)] * 6 + [GreedyPair(same, same)] * 4
+    policy = Policy()
+    live = judge([], [], policy, divergence=DivergenceSamples(envelope_greedy=env), outputs=[out])
+    rejudged = judge([], [], policy, outputs=[out], envelope_share=0.6)
+    alone = judge([], [], policy, outputs=[out])
+
+    def gross(v: Verdict) -> Check:
+        return next(c for c in v.checks if c.id == "steady.outputs.divergence")
+
+    assert gross(live) == gross(rejudged) and not gross(live).holds
+    assert gross(alone).decision == "fail"

@@ -18,10 +18,12 @@ from gate.analysis.outputs import (
     MirroredOutputs,
     Output,
     block_counts,
+    common_prefix,
     compare_outputs,
     first_divergence,
     gross_threshold,
     hoeffding_p,
+    is_prefix,
     mirrored_output_checks,
 )
 from gate.analysis.policy import Policy
@@ -223,3 +225,21 @@ def test_the_check_is_consistent_with_its_counts(flags: list[bool]) -> None:
         if sum(flags) / len(flags) <= POLICY.divergence.gross_share:
             assert c.decision == "pass"
     assert len(o.blocks) <= BLOCKS
+
+
+@given(st.text(alphabet="abc", max_size=60), st.text(alphabet="abc", max_size=60))
+def test_common_prefix_is_the_naive_one(x: str, y: str) -> None:
+    naive = next((i for i in range(min(len(x), len(y))) if x[i] != y[i]), min(len(x), len(y)))
+    assert common_prefix(x, y) == naive == common_prefix(list(x), list(y))
+
+
+def test_a_prefix_parts_where_the_shorter_ends_and_is_never_early() -> None:
+    """An earlier stop or a truncation: on token ids and on text alike, the pair parted (it is
+    not exact) but not early, whichever side is the shorter."""
+    long_ids, short_ids = ids(1, 2, 3, 4, 5), ids(1, 2)
+    long_txt, short_txt = Output("abcdefghij", 5), Output("abcd", 2)
+    for a, b in ((long_ids, short_ids), (short_ids, long_ids), (long_txt, short_txt)):
+        got = compare_outputs("s", {0: a}, {0: b}, early_tokens=16)
+        assert (got.exact, got.early) == (0, 0) and is_prefix(a, b)
+    got = compare_outputs("s", {0: short_txt}, {0: long_txt}, early_tokens=16)
+    assert (got.exact, got.early) == (0, 0)

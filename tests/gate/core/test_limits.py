@@ -293,3 +293,18 @@ def test_a_length_distribution_is_capped_by_its_maximum() -> None:
     found = limits_module._scenario_knob_problems("s", sc, Limits())
     assert [p.path for p in found] == ["s.max_tokens"]
     assert "50000 is above the cap of 8192 output tokens" in found[0].message
+
+
+def test_the_default_correctness_stage_meets_the_operators_caps() -> None:
+    """The stage the gate adds to a spec without one (spec.py `added_correctness`) is refused
+    like a listed one when the operator's caps are smaller, naming how to leave it out."""
+    tight = dataclasses.replace(Limits(), max_envelope_load=0, max_probes=4)
+    found = problems(tight)
+    assert set(found) == {"correctness"}
+    assert (
+        "GATE_MAX_ENVELOPE_LOAD" in found["correctness"]
+        or "GATE_MAX_PROBES" in found["correctness"]
+    )
+    assert "`correctness: off`" in found["correctness"]
+    assert problems(tight, correctness="off") == {}
+    assert problems() == {}  # the defaults fit the default caps

@@ -450,7 +450,7 @@ def test_the_divergence_view_shows_each_probe_the_deltas_and_the_mirrored_output
     chart = re.search(r'<svg[^>]*aria-label="Teacher-forced \|delta logprob\|[^"]*"', html)
     assert chart is not None and "floor 0.05" in chart.group(0)
     # the envelope's p99 (0.02 x 1.5) plus the floor is marked where the deltas are judged
-    assert "envelope p99 x1.5 + floor 0.08" in html
+    assert "envelope p99 x1.5 + floor 0.08 (a guide)" in html
     assert "Mirrored load outputs" in html and "280 (before token 16)" in html
     assert "token 0" in html and "request 3" in html
     assert "<script" not in html and EVIL not in html
