@@ -159,7 +159,8 @@ class ServiceCollector(Collector):
             "gate_phase_seconds",
             "Seconds a gate spent in each of its phases: from the phase's row to the gate's "
             "next one (requested: until it reserved or began to wait for capacity; "
-            "waiting_for_capacity; reserved: the engines' launch and warm-up; scenario: each "
+            "waiting_for_capacity; reserved: the engines' launch and warm-up; capabilities: the "
+            "asks of what each engine supports; scenario: each "
             "scenario, one label for all; judging: the judgment and teardown). Not the time "
             "since the gate started: the last phase (released) and the one a gate is in now "
             "are not counted.",
