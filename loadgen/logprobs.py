@@ -33,6 +33,9 @@ class TokenLogprobs:
     logprobs: list[float]
     top: list[dict[str, float]]
     ids: list[int] | None
+    top_ids: list[dict[int, float]] | None = None
+    """The top-k keyed by token id, where every entry of every position names its id
+    (llama.cpp's): texts are not unique (byte tokens all read "\ufffd"), ids are."""
 
 
 def _number(value: Any) -> float:
@@ -54,6 +57,19 @@ def _top_of(value: Any) -> dict[str, float]:
     return {}
 
 
+def _top_ids_of(value: Any) -> dict[int, float] | None:
+    """A list of top entries as {id: logprob}; None unless every entry has an int id."""
+    if not isinstance(value, list) or not value:
+        return None
+    out: dict[int, float] = {}
+    for e in value:
+        i = e.get("id") if isinstance(e, Mapping) else None
+        if not isinstance(i, int) or isinstance(i, bool):
+            return None
+        out[i] = _number(e.get("logprob"))
+    return out
+
+
 def parse_logprobs(lp: Any) -> TokenLogprobs | None:
     """The logprobs object of one choice (or one stream chunk's choice) in either shape;
     None when it is absent or in neither shape."""
@@ -71,6 +87,7 @@ def parse_logprobs(lp: Any) -> TokenLogprobs | None:
             [int(i) for i in ids if isinstance(i, int)]
             if entries and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
             else None,
+            _all_or_none([_top_ids_of(e.get("top_logprobs")) for e in entries]),
         )
     values = lp.get("token_logprobs")
     if not isinstance(values, list):
@@ -86,6 +103,12 @@ def parse_logprobs(lp: Any) -> TokenLogprobs | None:
     )
 
 
+def _all_or_none(tops: list[dict[int, float] | None]) -> list[dict[int, float]] | None:
+    if not tops or any(t is None for t in tops):
+        return None
+    return [t for t in tops if t is not None]
+
+
 def concatenate(parts: list[TokenLogprobs]) -> TokenLogprobs | None:
     """A streamed answer's logprobs, chunk after chunk, as one."""
     if not parts:
@@ -99,4 +122,5 @@ def concatenate(parts: list[TokenLogprobs]) -> TokenLogprobs | None:
         [v for p in parts for v in p.logprobs],
         [t for p in parts for t in p.top],
         ids,
+        _all_or_none([t for p in parts for t in (p.top_ids or [None])]),  # type: ignore[list-item]
     )

@@ -1118,6 +1118,19 @@ class CorrectnessResult:
     error: str | None = None
     tokens: list[str] | None = None
     prompt_token_ids: list[int] | None = None
+    top_logprobs_by_id: list[dict[int, float]] | None = None  # where entries name their ids
+    completion_tokens: int | None = None  # the answer's usage, where it reports one
+
+    @property
+    def aligned(self) -> bool:
+        """One logprob entry per generated token. llama.cpp merges tokens that end inside a
+        UTF-8 character into one entry (its usage counts more tokens than there are
+        entries), and then a position of one answer is not the same position of another."""
+        return (
+            self.completion_tokens is None
+            or self.logprobs is None
+            or len(self.logprobs) == self.completion_tokens
+        )
 
 
 async def _post_completion(
@@ -1250,6 +1263,11 @@ async def _greedy_probe(
         result.top_logprobs = parsed.top or None
         if result.token_ids is None and parsed.ids is not None:
             result.token_ids = parsed.ids  # the ids inside the entries (llama.cpp)
+        result.top_logprobs_by_id = parsed.top_ids
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool):
+        result.completion_tokens = count
     return result
 
 

@@ -331,13 +331,36 @@ class CorrectnessRun:
     reference_loaded: list[catalogue.CorrectnessResult]
     scored: list[int] = field(default_factory=list)
     scores: dict[str, list[catalogue.ScoreResult]] = field(default_factory=dict)
+    unaligned: int = 0  # probes left to the text: an engine's entries are not one per token
+
+    @property
+    def by_id(self) -> bool:
+        """Compare tokens by id: every answer gave its token ids and a top-k keyed by id
+        (llama.cpp's entries do). Texts are not unique (every partial UTF-8 byte token reads
+        "\ufffd"), so a text key merges distinct tokens; vLLM's completions top-k is keyed
+        by text, so it stays on text, one kind for the whole run."""
+        answered = [
+            r for r in (*self.reference, *self.candidate, *self.reference_loaded) if r.error is None
+        ]
+        return bool(answered) and all(
+            r.token_ids is not None and r.top_logprobs_by_id is not None for r in answered
+        )
 
 
-def _greedy(result: catalogue.CorrectnessResult, max_tokens: int) -> GreedyRun | str:
+def _greedy(
+    result: catalogue.CorrectnessResult, max_tokens: int, by_id: bool = False
+) -> GreedyRun | str:
     """The probe as a greedy run, or what makes it unusable."""
     if result.error is not None:
         return result.error
-    tokens, lps, tops = result.tokens, result.logprobs, result.top_logprobs
+    tokens: Sequence[Token] | None = result.tokens
+    tops: Sequence[Mapping[Token, float]] | None = cast(
+        "Sequence[Mapping[Token, float]] | None", result.top_logprobs
+    )
+    lps = result.logprobs
+    if by_id:
+        tokens = result.token_ids
+        tops = cast("Sequence[Mapping[Token, float]] | None", result.top_logprobs_by_id)
     if tokens is None or lps is None or tops is None:
         return f"HTTP {result.status}: the answer has no logprobs"
     if not len(tokens) == len(lps) == len(tops):
@@ -345,7 +368,7 @@ def _greedy(result: catalogue.CorrectnessResult, max_tokens: int) -> GreedyRun |
             f"HTTP {result.status}: {len(tokens)} tokens but {len(lps)} logprobs and "
             f"{len(tops)} top-k entries"
         )
-    return GreedyRun(tokens, lps, cast("list[Mapping[Token, float]]", tops), max_tokens=max_tokens)
+    return GreedyRun(tokens, lps, tops, max_tokens=max_tokens)
 
 
 def _scored(score: catalogue.ScoreResult) -> Scored | str:
@@ -368,20 +391,22 @@ def _greedy_pairs(
     for i, (r, c, rl) in enumerate(
         zip(run.reference, run.candidate, run.reference_loaded, strict=True)
     ):
-        a = _greedy(r, run.max_tokens)
+        a = _greedy(r, run.max_tokens, run.by_id)
         if isinstance(a, str):
             failures.append(("reference", a))
             continue
         usable.add(i)
-        b = _greedy(c, run.max_tokens)
+        b = _greedy(c, run.max_tokens, run.by_id)
         if isinstance(b, str):
             failures.append(("candidate", b))
-        else:
+        elif r.aligned and c.aligned:
             greedy.append(GreedyPair(a, b))
-        e = _greedy(rl, run.max_tokens)
+        else:
+            run.unaligned += 1
+        e = _greedy(rl, run.max_tokens, run.by_id)
         if isinstance(e, str):
             failures.append(("reference", f"under load: {e}"))
-        else:
+        elif r.aligned and rl.aligned:
             envelope.append(GreedyPair(a, e))
     return greedy, envelope, usable
 
@@ -433,7 +458,15 @@ def divergence_samples(run: CorrectnessRun, notes: list[str]) -> DivergenceSampl
     reference under load), free-run greedy and teacher-forced, plus every probe an engine
     could not answer."""
     failures: Failures = []
+    run.unaligned = 0
     greedy, env_greedy, usable = _greedy_pairs(run, failures)
+    if run.unaligned:
+        notes.append(
+            f"{run.name}: {run.unaligned} probe(s) not compared token by token: an engine "
+            "gave fewer logprob entries than tokens (llama.cpp merges tokens that end inside a "
+            "UTF-8 character), so positions do not line up; the load scenarios' outputs are still "
+            "compared as text."
+        )
     teacher, env_teacher = _teacher_pairs(run, usable, failures, notes)
     return DivergenceSamples(
         teacher=teacher,
@@ -465,8 +498,8 @@ def divergence_examples(
     dp = policy.divergence
     found: list[tuple[float, DivergenceExample]] = []
     for r, c in zip(run.reference, run.candidate, strict=True):
-        a, b = _greedy(r, run.max_tokens), _greedy(c, run.max_tokens)
-        if isinstance(a, str) or isinstance(b, str):
+        a, b = _greedy(r, run.max_tokens, run.by_id), _greedy(c, run.max_tokens, run.by_id)
+        if isinstance(a, str) or isinstance(b, str) or not (r.aligned and c.aligned):
             continue
         st = greedy_stats(GreedyPair(a, b), dp.top_k, dp.runaway_factor)
         if st.first_divergence is None:
@@ -478,8 +511,8 @@ def divergence_examples(
                 worst,
                 DivergenceExample(
                     prompt=r.prompt,
-                    reference_tokens=[str(t) for t in a.token_ids[:_EXAMPLE_TOKENS]],
-                    candidate_tokens=[str(t) for t in b.token_ids[:_EXAMPLE_TOKENS]],
+                    reference_tokens=_shown(r, a)[:_EXAMPLE_TOKENS],
+                    candidate_tokens=_shown(c, b)[:_EXAMPLE_TOKENS],
                     index=st.first_divergence,
                     margin=round(margin, 4) if margin is not None else None,
                     outside_top_k=st.outside_top_k,
@@ -494,6 +527,14 @@ def divergence_examples(
 _DELTA_CAP = 4096
 
 
+def _shown(result: catalogue.CorrectnessResult, run: GreedyRun) -> list[str]:
+    """The tokens as a person reads them: their text where the engine gave it (runs compared
+    by id show the text still), else what the run compares."""
+    if result.tokens is not None and len(result.tokens) == len(run.token_ids):
+        return list(result.tokens)
+    return [str(t) for t in run.token_ids]
+
+
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -503,21 +544,21 @@ def probe_divergence(run: CorrectnessRun, policy: Policy) -> list[ProbeDivergenc
     dp = policy.divergence
     out: list[ProbeDivergenceDoc] = []
     for i, (r, c) in enumerate(zip(run.reference, run.candidate, strict=True)):
-        a, b = _greedy(r, run.max_tokens), _greedy(c, run.max_tokens)
-        if isinstance(a, str) or isinstance(b, str):
+        a, b = _greedy(r, run.max_tokens, run.by_id), _greedy(c, run.max_tokens, run.by_id)
+        if isinstance(a, str) or isinstance(b, str) or not (r.aligned and c.aligned):
             continue
         st = greedy_stats(GreedyPair(a, b), dp.top_k, dp.runaway_factor)
         j = st.first_divergence
         doc = ProbeDivergenceDoc(probe=i, first=j, length=len(a.token_ids))
         if j is not None and j < min(len(a.token_ids), len(b.token_ids)):
-            ta, tb = a.token_ids[j], b.token_ids[j]
+            tb = b.token_ids[j]
             of_b = a.top[j].get(tb)
             margin = st.margin if st.margin is not None and math.isfinite(st.margin) else None
             doc = doc.model_copy(
                 update={
-                    "reference_token": str(ta),
+                    "reference_token": _shown(r, a)[j],
                     "reference_logprob": _sig(a.logprobs[j]),
-                    "candidate_token": str(tb),
+                    "candidate_token": _shown(c, b)[j],
                     "candidate_logprob": _sig(b.logprobs[j]),
                     "reference_logprob_of_candidate": _sig(of_b) if of_b is not None else None,
                     "margin": _sig(margin) if margin is not None else None,
@@ -558,7 +599,7 @@ def correctness_doc(
     policy = policy or Policy()
 
     def answered(results: Sequence[catalogue.CorrectnessResult]) -> int:
-        return sum(not isinstance(_greedy(x, run.max_tokens), str) for x in results)
+        return sum(not isinstance(_greedy(x, run.max_tokens, run.by_id), str) for x in results)
 
     exact = sum(p.a.token_ids == p.b.token_ids for p in data.greedy)
     return CorrectnessDoc(

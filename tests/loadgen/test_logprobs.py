@@ -50,6 +50,9 @@ def test_llamacpp_completions_content_list_with_ids() -> None:
     assert all(len(t) == 3 for t in got.top)
     # the sampled token is its own top-1 under greedy decoding
     assert all(max(t, key=t.__getitem__) == tok for t, tok in zip(got.top, got.tokens, strict=True))
+    # every top entry names its id: the top-k keyed by id, the sampled id its top-1
+    assert got.top_ids is not None and [len(t) for t in got.top_ids] == [3, 3, 3]
+    assert all(max(t, key=t.__getitem__) == i for t, i in zip(got.top_ids, got.ids, strict=True))
 
 
 def test_llamacpp_stream_chunks_concatenate() -> None:
@@ -96,6 +99,7 @@ def test_vllm_completions_lists_and_null_is_nan() -> None:
     assert got is not None and got.shape == "completions" and got.ids is None
     assert got.tokens == [" The", " cat"] and got.top[0] == {" The": -0.25, " A": -1.5}
     assert got.logprobs[0] == -0.25 and math.isnan(got.logprobs[1])
+    assert got.top_ids is None  # keyed by text: a vLLM run is compared by text
 
 
 def test_top_logprobs_as_dict_inside_content_and_partial_ids() -> None:

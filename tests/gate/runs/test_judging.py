@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from gate.runs.judging import (
     mirrored_outputs,
     outputs_doc,
     outputs_from_doc,
+    probe_divergence,
     request_log,
 )
 from gate.verdict.document import ScenarioDoc
@@ -478,3 +480,54 @@ def test_mirrored_outputs_pair_records_and_survive_the_document() -> None:
     assert again == live
     policy = Policy()
     assert mirrored_output_checks([again], policy) == mirrored_output_checks([live], policy)
+
+
+def _probe(i: int, ids: list[int], texts: list[str], top: list[dict[int, float]], **kw: Any) -> Any:
+    return CorrectnessResult(
+        i,
+        f"prompt {i}",
+        200,
+        ids,
+        [-0.1] * len(ids),
+        [{t: -0.1} for t in texts],
+        "".join(texts),
+        tokens=texts,
+        top_logprobs_by_id=top,
+        **kw,
+    )
+
+
+def test_tokens_are_compared_by_id_where_every_entry_names_one() -> None:
+    """llama.cpp's byte-fallback tokens all read "\\ufffd": by text, two different tokens are
+    one and a real flip disappears (or a same token looks changed); by id they are what they
+    are, and the document still shows their text."""
+    fffd = "\ufffd"
+    top_ref = [{163: -0.1, 205: -0.5, 7: -2.0, 8: -2.1, 9: -2.2}, {4: -0.1}]
+    ref = _probe(0, [163, 4], [fffd, "a"], top_ref)
+    cand = _probe(0, [205, 4], [fffd, "a"], [{205: -0.1}, {4: -0.1}])
+    run = CorrectnessRun("c", 8, [ref], [cand], [ref])
+    assert run.by_id
+    data = divergence_samples(run, [])
+    (pair,) = data.greedy
+    assert pair.a.token_ids == (163, 4) and pair.b.token_ids == (205, 4)
+    (probe,) = probe_divergence(run, Policy())
+    assert probe.first == 0 and probe.reference_token == fffd and probe.margin == 0.4
+    # without ids on every answer the run stays on text, one kind for all
+    plain = _probe(0, [163, 4], [fffd, "a"], None)  # type: ignore[arg-type]
+    assert not CorrectnessRun("c", 8, [ref], [plain], [ref]).by_id
+
+
+def test_merged_logprob_entries_leave_a_probe_to_the_text() -> None:
+    """Fewer entries than the usage's tokens (llama.cpp merges tokens that end inside a UTF-8
+    character): positions do not line up, so the probe is not compared token by token, and a
+    note says so; it is neither a failure nor a flip."""
+    top = [{1: -0.1}, {2: -0.1}]
+    ref = _probe(0, [1, 2], ["x", "y"], top, completion_tokens=2)
+    merged = _probe(0, [9, 2], ["zz", "y"], [{9: -0.1}, {2: -0.1}], completion_tokens=3)
+    assert ref.aligned and not merged.aligned
+    run = CorrectnessRun("c", 8, [ref], [merged], [ref])
+    notes: list[str] = []
+    data = divergence_samples(run, notes)
+    assert data.greedy == [] and data.failures == [] and run.unaligned == 1
+    assert any("not compared token by token" in n for n in notes)
+    assert probe_divergence(run, Policy()) == []
