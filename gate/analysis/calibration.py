@@ -331,13 +331,13 @@ def _arm(
     return _Arm(np.where(failed, np.nan, ttft), np.where(failed, np.nan, itl), error)
 
 
-def _logprobs(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     top = logits.max(axis=-1, keepdims=True)
     out = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
     return np.asarray(out, dtype=np.float64)
 
 
-def _top_dicts(lp: np.ndarray, k: int) -> list[dict[Token, float]]:
+def top_dicts(lp: np.ndarray, k: int) -> list[dict[Token, float]]:
     idx = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
     return [{int(t): float(row[t]) for t in ids} for row, ids in zip(lp, idx, strict=True)]
 
@@ -361,8 +361,8 @@ def _divergence(
     bug = kind == "bug"
 
     def teacher(noise_b: float, bug_b: bool) -> list[TeacherForcedPair]:
-        ref = _logprobs(_run_logits(rng, base, config.noise_alone, False, config))
-        other = _logprobs(_run_logits(rng, base, noise_b, bug_b, config))
+        ref = log_softmax(_run_logits(rng, base, config.noise_alone, False, config))
+        other = log_softmax(_run_logits(rng, base, noise_b, bug_b, config))
         pairs = []
         for p in range(config.prompts):
             tokens = ref[p].argmax(axis=-1)
@@ -370,8 +370,8 @@ def _divergence(
             pairs.append(
                 TeacherForcedPair(
                     tokens.tolist(),
-                    Scored(ref[p][pos, tokens].tolist(), _top_dicts(ref[p], k)),
-                    Scored(other[p][pos, tokens].tolist(), _top_dicts(other[p], k)),
+                    Scored(ref[p][pos, tokens].tolist(), top_dicts(ref[p], k)),
+                    Scored(other[p][pos, tokens].tolist(), top_dicts(other[p], k)),
                 )
             )
         return pairs
@@ -379,8 +379,8 @@ def _divergence(
     def greedy(noise_b: float, bug_b: bool) -> list[GreedyPair]:
         # Positions are independent draws in this toy, so a free run is the argmax sequence of
         # each engine's noisy logits; only the first divergence is ever read.
-        ref = _logprobs(_run_logits(rng, base, config.noise_alone, False, config))
-        other = _logprobs(_run_logits(rng, base, noise_b, bug_b, config))
+        ref = log_softmax(_run_logits(rng, base, config.noise_alone, False, config))
+        other = log_softmax(_run_logits(rng, base, noise_b, bug_b, config))
         pairs = []
         pos = np.arange(config.tokens)
         for p in range(config.prompts):
@@ -388,8 +388,8 @@ def _divergence(
             tb = other[p].argmax(axis=-1)
             pairs.append(
                 GreedyPair(
-                    GreedyRun(ta.tolist(), ref[p][pos, ta].tolist(), _top_dicts(ref[p], k)),
-                    GreedyRun(tb.tolist(), other[p][pos, tb].tolist(), _top_dicts(other[p], k)),
+                    GreedyRun(ta.tolist(), ref[p][pos, ta].tolist(), top_dicts(ref[p], k)),
+                    GreedyRun(tb.tolist(), other[p][pos, tb].tolist(), top_dicts(other[p], k)),
                 )
             )
         return pairs

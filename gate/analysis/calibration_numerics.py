@@ -32,13 +32,13 @@ from typing import Literal
 
 import numpy as np
 
+from gate.analysis.calibration import log_softmax, top_dicts
 from gate.analysis.divergence import (
     DivergenceSamples,
     GreedyPair,
     GreedyRun,
     Scored,
     TeacherForcedPair,
-    Token,
     divergence_checks,
     envelope_early_share,
 )
@@ -132,17 +132,6 @@ class NumericsResult:
         }
 
 
-def _logprobs(logits: np.ndarray) -> np.ndarray:
-    top = logits.max(axis=-1, keepdims=True)
-    z = logits - top
-    return np.asarray(z - np.log(np.exp(z).sum(axis=-1, keepdims=True)), dtype=np.float64)
-
-
-def _top(lp: np.ndarray, k: int) -> list[dict[Token, float]]:
-    idx = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
-    return [{int(t): float(row[t]) for t in ids} for row, ids in zip(lp, idx, strict=True)]
-
-
 def _candidate_logits(rng: np.random.Generator, base: np.ndarray, case: NumericsCase) -> np.ndarray:
     """The candidate's logits for `base` (prompts x tokens x vocab)."""
     out = base + rng.standard_normal(base.shape) * case.noise
@@ -168,31 +157,33 @@ def _greedy(lp: np.ndarray, k: int) -> GreedyRun:
     # position; only the first divergence and its margin are ever read.
     pos = np.arange(lp.shape[0])
     ids = lp.argmax(axis=-1)
-    return GreedyRun(ids.tolist(), lp[pos, ids].tolist(), _top(lp, k))
+    return GreedyRun(ids.tolist(), lp[pos, ids].tolist(), top_dicts(lp, k))
 
 
 def _correctness(
     rng: np.random.Generator, case: NumericsCase, cfg: NumericsConfig
 ) -> DivergenceSamples:
     base = rng.standard_normal((cfg.probes, cfg.tokens, cfg.vocab)) * cfg.logit_scale
-    ref = _logprobs(_reference_logits(rng, base, cfg.reference_noise))
-    loaded = _logprobs(_reference_logits(rng, base, cfg.reference_noise))
-    cand = _logprobs(_candidate_logits(rng, base, case))
+    ref = log_softmax(_reference_logits(rng, base, cfg.reference_noise))
+    loaded = log_softmax(_reference_logits(rng, base, cfg.reference_noise))
+    cand = log_softmax(_candidate_logits(rng, base, case))
     pos = np.arange(cfg.tokens)
     teacher, env_teacher, greedy, env_greedy = [], [], [], []
     for p in range(cfg.probes):
         tokens = ref[p].argmax(axis=-1)
-        a = Scored(ref[p][pos, tokens].tolist(), _top(ref[p], cfg.top_k))
+        a = Scored(ref[p][pos, tokens].tolist(), top_dicts(ref[p], cfg.top_k))
         teacher.append(
             TeacherForcedPair(
-                tokens.tolist(), a, Scored(cand[p][pos, tokens].tolist(), _top(cand[p], cfg.top_k))
+                tokens.tolist(),
+                a,
+                Scored(cand[p][pos, tokens].tolist(), top_dicts(cand[p], cfg.top_k)),
             )
         )
         env_teacher.append(
             TeacherForcedPair(
                 tokens.tolist(),
                 a,
-                Scored(loaded[p][pos, tokens].tolist(), _top(loaded[p], cfg.top_k)),
+                Scored(loaded[p][pos, tokens].tolist(), top_dicts(loaded[p], cfg.top_k)),
             )
         )
         g = _greedy(ref[p], cfg.top_k)
