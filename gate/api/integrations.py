@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Request
@@ -13,16 +15,19 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.api.gates import ERRORS, CreateGate, VerdictSummary, caller_of, submit
-from gate.core.errors import FieldProblem, SpecError
+from gate.core.errors import ClusterError, FieldProblem, SpecError
 from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
+from gate.integrations.flagger import HookType, RolloutImages, annotate, hook_answer, read_rollout
 from gate.integrations.signatures import HEADER, verify
 from gate.runs import store
 from gate.runs.requests import resolve_spec
+from gate.spec import GateSpec, parse_spec
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
-    from gate.models import GateRun, WebhookDelivery
+    from gate.models import WebhookDelivery
 
+log = logging.getLogger("gate.integrations")
 router = APIRouter(tags=["integrations"])
 
 
@@ -30,7 +35,8 @@ router = APIRouter(tags=["integrations"])
 
 
 class FlaggerHook(BaseModel):
-    """What Flagger POSTs to a webhook (metadata values are strings)."""
+    """What Flagger POSTs to a webhook (metadata values are strings; webhook.go
+    `CallWebhook`). The checksum is read and never used: it hashes the previous revision."""
 
     name: str = Field(max_length=253)
     namespace: str = Field(max_length=63)
@@ -39,38 +45,118 @@ class FlaggerHook(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
-FlaggerType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
+class FlaggerAnswer(BaseModel):
+    """The hook's answer: the gate of the revision the target holds (null fields when there is
+    none), and the images compared."""
+
+    id: str | None
+    state: Literal["pending", "running", "complete", "error"] | None
+    verdict: Literal["continue", "hold"] | None
+    reason: str | None
+    report_url: str | None
+    candidate: str | None = Field(description="the candidate image the gate runs")
+    reference: str | None = Field(description="the reference image the gate runs")
 
 
-def _flagger_gate(ctx: CtxDep, hook: FlaggerHook, caller: str) -> GateRun:
-    """The gate of this canary revision: Flagger's checksum is the idempotency key, so every
-    call of every hook for one revision sees the same gate."""
+FLAGGER_METADATA = (
+    "spec",
+    "token",
+    "key",
+    "container",
+    "candidate_image",
+    "reference_image",
+    "candidate_url",
+    "reference_url",
+    "candidate",
+)
+
+
+def _flagger_metadata(hook: FlaggerHook) -> Mapping[str, str]:
     md = hook.metadata
+    problems = [
+        FieldProblem(
+            f"metadata.{k[:64]}", "not a key the gate reads: " + ", ".join(FLAGGER_METADATA)
+        )
+        for k in md
+        if k not in FLAGGER_METADATA
+    ]
+    if not md.get("spec"):
+        problems.append(
+            FieldProblem("metadata.spec", "name the gate spec (a file in GATE_SPEC_DIR)")
+        )
+    if len(md.get("key", "")) > 200:
+        problems.append(FieldProblem("metadata.key", "at most 200 characters"))
+    if problems:
+        raise SpecError(problems, "flagger")
+    return md
+
+
+def _rollout(ctx: CtxDep, hook: FlaggerHook, md: Mapping[str, str]) -> RolloutImages | None:
+    """What the Canary rolls out, from the cluster (GATE_FLAGGER_CLUSTER), or None when the
+    gate reads no cluster."""
+    where = ctx.settings.flagger_cluster
+    if not where:
+        return None
+    if hook.namespace not in ctx.settings.flagger_namespaces:
+        raise SpecError(
+            [
+                FieldProblem(
+                    "namespace",
+                    f"the gate does not read Canaries in {hook.namespace!r}: it is not on "
+                    "GATE_FLAGGER_NAMESPACES",
+                )
+            ],
+            "flagger",
+        )
+    api_client = _flagger_client(ctx)
+    try:
+        return read_rollout(api_client, hook.namespace, hook.name, md.get("container") or None)
+    finally:
+        api_client.close()
+
+
+def _flagger_client(ctx: CtxDep) -> Any:
+    from gate.reservations.kubernetes import connect
+
+    where = ctx.settings.flagger_cluster or ""
+    if where == "in-cluster":
+        return connect(in_cluster=True)[0]
+    return connect(kubeconfig=where, context=ctx.settings.flagger_context)[0]
+
+
+def _flagger_specs(
+    ctx: CtxDep, md: Mapping[str, str], images: RolloutImages | None
+) -> tuple[GateSpec, GateSpec]:
+    """(the spec that names the revision, the spec the gate runs): the same but for the images,
+    which the second pins by the digests the pods report. Metadata overrides the cluster."""
     candidate: dict[str, Any] | None = None
     if md.get("candidate_url"):
         candidate = {"url": md["candidate_url"]}
     elif md.get("candidate"):
         candidate = _engine_json(md["candidate"])
     reference = {"url": md["reference_url"]} if md.get("reference_url") else None
-    if not md.get("spec"):
-        raise SpecError(
-            [FieldProblem("metadata.spec", "name the gate spec (a file in GATE_SPEC_DIR)")],
-            "flagger",
+
+    def resolve(run: bool) -> GateSpec:
+        cand_image = md.get("candidate_image") or None
+        ref_image = md.get("reference_image") or None
+        if images is not None:
+            if cand_image is None and candidate is None:
+                cand_image = images.candidate_run if run else images.candidate
+            if ref_image is None and reference is None:
+                ref_image = images.reference_run if run else images.reference
+        return resolve_spec(
+            ctx.settings,
+            spec_name=md["spec"],
+            reference=reference,
+            candidate=candidate,
+            candidate_image=cand_image,
+            reference_image=ref_image,
+            source="flagger",
         )
-    spec = resolve_spec(
-        ctx.settings,
-        spec_name=md["spec"],
-        reference=reference,
-        candidate=candidate,
-        candidate_image=md.get("candidate_image") or None,
-        source="flagger",
-    )
-    revision = hook.checksum or store.spec_key(spec)
-    key = store.scoped_key(
-        "flagger", caller, f"{hook.namespace}/{hook.name}", revision, store.spec_key(spec)
-    )
-    run = submit(ctx, spec, "flagger", key, owner=caller)[0]
-    return run
+
+    named = resolve(run=False)
+    pinned = images is not None and (images.candidate_digest or images.reference_digest)
+    return named, (resolve(run=True) if pinned else named)
 
 
 def _engine_json(text: str) -> dict[str, Any]:
@@ -97,6 +183,14 @@ def _engine_json(text: str) -> dict[str, Any]:
     raise SpecError([FieldProblem("metadata.candidate", problem)], "flagger")
 
 
+def _flagger_key(caller: str, hook: FlaggerHook, md: Mapping[str, str], spec: GateSpec) -> str:
+    """The canary and what it compares (the named images, not the digests a pod restart can
+    change), plus the metadata's `key` for a deliberate re-run: never Flagger's checksum."""
+    return store.scoped_key(
+        "flagger", caller, f"{hook.namespace}/{hook.name}", store.spec_key(spec), md.get("key", "")
+    )
+
+
 def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> str:
     """Flagger cannot send headers: its token may come in `metadata.token` (keep the Canary
     object as secret as the token) or, behind a proxy that adds it, the Authorization header.
@@ -108,22 +202,92 @@ def _flagger_token(request: Request, ctx: CtxDep, hook: FlaggerHook) -> str:
 
 @router.post(
     "/webhooks/flagger/{hook_type}",
-    response_model=VerdictSummary,
+    response_model=FlaggerAnswer,
     responses={
         **ERRORS,
-        403: {"description": "not (yet) what this hook waits for; the body says why"},
+        403: {"description": "no (not yet, or not this revision); the body says why"},
+        502: {"description": "the cluster could not be read: not confirmed"},
     },
     summary="Flagger canary webhooks: confirm-rollout, confirm-promotion, rollback",
 )
-def flagger(hook_type: FlaggerType, hook: FlaggerHook, request: Request, ctx: CtxDep) -> Any:
-    """confirm-rollout / confirm-promotion answer 200 only when the gate says continue (403
-    with the reason while it runs or on hold: Flagger keeps waiting or halts); rollback
-    answers 200 when the gate holds (Flagger then rolls back), 403 otherwise."""
-    run = _flagger_gate(ctx, hook, _flagger_token(request, ctx, hook))
-    summary = store.verdict_summary(run, ctx.settings.public_url)
-    wanted = "hold" if hook_type == "rollback" else "continue"
-    status = 200 if summary["verdict"] == wanted else 403
-    return JSONResponse(VerdictSummary(**summary).model_dump(mode="json"), status_code=status)
+def flagger(hook_type: HookType, hook: FlaggerHook, request: Request, ctx: CtxDep) -> Any:
+    """confirm-rollout starts or reads the gate of the revision the Canary's target holds and
+    answers 200 only on continue (403 with the reason while it runs or on hold: Flagger keeps
+    the canary in Waiting and asks again each interval). confirm-promotion answers 200 only on
+    that gate's continue; rollback 200 only on its hold; neither ever starts a gate."""
+    caller = _flagger_token(request, ctx, hook)
+    md = _flagger_metadata(hook)
+    images = _rollout(ctx, hook, md)
+    if (
+        images is not None
+        and images.same_image
+        and not md.get("candidate_url")
+        and not md.get("candidate")
+    ):
+        code, why = hook_answer(hook_type, None, has_gate=False, same_image=True)
+        return _answer(code, None, why, ctx, images.candidate_run, images.reference_run)
+    named, run_spec = _flagger_specs(ctx, md, images)
+    key = _flagger_key(caller, hook, md, named)
+    run = store.find_by_key(ctx.factory, key)
+    if run is None and hook_type == "confirm-rollout":
+        run = submit(ctx, run_spec, "flagger", key, owner=caller)[0]
+    summary = store.verdict_summary(run, ctx.settings.public_url) if run is not None else None
+    code, why = hook_answer(
+        hook_type, summary["verdict"] if summary else None, has_gate=summary is not None
+    )
+    spec = parse_spec(run.spec, "stored spec") if run is not None else run_spec
+    if images is not None and summary is not None and ctx.settings.flagger_annotate:
+        _annotate(ctx, images, summary)
+    return _answer(code, summary, why, ctx, spec.candidate.label, spec.reference.label)
+
+
+def _answer(
+    code: int,
+    summary: Mapping[str, Any] | None,
+    why: str | None,
+    ctx: CtxDep,
+    candidate: str | None,
+    reference: str | None,
+) -> JSONResponse:
+    body = FlaggerAnswer(
+        id=summary["id"] if summary else None,
+        state=summary["state"] if summary else None,
+        verdict=summary["verdict"] if summary else None,
+        reason=why if why is not None or summary is None else summary["reason"],
+        report_url=summary["report_url"] if summary else None,
+        candidate=candidate,
+        reference=reference,
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=code)
+
+
+def _annotate(ctx: CtxDep, images: RolloutImages, summary: Mapping[str, Any]) -> None:
+    """The decided verdict on the Canary, once per verdict (annotate compares first)."""
+    if summary["verdict"] is None:
+        return
+    values = {
+        "verdict": str(summary["verdict"]),
+        "reason": str(summary["reason"] or ""),
+        "report": str(summary["report_url"]),
+        "gate": str(summary["id"]),
+        "candidate": images.candidate_run,
+    }
+    event = ""
+    if summary["verdict"] == "hold":
+        event = (
+            f"deploy gate held {images.candidate_run}: {summary['reason']} "
+            f"(report: {summary['report_url']}); the canary waits in Waiting until the target "
+            "holds a new revision or the primary's image again"
+        )
+    try:
+        api_client = _flagger_client(ctx)
+    except ClusterError as exc:
+        log.warning("could not annotate Canary %s/%s: %s", images.namespace, images.canary, exc)
+        return
+    try:
+        annotate(api_client, images, values, event)
+    finally:
+        api_client.close()
 
 
 # -- CI webhook --------------------------------------------------------------------------------

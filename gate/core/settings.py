@@ -108,6 +108,28 @@ class Settings(BaseSettings):
         "in a named spec's kubernetes engine (`candidate_image`); the spec's own repository "
         "is always allowed (another tag or digest of the image the operator named).",
     )
+    flagger_cluster: str | None = Field(
+        default=None,
+        description="Where Flagger's canaries live, for the Flagger hooks to read what is "
+        "rolled out: `in-cluster` (the service account of the gate's pod) or a kubeconfig "
+        "path. Unset: the hooks read nothing from a cluster and the candidate is what the "
+        "hook's metadata names.",
+    )
+    flagger_context: str | None = Field(
+        default=None,
+        description="The kubeconfig context of GATE_FLAGGER_CLUSTER (default: its own).",
+    )
+    flagger_namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces whose Canaries the Flagger hooks may read (exact names). Empty "
+        "(the default): none, so a cluster must be opened namespace by namespace.",
+    )
+    flagger_annotate: bool = Field(
+        default=False,
+        description="Write the gate's verdict, reason and report link on the Canary's "
+        "annotations (`llm-deploy-gate.io/*`) and a Warning Event on a hold, so a held rollout "
+        "shows in `kubectl describe canary`. Needs patch on canaries and create on events.",
+    )
     max_active_gates_per_token: int = Field(
         default=20,
         ge=1,

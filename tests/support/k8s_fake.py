@@ -17,13 +17,15 @@ the controllers and the kubelet: `on_create[plural]` runs after an object is cre
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
 import itertools
 import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -281,8 +283,11 @@ class ObjectStore:
 
     def _post(self, resource: str, ns: str, body: Any) -> tuple[int, Any]:
         obj = json.loads(json.dumps(body))
-        obj.setdefault("metadata", {})["namespace"] = ns
-        name = obj["metadata"].get("name", "")
+        meta = obj.setdefault("metadata", {})
+        meta["namespace"] = ns
+        if not meta.get("name") and meta.get("generateName"):  # as the API server does
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name", "")
         try:
             created = self.create(resource, obj)
         except KeyError:
@@ -386,10 +391,49 @@ class FakeKubernetes:
         monkeypatch.setattr(rest.RESTClientObject, "__init__", init)
 
 
+@contextlib.contextmanager
+def serve_http(fake: FakeKubernetes) -> Iterator[str]:
+    """The fake as a real HTTP API server on a loopback port, for code in another process (a
+    real `gate serve`): the official client there sends real requests, answered by the same
+    routes and store. Yields the server's URL for a kubeconfig (`write_kubeconfig(server=)`)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            got = fake.request(self.command, self.path, body=body, headers=dict(self.headers))
+            data = got.data or b""
+            self.send_response(got.status)
+            self.send_header("Content-Type", got.headers.get("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def write_kubeconfig(
-    path: Path, *, cluster: str = "h200-prod", token: str = "gate-token", namespace: str = "default"
+    path: Path,
+    *,
+    cluster: str = "h200-prod",
+    token: str = "gate-token",
+    namespace: str = "default",
+    server: str = "https://fake-apiserver.invalid",
 ) -> Path:
-    """A kubeconfig with one context, `gate@<cluster>`, whose server is the fake's address."""
+    """A kubeconfig with one context, `gate@<cluster>`, whose server is the fake's address
+    (intercepted in this process) or `server` (the fake served over HTTP, `serve_http`)."""
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -397,7 +441,7 @@ def write_kubeconfig(
             {
                 "name": cluster,
                 "cluster": {
-                    "server": "https://fake-apiserver.invalid",
+                    "server": server,
                     "insecure-skip-tls-verify": True,
                 },
             }

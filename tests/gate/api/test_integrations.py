@@ -31,14 +31,20 @@ def flagger_body(checksum: str, **metadata: str) -> dict[str, Any]:
 def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
     app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
 ) -> None:
+    """Without a cluster to read (GATE_FLAGGER_CLUSTER unset) the candidate is the one the
+    metadata names, and the gate is keyed by it: Flagger's checksum hashes the previous
+    revision (fluxcd/flagger pkg/controller/webhook.go:144), so it names nothing."""
     write_named_spec(settings, "llama", spec_dict(tag, requests=400, rate=80, trusted=True))
     body = flagger_body("rev-1", spec="llama", token=tokens["run"])
+    assert app_client.post("/v1/webhooks/flagger/rollback", json=body).json()["id"] is None
     first = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=body)
     assert first.status_code == 403  # pending or running: Flagger keeps waiting
     assert first.json()["verdict"] is None
     gid = first.json()["id"]
-    # every later call of this revision sees the same gate (checksum = idempotency key)
-    again = app_client.post("/v1/webhooks/flagger/confirm-promotion", json=body)
+    # every later call of this candidate sees the same gate, whatever the checksum
+    again = app_client.post(
+        "/v1/webhooks/flagger/confirm-promotion", json=flagger_body("other", **body["metadata"])
+    )
     assert again.json()["id"] == gid
     final = poll_finished(app_client, gid, tokens["read"], timeout=180)
     assert final["state"] == "complete"
@@ -46,13 +52,13 @@ def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
     rollback = app_client.post("/v1/webhooks/flagger/rollback", json=body)
     if final["verdict"] == "continue":
         assert (confirm.status_code, rollback.status_code) == (200, 403)
-    else:  # a busy machine can leave a check inconclusive: hold, and Flagger rolls back
+    else:  # a busy machine can leave a check inconclusive: hold
         assert (confirm.status_code, rollback.status_code) == (403, 200)
     assert confirm.json()["reason"] == final["reason"]
-    # a new revision is a new gate
+    # a deliberate re-run: another metadata key
     other = app_client.post(
         "/v1/webhooks/flagger/confirm-rollout",
-        json=flagger_body("rev-2", spec="llama", token=tokens["run"]),
+        json=flagger_body("rev-1", spec="llama", token=tokens["run"], key="attempt-2"),
     )
     assert other.json()["id"] != gid
 
@@ -63,7 +69,8 @@ def test_flagger_candidate_from_metadata_and_hold_triggers_rollback(
     write_named_spec(settings, "llama", spec_dict(tag, requests=200, rate=80, trusted=True))
     slow = spec_dict(tag, cand_flags=("--ttft-ms", "40"))["candidate"]
     body = flagger_body("rev-9", spec="llama", token=tokens["run"], candidate=json.dumps(slow))
-    gid = app_client.post("/v1/webhooks/flagger/rollback", json=body).json()["id"]
+    assert app_client.post("/v1/webhooks/flagger/rollback", json=body).status_code == 403
+    gid = app_client.post("/v1/webhooks/flagger/confirm-rollout", json=body).json()["id"]
     final = poll_finished(app_client, gid, tokens["read"], timeout=180)
     assert final["verdict"] == "hold"
     assert "--ttft-ms 40" in final["candidate"]
