@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from gate.engines.sim.config import SimConfig
 from gate.engines.sim.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
@@ -27,8 +28,10 @@ from gate.engines.sim.protocol import (
     ApiError,
     ApiRequest,
     StreamEncoder,
+    bad_request,
     dumps,
     full_response,
+    kv_transfer_params,
     new_request_id,
     parse_chat_request,
     parse_completion_request,
@@ -41,6 +44,9 @@ from gate.engines.sim.truth import TruthLog, TruthRecord
 
 Route = Callable[[Request, Responder], Awaitable[None]]
 Parser = Callable[[bytes, ToyTokenizer, str, int, Served], ApiRequest]
+# A request's part in a disaggregated engine: this prefill worker hands its KV on ("send"),
+# this decode worker takes a prefill's KV ("receive"), or None: served as a whole engine.
+KvPart = Literal["send", "receive"] | None
 
 FINISH_REASONS = ("stop", "length", "abort")
 SIM_VERSION = "0.2.0-sim"
@@ -194,6 +200,10 @@ class SimApp:
         self.started_generations = 0
         self.injected_errors = 0
         self.shed_requests = 0
+        self.kv_handoffs = 0  # --role prefill: KV handed on to a decode worker
+        self.kv_transfers = 0  # --role decode: requests whose prompt KV came from a prefill
+        self.address = (config.host, config.port)  # where it listens, once bound (server.py)
+        self._engine_id = f"sim-{config.role}-{os.getpid()}"
         self.stream_faults = FaultCounters()
         self.connections = ConnectionStats()  # the server's habits at work (http11.py)
         self._in_frontend = 0
@@ -383,6 +393,21 @@ class SimApp:
                 self.connections.dropped,
             ),
         ]
+        if self.config.role != "both":
+            lines += [
+                *metric(
+                    "sim:kv_handoffs_total",
+                    "counter",
+                    "Prefills whose KV this worker handed on to a decode worker (--role prefill).",
+                    self.kv_handoffs,
+                ),
+                *metric(
+                    "sim:kv_transfers_total",
+                    "counter",
+                    "Requests decoded from a prefill worker's KV (--role decode).",
+                    self.kv_transfers,
+                ),
+            ]
         body = ("\n".join(lines) + "\n").encode()
         responder.send(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -433,17 +458,71 @@ class SimApp:
         limit = self.config.nan_after_requests
         return limit is not None and number > limit
 
+    def _kv_part(self, body: bytes, api: ApiRequest) -> KvPart:
+        """What this worker of a disaggregated engine does with the request's KV, from its
+        ``kv_transfer_params`` as vLLM's KV connectors read them: a prefill worker honours
+        ``do_remote_decode``, a decode worker ``do_remote_prefill``, anything else is served
+        whole (as a vLLM worker with ``kv_role: kv_both`` serves a request sent without)."""
+        params = kv_transfer_params(body)
+        if params is None:
+            return None
+        if self.config.role == "prefill" and params.get("do_remote_decode") is True:
+            if api.stream:
+                # The hand-off travels in the JSON answer, as vLLM's does; a stream has none.
+                raise bad_request(
+                    "`kv_transfer_params` with `do_remote_decode` needs `stream: false`",
+                    "kv_transfer_params",
+                )
+            return "send"
+        if self.config.role == "decode" and params.get("do_remote_prefill") is True:
+            held = params.get("num_prompt_tokens")
+            prompt = len(api.generation.prompt_token_ids)
+            if held is not None and held != prompt:
+                # A router that sent the decode another prompt than it prefilled.
+                raise bad_request(
+                    f"`kv_transfer_params` holds the KV of {held} prompt tokens, "
+                    f"but the prompt has {prompt}",
+                    "kv_transfer_params",
+                )
+            return "receive"
+        return None
+
+    def _handoff(self, api: ApiRequest, request_id: str, arrival_ns: int) -> dict[str, Any]:
+        """A prefill's answer to the router: where the KV is and how long the prefill took."""
+        self.kv_handoffs += 1
+        host, port = self.address
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self._engine_id,
+            "remote_request_id": request_id,
+            "remote_host": host,
+            "remote_port": port,
+            "num_prompt_tokens": len(api.generation.prompt_token_ids),
+            "first_token_ms": round((time.monotonic_ns() - arrival_ns) / 1e6, 3),
+        }
+
     async def _submit(
-        self, generation: GenerationRequest, output: Output, arrival_ns: int, turn_ns: int
+        self,
+        generation: GenerationRequest,
+        output: Output,
+        arrival_ns: int,
+        turn_ns: int,
+        remote: bool,
     ) -> EngineSeq:
         self.engine.took_in(time.monotonic_ns() - turn_ns)
-        if self._frontend_s > 0.0:
+        wait_s = self._frontend_s
+        if remote:
+            # The prompt's KV comes over the network first; the request then joins the batch.
+            self.kv_transfers += 1
+            wait_s += self.timer.kv_transfer_ns(len(generation.prompt_token_ids)) / 1e9
+        if wait_s > 0.0:
             self._in_frontend += 1
             try:
-                await asyncio.sleep(self._frontend_s)
+                await asyncio.sleep(wait_s)
             finally:
                 self._in_frontend -= 1
-        return self.engine.submit(generation, output, arrival_ns=arrival_ns)
+        return self.engine.submit(generation, output, arrival_ns=arrival_ns, remote_prefill=remote)
 
     async def _generate(self, request: Request, responder: Responder, parse: Parser) -> None:
         request_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
@@ -465,6 +544,7 @@ class SimApp:
         turn = await self.engine.intake_turn()  # parse and tokenize between steps
         try:
             api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len, self.served)
+            part = None if cfg.role == "both" else self._kv_part(request.body, api)
             self._inject_error()
             self._shed_if_overloaded()
         except BaseException:
@@ -477,8 +557,13 @@ class SimApp:
         if not api.stream:
             number = self._count_generation_start()
             collected = CollectOutput(loop.create_future())
-            await self._run(api.generation, collected, request.arrival_ns, turn)
-            body = await self._full_body(api, collected.events, response_id, self._nan(number))
+            remote = part == "receive"
+            await self._run(api.generation, collected, request.arrival_ns, turn, remote)
+            handoff = None
+            if part == "send":
+                handoff = self._handoff(api, response_id, request.arrival_ns)
+            nan = self._nan(number)
+            body = await self._full_body(api, collected.events, response_id, nan, handoff)
             if body is None:
                 # A NaN logprob cannot be JSON-encoded: vLLM's JSON response fails with 500.
                 record.status = 500
@@ -513,7 +598,7 @@ class SimApp:
             include_usage=api.stream_options.include_usage,
             done=loop.create_future(),
         )
-        await self._run(api.generation, output, request.arrival_ns, turn)
+        await self._run(api.generation, output, request.arrival_ns, turn, part == "receive")
         responder.end_stream()
 
     async def _run(
@@ -522,18 +607,24 @@ class SimApp:
         output: StreamOutput | CollectOutput,
         arrival: int,
         turn: int,
+        remote: bool,
     ) -> None:
         """Submit and wait for the last event; a cancelled wait (client gone) aborts it."""
         seq: EngineSeq | None = None
         try:
-            seq = await self._submit(generation, output, arrival, turn)
+            seq = await self._submit(generation, output, arrival, turn, remote)
             await output.done
         finally:
             if seq is not None and not output.complete:
                 self.engine.abort(seq)
 
     async def _full_body(
-        self, api: ApiRequest, events: list[StreamEvent], response_id: str, nan: bool
+        self,
+        api: ApiRequest,
+        events: list[StreamEvent],
+        response_id: str,
+        nan: bool,
+        kv_transfer: dict[str, Any] | None = None,
     ) -> bytes | None:
         wants_logprobs = api.generation.logprobs is not None or api.prompt_logprobs is not None
         if nan and wants_logprobs:
@@ -548,6 +639,7 @@ class SimApp:
             model=self.config.model,
             tokenizer=self.tokenizer,
             prompt_scores=scores,
+            kv_transfer=kv_transfer,
         )
 
     async def _score_prompt(self, prompt: tuple[int, ...], top_n: int) -> list[PromptTokenLogprobs]:

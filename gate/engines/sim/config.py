@@ -12,6 +12,7 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from gate.engines.sim.features import (
     DEFAULT_MAX_LOGPROBS,
@@ -22,6 +23,12 @@ from gate.engines.sim.features import (
 )
 from gate.engines.sim.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
 from gate.engines.sim.timing import CostModel
+
+Role = Literal["both", "prefill", "decode"]
+"""What one sim process is in a serving unit (README "Disaggregated prefill and decode"):
+``both`` a whole engine (the default, and what every sim was before roles); ``prefill`` and
+``decode`` the two worker groups of a disaggregated engine, behind ``gate.engines.sim.router``."""
+ROLES: tuple[Role, ...] = get_args(Role)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,12 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_cache_tokens: int = 0
+    # Disaggregated prefill and decode: which half this process is, and what a decode worker
+    # waits for the prompt's KV from a prefill worker (Llama 3.1 8B's 128 KiB a token over a
+    # 400 Gb/s NIC at ~80%: ~3 us a token, after ~2 ms of handshake).
+    role: Role = "both"
+    kv_transfer_ms: float = 2.0
+    kv_transfer_us_per_token: float = 3.0
     # Numeric variants of a candidate (see model.py).
     logit_noise: float = 0.0
     numeric_bug: float = 0.0
@@ -93,6 +106,8 @@ class SimConfig:
             frontend_ms=self.frontend_ms,
             jitter=self.jitter,
             degrade_itl_per_min=self.degrade_itl_per_min,
+            kv_transfer_ms=self.kv_transfer_ms,
+            kv_transfer_us_per_token=self.kv_transfer_us_per_token,
         )
 
     def served(self) -> Served:
@@ -271,6 +286,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache size in tokens; when full the newest sequence is preempted; 0 = unlimited",
     )
 
+    pd = parser.add_argument_group(
+        "disaggregated prefill and decode",
+        "one worker group of a two-group engine, behind python -m gate.engines.sim.router",
+    )
+    pd.add_argument(
+        "--role",
+        choices=ROLES,
+        default="both",
+        help=(
+            "both (default): a whole engine, kv_transfer_params ignored; prefill: answers a "
+            "request with kv_transfer_params.do_remote_decode with the KV hand-off in its "
+            "kv_transfer_params; decode: takes a request with the hand-off "
+            "(do_remote_prefill), waits the KV transfer and decodes without prefilling"
+        ),
+    )
+    pd.add_argument(
+        "--kv-transfer-ms",
+        type=float,
+        default=2.0,
+        metavar="MS",
+        help="decode: fixed wait for a remote prefill's KV (default 2)",
+    )
+    pd.add_argument(
+        "--kv-transfer-us-per-token",
+        type=float,
+        default=3.0,
+        metavar="US",
+        help="decode: added wait per prompt token of the transferred KV (default 3)",
+    )
+
     num = parser.add_argument_group("numeric variants (candidate models)")
     num.add_argument(
         "--logit-noise",
@@ -431,6 +476,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "jitter",
         "logit_noise",
         "degrade_itl_per_min",
+        "kv_transfer_ms",
+        "kv_transfer_us_per_token",
     ):
         value = getattr(ns, name)
         require(
@@ -501,6 +548,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         kv_cache_tokens=ns.kv_cache_tokens,
+        role=ns.role,
+        kv_transfer_ms=ns.kv_transfer_ms,
+        kv_transfer_us_per_token=ns.kv_transfer_us_per_token,
         logit_noise=ns.logit_noise,
         numeric_bug=ns.numeric_bug,
         nan_after_requests=ns.nan_after_requests,

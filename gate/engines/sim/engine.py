@@ -364,18 +364,33 @@ class SimEngine:
         self._turn_given = True
 
     def submit(
-        self, request: GenerationRequest, output: Output, *, arrival_ns: int | None = None
+        self,
+        request: GenerationRequest,
+        output: Output,
+        *,
+        arrival_ns: int | None = None,
+        remote_prefill: bool = False,
     ) -> EngineSeq:
-        """Queue a request; its events go to ``output``. ``arrival_ns`` anchors the TTFT floor."""
+        """Queue a request; its events go to ``output``. ``arrival_ns`` anchors the TTFT floor.
+
+        ``remote_prefill``: a prefill worker computed the prompt and its KV is here (a
+        disaggregated decode). All of it but the last position is placed without compute, as
+        vLLM recomputes the last token of a wholly cached prompt for its logits; no TTFT floor,
+        which the prefill worker already kept."""
         now = time.monotonic_ns()
         arrival = now if arrival_ns is None else arrival_ns
         prompt_len = len(request.prompt_token_ids)
+        if remote_prefill:
+            remote_kv, floor_ns = max(0, prompt_len - 1), 0
+        else:
+            remote_kv, floor_ns = 0, arrival + self.timer.first_token_floor_ns(prompt_len)
         seq = EngineSeq(
             prompt_len=prompt_len,
             submitted_ns=now,
+            remote_kv=remote_kv,
             decoder=Decoder(self.model, self.tokenizer, request, self.sampling_rng(request)),
             output=output,
-            floor_ns=arrival + self.timer.first_token_floor_ns(prompt_len),
+            floor_ns=floor_ns,
         )
         self.scheduler.add(seq)
         if self._step is None and self._waiter is not None:

@@ -229,6 +229,12 @@ class Responder:
         if self._chunked and not self._head_only:
             self._protocol.write(b"0\r\n\r\n")
 
+    def abort(self) -> None:
+        """Cut the connection: a stream whose source broke off must not look complete."""
+        self.finished = True
+        self.keep_alive = False
+        self._protocol.abort()
+
 
 Handler = Callable[[Request, Responder], Awaitable[None]]
 

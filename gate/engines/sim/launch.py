@@ -1,7 +1,9 @@
 """Start a sim as a child process and wait until it serves.
 
 Used by tests here and by anything else in the gate that needs a throwaway engine. Stdlib
-only: launching must not import numpy into the caller.
+only: launching must not import numpy into the caller. The router of a disaggregated sim
+(``gate.engines.sim.router``) announces itself the same way, so the same helpers start it
+(``module=ROUTER_MODULE``); ``SimPool.start_pd`` starts a whole two-group engine.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from gate.engines.sim.announce import parse_listening_line
+
+SIM_MODULE = "gate.engines.sim"
+ROUTER_MODULE = "gate.engines.sim.router"
 
 
 class SimStartError(RuntimeError):
@@ -68,8 +73,8 @@ class SimHandle:
         self.kill()
 
 
-def sim_command(flags: Sequence[str], *, port: int = 0) -> list[str]:
-    return [sys.executable, "-m", "gate.engines.sim", "--port", str(port), *flags]
+def sim_command(flags: Sequence[str], *, port: int = 0, module: str = SIM_MODULE) -> list[str]:
+    return [sys.executable, "-m", module, "--port", str(port), *flags]
 
 
 def spawn(
@@ -78,12 +83,16 @@ def spawn(
     port: int = 0,
     stderr_path: Path | None = None,
     cwd: Path | None = None,
+    module: str = SIM_MODULE,
 ) -> subprocess.Popen[bytes]:
     """Start the process without waiting; stdout is a pipe carrying the announcement line."""
     stderr = stderr_path.open("wb") if stderr_path is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen(
-            sim_command(flags, port=port), stdout=subprocess.PIPE, stderr=stderr, cwd=cwd
+            sim_command(flags, port=port, module=module),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=cwd,
         )
     finally:
         if stderr_path is not None and not isinstance(stderr, int):
@@ -145,9 +154,10 @@ def launch(
     cwd: Path | None = None,
     ready: bool = True,
     timeout: float = 15.0,
+    module: str = SIM_MODULE,
 ) -> SimHandle:
     """Start a sim and return once it listens (and, with ``ready``, once /health is 200)."""
-    proc = spawn(flags, port=port, stderr_path=stderr_path, cwd=cwd)
+    proc = spawn(flags, port=port, stderr_path=stderr_path, cwd=cwd, module=module)
     try:
         url, bound = read_announcement(proc, timeout)
         handle = SimHandle(proc, url, bound, stderr_path)
@@ -163,6 +173,19 @@ def launch(
     return handle
 
 
+@dataclass(frozen=True)
+class PdSim:
+    """A disaggregated sim: its prefill and decode workers and the router clients talk to."""
+
+    router: SimHandle
+    prefill: tuple[SimHandle, ...]
+    decode: tuple[SimHandle, ...]
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+
 @dataclass
 class SimPool:
     """Starts sims and remembers them so that one ``close`` always cleans every one up."""
@@ -171,13 +194,42 @@ class SimPool:
     cwd: Path | None = None
     handles: list[SimHandle] = field(default_factory=list)
 
-    def start(self, *flags: str, port: int = 0, ready: bool = True) -> SimHandle:
+    def start(
+        self, *flags: str, port: int = 0, ready: bool = True, module: str = SIM_MODULE
+    ) -> SimHandle:
         stderr_path = None
         if self.workdir is not None:
-            stderr_path = self.workdir / f"sim-{len(self.handles)}.stderr"
-        handle = launch(flags, port=port, stderr_path=stderr_path, cwd=self.cwd, ready=ready)
+            name = "router" if module == ROUTER_MODULE else "sim"
+            stderr_path = self.workdir / f"{name}-{len(self.handles)}.stderr"
+        handle = launch(
+            flags, port=port, stderr_path=stderr_path, cwd=self.cwd, ready=ready, module=module
+        )
         self.handles.append(handle)
         return handle
+
+    def start_pd(
+        self,
+        *flags: str,
+        prefill: Sequence[str] = (),
+        decode: Sequence[str] = (),
+        router: Sequence[str] = (),
+        prefills: int = 1,
+        decodes: int = 1,
+        ready: bool = True,
+    ) -> PdSim:
+        """Prefill workers (``flags`` + ``prefill``), decode workers (``flags`` + ``decode``)
+        and a router in front of them; with ``ready``, returns once the router is ready,
+        which it is once every worker is."""
+        p = tuple(
+            self.start(*flags, *prefill, "--role", "prefill", ready=False) for _ in range(prefills)
+        )
+        d = tuple(
+            self.start(*flags, *decode, "--role", "decode", ready=False) for _ in range(decodes)
+        )
+        urls = [a for h in p for a in ("--prefill", h.url)]
+        urls += [a for h in d for a in ("--decode", h.url)]
+        front = self.start(*urls, *router, ready=ready, module=ROUTER_MODULE)
+        return PdSim(front, p, d)
 
     def spawn(self, *flags: str, port: int = 0) -> subprocess.Popen[bytes]:
         """Start without waiting, for tests of the startup phases themselves."""

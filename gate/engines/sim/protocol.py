@@ -426,6 +426,16 @@ def _render_chat(obj: dict[str, Any], served_model: str, served: Served) -> str:
     return render_chat(messages)
 
 
+def kv_transfer_params(body: bytes) -> dict[str, Any] | None:
+    """The request's ``kv_transfer_params`` (vLLM's KV-connector hand-off between a prefill
+    and a decode worker), read again from a body that a parser has already accepted: only
+    workers of a disaggregated engine pay for the second parse."""
+    value = _load_object(body).get("kv_transfer_params")
+    if value is not None and not isinstance(value, dict):
+        raise bad_request("`kv_transfer_params` must be an object", "kv_transfer_params")
+    return value
+
+
 def parse_tokenize_request(
     body: bytes, tokenizer: ToyTokenizer, served_model: str, served: Served = ALL_SERVED
 ) -> list[int]:
@@ -663,8 +673,10 @@ def full_response(
     tokenizer: ToyTokenizer,
     created: int | None = None,
     prompt_scores: Sequence[PromptTokenLogprobs] | None = None,
+    kv_transfer: dict[str, Any] | None = None,
 ) -> bytes:
-    """Non-streaming body: the same events, merged into one choice."""
+    """Non-streaming body: the same events, merged into one choice; a prefill worker's KV
+    hand-off goes beside the choices, where vLLM puts ``kv_transfer_params``."""
     created = int(time.time()) if created is None else created
     text = "".join(ev.text for ev in events)
     token_ids = [t for ev in events for t in ev.token_ids]
@@ -706,4 +718,6 @@ def full_response(
         body["prompt_logprobs"] = prompt_lps
     if request.return_token_ids and request.endpoint == "chat":
         body["prompt_token_ids"] = list(request.generation.prompt_token_ids)
+    if kv_transfer is not None:
+        body["kv_transfer_params"] = kv_transfer
     return dumps(body).encode()

@@ -10,6 +10,10 @@ sequences in arrival order while there are free sequence slots (``max_num_seqs``
 KV room. A prompt larger than what is left of the budget is prefilled in chunks over several
 steps (chunked prefill), so one long prompt never stalls every decode behind it for long.
 
+A sequence prefilled by another engine (``remote_kv``, a disaggregated decode worker) is
+admitted with that KV already in place: it takes KV room but no budget, and computes only the
+rest (the last prompt position, whose logits give its first token).
+
 When the KV cache is full, the most recently admitted running sequence is preempted: its KV is
 dropped and it returns to the front of the queue, to be recomputed (prompt plus generated
 tokens) once there is room. No sequence is admitted in a step that had to preempt, as in vLLM,
@@ -42,6 +46,10 @@ class SeqState:
     num_computed: int = 0
     status: SeqStatus = SeqStatus.WAITING
     preemptions: int = 0
+    # Prompt tokens whose KV arrived from a prefill worker (a disaggregated decode): placed in
+    # the cache on admission without being computed. Once placed they are the sequence's own,
+    # so a preemption recomputes them here, as vLLM's decode worker would.
+    remote_kv: int = 0
 
     def __post_init__(self) -> None:
         self.num_tokens = self.prompt_len
@@ -160,12 +168,17 @@ class Scheduler(Generic[S]):
                 seq = waiting[0]
                 if seq.submitted_ns > now_ns:
                     break
-                n = min(seq.num_tokens - seq.num_computed, budget)
-                if self.kv_used + n > capacity:
+                loaded = seq.remote_kv
+                n = min(seq.num_tokens - seq.num_computed - loaded, budget)
+                if self.kv_used + loaded + n > capacity:
                     break
                 waiting.popleft()
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
+                if loaded:
+                    seq.remote_kv = 0
+                    seq.num_computed += loaded
+                    self.kv_used += loaded
                 prefill += n
                 kv += seq.num_computed + n
                 self.kv_used += n

@@ -110,6 +110,7 @@ async def serve(config: SimConfig) -> int:
     )
     server = await start_server(app.handle, sock, connections, habits=habits, stats=app.connections)
     port = int(sock.getsockname()[1])
+    app.address = (config.host, port)
     print(format_listening_line(config.host, port), flush=True)
     engine_task = loop.create_task(app.engine.run())
     engine_task.add_done_callback(_die_with_the_engine)
@@ -126,7 +127,8 @@ async def serve(config: SimConfig) -> int:
                 app.crash,
                 f"crashing {config.crash_after_s:g} s after ready (--crash-after-s)",
             )
-        log(f"sim: ready on {base_url(config.host, port)}")
+        role = "" if config.role == "both" else f" as the {config.role} worker"
+        log(f"sim: ready on {base_url(config.host, port)}{role}")
         await stop.wait()
 
     log("sim: shutting down")

@@ -26,6 +26,11 @@ later token of the request is shifted by the same amount, so the floor never cha
 inter-token latency. It stands for per-request latency outside the GPU batch (API server,
 tokenisation, scheduling hops); profiles of real hardware set it to 0 and use ``frontend_ms``,
 a plain delay before the request reaches the scheduler, instead.
+
+In a disaggregated engine (``--role prefill|decode``) the floor belongs to the prefill
+worker, which answers once its first token is out; the decode worker waits ``kv_transfer_ms
++ kv_transfer_us_per_token * prompt_tokens`` for the prompt's KV instead, then decodes with no
+floor: the client's TTFT is the prefill's, the transfer and one decode step.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class CostModel:
     frontend_ms: float = 0.0
     jitter: float = 0.03
     degrade_itl_per_min: float = 0.0
+    # A decode worker's wait for a remote prefill's KV (--role decode): not a step, no jitter.
+    kv_transfer_ms: float = 0.0
+    kv_transfer_us_per_token: float = 0.0
 
 
 class StepTimer:
@@ -98,3 +106,11 @@ class StepTimer:
 
     def frontend_ns(self) -> int:
         return round(self.cost.frontend_ms * _NS_PER_MS)
+
+    def kv_transfer_ns(self, prompt_tokens: int) -> int:
+        """How long a decode worker waits for the KV of a prompt prefilled elsewhere."""
+        cost = self.cost
+        return round(
+            cost.kv_transfer_ms * _NS_PER_MS
+            + cost.kv_transfer_us_per_token * _NS_PER_US * prompt_tokens
+        )

@@ -22,6 +22,7 @@ def test_defaults() -> None:
     assert config.crash_after_requests is None
     assert config.error_rate == 0.0
     assert config.truth_log is None
+    assert (config.role, config.kv_transfer_ms, config.kv_transfer_us_per_token) == ("both", 2, 3)
 
 
 def test_sim_config_defaults_are_the_default_profile() -> None:
@@ -63,7 +64,7 @@ def test_every_flag_reaches_the_config() -> None:
         "--crash-after-requests 10 --crash-after-s 30 --error-rate 0.25 "
         "--stream-error-rate 0.125 --hang-after-tokens 3 --hang-rate 0.5 --hang-requests 2,4-5 "
         "--degrade-itl-per-min 20 --max-waiting 8 --shed-status 503 --truth-log t.jsonl "
-        "--tag run-1"
+        "--role decode --kv-transfer-ms 4 --kv-transfer-us-per-token 0.5 --tag run-1"
     )
     config = parse_args(flags.split(" "))
     assert config == SimConfig(
@@ -74,7 +75,8 @@ def test_every_flag_reaches_the_config() -> None:
         kv_cache_tokens=100, logit_noise=0.1, numeric_bug=0.01, nan_after_requests=7,
         crash_after_requests=10, crash_after_s=30, error_rate=0.25, stream_error_rate=0.125,
         hang_after_tokens=3, hang_rate=0.5, hang_requests=(2, 4, 5), degrade_itl_per_min=20,
-        max_waiting=8, shed_status=503, truth_log="t.jsonl", tag="run-1",
+        max_waiting=8, shed_status=503, truth_log="t.jsonl", role="decode", kv_transfer_ms=4,
+        kv_transfer_us_per_token=0.5, tag="run-1",
     )  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.port = 1  # type: ignore[misc]
@@ -97,6 +99,9 @@ def test_every_flag_reaches_the_config() -> None:
         ["--port", "0", "--hang-requests", "3-1"],
         ["--port", "0", "--numeric-bug", "2"],
         ["--port", "0", "--crash-after-s", "inf"],
+        ["--port", "0", "--role", "router"],
+        ["--port", "0", "--kv-transfer-ms", "-1"],
+        ["--port", "0", "--kv-transfer-us-per-token", "nan"],
     ],
 )
 def test_bad_flags_exit_2(argv: list[str]) -> None:
@@ -111,7 +116,8 @@ def test_help_mentions_every_flag() -> None:
         "--crash-after-requests", "--error-rate", "--tag", "--tokens-per-event", "--profile",
         "--crash-after-s", "--hang-after-tokens", "--stream-error-rate", "--degrade-itl-per-min",
         "--max-waiting", "--shed-status", "--truth-log", "--logit-noise", "--numeric-bug",
-        "--nan-after-requests", "--max-num-batched-tokens", "--kv-cache-tokens",
+        "--nan-after-requests", "--max-num-batched-tokens", "--kv-cache-tokens", "--role",
+        "--kv-transfer-ms", "--kv-transfer-us-per-token",
     ):  # fmt: skip
         assert flag in text
     for name in PROFILES:

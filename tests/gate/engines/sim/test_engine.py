@@ -266,6 +266,30 @@ def test_ttft_floor_shifts_every_event_and_keeps_gaps() -> None:
     assert [b - a for a, b in zip(r.scheduled, r.scheduled[1:], strict=False)] == [10_000_000] * 3
 
 
+def test_a_remotely_prefilled_request_has_no_floor_and_decodes_as_a_local_one() -> None:
+    engine = _engine(ttft_ms=500, prefill_us_per_token=1000)
+    rec: list[Recorder] = []
+    arrival: list[int] = []
+
+    async def body() -> None:
+        rec.extend([Recorder(), Recorder()])
+        arrival.append(time.monotonic_ns())
+        seq = engine.submit(greedy(4), rec[0], arrival_ns=arrival[0], remote_prefill=True)
+        assert (seq.floor_ns, seq.remote_kv) == (0, len(greedy(4).prompt_token_ids) - 1)
+        await rec[0].done
+        engine.submit(greedy(4), rec[1])  # the same request prefilled here: the same tokens
+        await rec[1].done
+
+    with_engine(engine, body)
+    remote, local = rec
+    # One 10 ms step per token from the first (the 500 ms floor is the prefill worker's, and
+    # one computed position keeps the first step memory-bound).
+    assert remote.scheduled[0] - arrival[0] < 500_000_000
+    gaps = [b - a for a, b in zip(remote.scheduled, remote.scheduled[1:], strict=False)]
+    assert gaps == [10_000_000] * 3
+    assert [e.token_ids for e in remote.events] == [e.token_ids for e in local.events]
+
+
 def test_one_step_serves_the_whole_batch_at_its_end() -> None:
     engine = _engine(itl_per_running_ms=1)
     recs: list[Recorder] = []

@@ -38,6 +38,26 @@ def test_prefill_then_one_token_per_step() -> None:
     assert s.kv_used == 13
 
 
+def test_a_remotely_prefilled_prompt_takes_kv_room_but_computes_only_its_last_position() -> None:
+    s = sched(budget=100, kv=200)
+    a = SeqState(prompt_len=150, submitted_ns=0, remote_kv=149)  # a disaggregated decode
+    s.add(a)
+    plan = s.schedule(0)
+    assert plan.scheduled == [(a, 1)] and plan.num_tokens == 1  # not chunked over 2 steps
+    assert (s.kv_used, plan.kv_tokens, a.remote_kv) == (150, 150, 0)
+    assert s.complete(plan) == [a]  # its first token in the first step
+    # No room for a second one's KV: it waits, as a local prefill would.
+    b = SeqState(prompt_len=60, submitted_ns=0, remote_kv=59)
+    s.add(b)
+    assert step(s)[0] == [(a, 1)] and b.status is SeqStatus.WAITING
+    # Preempted, its KV is its own: recomputed locally, in chunks.
+    s.remove(a)
+    assert step(s)[0] == [(b, 1)]
+    victim = s._preempt_newest()
+    assert victim is b and (b.num_computed, b.remote_kv, s.kv_used) == (0, 0, 0)
+    assert step(s)[0] == [(b, 61)]
+
+
 def test_long_prompts_are_chunked_and_decodes_go_first() -> None:
     s = sched(budget=100)
     short = seq(5)
@@ -127,6 +147,13 @@ def test_step_cost_follows_a_roofline() -> None:
     assert timer.step_ns(1, 500, 0, 0) == 10_000_000  # a long one is compute-bound
     assert timer.step_ns(2, 500, 10_000, 0) == 10_500_000
     assert timer.first_token_floor_ns(100) == 0  # --ttft-ms 0: no floor
+
+
+def test_kv_transfer_time_grows_with_the_prompt() -> None:
+    timer = StepTimer(CostModel(kv_transfer_ms=2, kv_transfer_us_per_token=3, jitter=0.5))
+    assert timer.kv_transfer_ns(0) == 2_000_000
+    assert timer.kv_transfer_ns(1000) == 5_000_000  # no jitter: a lower bound tests can use
+    assert StepTimer(CostModel()).kv_transfer_ns(1000) == 0
 
 
 def test_ttft_floor_jitter_and_degradation() -> None:
