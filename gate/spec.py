@@ -69,6 +69,15 @@ DNS_LABEL_MESSAGE = (
 )
 
 
+def image_repository(image: str) -> str:
+    """`registry/path` of an image reference, without its tag or digest."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    if ":" in last:
+        last = last.split(":", 1)[0]
+    return f"{head}/{last}" if head else last
+
+
 def check_image(v: str) -> str:
     """An image reference a kubelet can pull, pinned by a tag or a digest."""
     m = IMAGE_RE.fullmatch(v) if len(v) <= 512 and v.isprintable() else None

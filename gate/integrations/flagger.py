@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gate.core.errors import ClusterError, FieldProblem, SpecError
-from gate.runs.templates import image_repository
+from gate.spec import image_repository
 
 if TYPE_CHECKING:
     from kubernetes import client

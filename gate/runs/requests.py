@@ -18,8 +18,8 @@ from gate.access.network import check_allowed
 from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits, spec_limit_problems
 from gate.core.settings import Settings
-from gate.runs.templates import EngineTemplate, fill, image_allowed, image_repository
-from gate.spec import NAME_RE, GateSpec, load_spec, parse_spec, spec_to_dict
+from gate.runs.templates import EngineTemplate, fill, image_allowed
+from gate.spec import NAME_RE, GateSpec, image_repository, load_spec, parse_spec, spec_to_dict
 
 CALLER_ENGINE_KEYS = ("engine", "params", "url", "readiness_timeout_s")
 NOT_FROM_A_REQUEST = (

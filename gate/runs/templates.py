@@ -39,7 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gate.core.errors import FieldProblem, SpecError
-from gate.spec import EngineSpec, check_image
+from gate.spec import EngineSpec, check_image, image_repository
 
 PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -157,15 +157,6 @@ class ImageParam(_Param):
 Param = Annotated[
     IntParam | NumberParam | StringParam | ChoiceParam | ImageParam, Field(discriminator="type")
 ]
-
-
-def image_repository(image: str) -> str:
-    """`registry/path` of an image reference, without its tag or digest."""
-    name = image.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    if ":" in last:
-        last = last.split(":", 1)[0]
-    return f"{head}/{last}" if head else last
 
 
 def image_allowed(image: str, allow: list[str]) -> bool:

@@ -1,10 +1,14 @@
-"""The integration docs work as written: the Argo Rollouts AnalysisTemplate is sent to the
-real API the way Argo's web provider sends it and its conditions and limits are applied as Argo
-applies them; the GitHub Actions step's script runs in bash against a real `gate serve`."""
+"""The integration docs work as written, against a real `gate serve`: the Argo Rollouts
+AnalysisTemplate is sent the way Argo's web provider sends it and measured and assessed as
+Argo's code does (tests/support/argo_driver.py); the Flagger Canary's hooks are called as
+Flagger's scheduler calls them (tests/support/flagger_driver.py) while the gate reads the
+Canary from a Kubernetes API server over HTTP; the GitHub Actions and GitLab CI scripts run in
+bash."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -19,11 +23,11 @@ from typing import Any
 
 import httpx
 import yaml
-from apitools import Recording
-from fastapi.testclient import TestClient
+from argo_driver import MetricRun
+from flagger_driver import Flagger
+from k8s_fake import FakeKubernetes, ObjectStore, serve_http, write_kubeconfig
 
-from gate.api.app import create_app
-from gate.core.database import transaction
+from gate.core.database import open_migrated, transaction
 from gate.core.settings import Settings
 from gate.models import GateRun
 
@@ -41,6 +45,89 @@ def named_specs(tmp_path: Path) -> Path:
     d.mkdir()
     shutil.copy(ROOT / "examples" / "specs" / "kubernetes.yaml", d / "vllm-h200-k8s.yaml")
     return d
+
+
+# -- a real `gate serve` ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+BROKER_DOWN = "redis://127.0.0.1:9/0"  # nothing listens on port 9: gates stay pending
+
+
+class GateServer:
+    """`gate serve` as a process that a test can stop (an outage) and start again on the same
+    port and data; the gates' rows are reachable for the test to decide them."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "GATE_DATA_DIR": str(tmp_path / ".gate"),
+            "GATE_SPEC_DIR": str(named_specs(tmp_path)),
+            "GATE_PUBLIC_URL": self.base,
+            "HOME": str(tmp_path),  # no ~/.kube/config
+            **env,
+        }
+        self.settings = Settings(data_dir=tmp_path / ".gate")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "--port", str(self.port)],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(150):
+            try:
+                httpx.get(f"{self.base}/metrics", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("gate serve did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def token(self, name: str, scopes: str) -> str:
+        """`gate token create NAME --scopes S`, as the docs tell the operator."""
+        done = subprocess.run(
+            [sys.executable, "-m", "gate", "token", "create", name, "--scopes", scopes],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        (token,) = re.findall(r"gt_[A-Za-z0-9_-]+", done.stdout)
+        return token
+
+    def finish(self, gate_id: str, verdict: str, state: str = "complete") -> None:
+        factory = open_migrated(self.settings.resolved_database_url())
+        with transaction(factory) as s:
+            row = s.get(GateRun, gate_id)
+            assert row is not None
+            row.state, row.verdict, row.reason = state, verdict, f"gate said {verdict}"
+        factory.kw["bind"].dispose()
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, **env: str) -> Iterator[GateServer]:
+    server = GateServer(tmp_path, env)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # -- Argo Rollouts ---------------------------------------------------------------------------
@@ -64,136 +151,242 @@ def condition(expr: str, result: dict[str, Any]) -> bool:
     return bool(result.get(m.group(1)) == m.group(2))
 
 
-def test_argo_analysis_template_as_written(tmp_path: Path) -> None:
-    template = next(
+def argo_template() -> dict[str, Any]:
+    return next(  # type: ignore[no-any-return]
         b for b in yaml_blocks(DOCS / "argo-rollouts.md") if b["kind"] == "AnalysisTemplate"
     )
-    metric = template["spec"]["metrics"][0]
-    web = metric["provider"]["web"]
-    assert "count" not in metric  # see the doc: a count would let an undecided gate pass
-    settings = Settings(data_dir=tmp_path / ".gate", spec_dir=named_specs(tmp_path))
-    app = create_app(settings, start_workers=False)
-    recording = Recording()
-    app.state.ctx.dispatcher = recording
-    from gate.access.tokens import create_token
 
-    token = create_token(app.state.ctx.factory, "argo-rollouts", ["run"])
-    args = {"candidate-image": "vllm/vllm-openai:v0.11.1", "gate-token": token}
-    url = httpx.URL(substitute(web["url"], args))
-    headers = {h["key"]: substitute(h["value"], args) for h in web["headers"]}
-    body = substitute(web["jsonBody"], args)
-    assert web["jsonPath"] == "{$}"
 
-    def measure(client: TestClient) -> tuple[str, dict[str, Any]]:
-        r = client.request(web["method"], url.path, headers=headers, json=body)
-        assert r.status_code == 200, r.text  # non-2xx would be an Argo Error measurement
+class ArgoWeb:
+    """Argo's `web` provider sending the template's request (webmetric.go): non-2xx or no
+    answer is an Error measurement, else the conditions decide (failure first)."""
+
+    def __init__(self, metric: dict[str, Any], base: str, args: dict[str, str]) -> None:
+        web = metric["provider"]["web"]
+        assert web["jsonPath"] == "{$}"
+        self.metric, self.web = metric, web
+        self.url = base + httpx.URL(substitute(web["url"], args)).path
+        self.headers = {h["key"]: substitute(h["value"], args) for h in web["headers"]}
+        self.body = substitute(web["jsonBody"], args)
+        self.results: list[dict[str, Any]] = []
+
+    def measure(self) -> str:
+        try:
+            r = httpx.request(
+                self.web["method"],
+                self.url,
+                headers=self.headers,
+                json=self.body,
+                timeout=self.web["timeoutSeconds"],
+            )
+        except httpx.HTTPError:
+            return "Error"
+        if not 200 <= r.status_code < 300:
+            return "Error"
         result = r.json()
-        if condition(metric["failureCondition"], result):
-            return "Failed", result
-        if condition(metric["successCondition"], result):
-            return "Successful", result
-        return "Inconclusive", result
+        self.results.append(result)
+        if condition(self.metric["failureCondition"], result):
+            return "Failed"
+        if condition(self.metric["successCondition"], result):
+            return "Successful"
+        return "Inconclusive"
 
-    with TestClient(app) as client:
-        phases = [measure(client) for _ in range(3)]
-        assert [p for p, _ in phases] == ["Inconclusive"] * 3
-        ids = {r["id"] for _, r in phases}
-        assert len(ids) == 1 and len(recording.submitted) == 1  # polling starts one gate
+
+def test_argo_analysis_template_as_written(tmp_path: Path) -> None:
+    """The template against a real `gate serve`, measured and assessed as Argo's code does:
+    polling starts one gate, an outage of the service is retried every 10 s and survived, and
+    the verdict ends the metric."""
+    metric = argo_template()["spec"]["metrics"][0]
+    assert "count" not in metric  # see the doc: a count would let an undecided gate pass
+    with serving(tmp_path, GATE_BROKER_URL=BROKER_DOWN) as server:
+        token = server.token("argo-rollouts", "run")
+        args = {"candidate-image": "vllm/vllm-openai:v0.11.1", "gate-token": token}
+        web = ArgoWeb(metric, server.base, args)
+        steps: list[str] = []
+
+        def measure(now: float) -> tuple[str, float]:
+            i = len(steps)
+            if i == 3:
+                server.stop()  # the gate service goes away for five measurements
+            if i == 8:
+                server.start()
+            if i == 10:
+                server.finish(web.results[0]["id"], "continue")
+            steps.append(web.measure())
+            return steps[-1], 0.05
+
+        run = MetricRun(metric)
+        assert run.run(measure) == "Successful"
+        assert steps == ["Inconclusive"] * 3 + ["Error"] * 5 + ["Inconclusive"] * 2 + ["Successful"]
+        ids = {r["id"] for r in web.results}
+        assert len(ids) == 1  # polling (and the outage) started one gate
         gid = ids.pop()
-        assert metric["inconclusiveLimit"] >= 3
-        run = client.get(f"/v1/gates/{gid}", headers=headers).json()
-        assert run["candidate"] == "vllm/vllm-openai:v0.11.1"
-        assert run["reference"] == "vllm/vllm-openai:v0.10.2"
+        times = [t for t, _ in run.timeline]
+        gaps = [round(b - a) for a, b in itertools.pairwise(times)]
+        assert gaps[3:8] == [10] * 5  # after an Error: 10 s, not the 30 s interval
+        assert gaps[:2] == [30, 30]
+        view = httpx.get(
+            f"{server.base}/v1/gates/{gid}", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        assert view["candidate"] == "vllm/vllm-openai:v0.11.1"
+        assert view["reference"] == "vllm/vllm-openai:v0.10.2"
+        assert web.results[-1]["report_url"] == f"{server.base}/gates/{gid}"
 
-        def finish(verdict: str, state: str = "complete") -> None:
-            with transaction(app.state.ctx.factory) as s:
-                row = s.get(GateRun, gid)
-                assert row is not None
-                row.state, row.verdict, row.reason = state, verdict, f"gate said {verdict}"
-
-        finish("continue")
-        phase, result = measure(client)
-        assert phase == "Successful"
-        assert metric["consecutiveSuccessLimit"] == 1  # one success ends the metric
-        assert result["report_url"].endswith(f"/gates/{gid}")
-        finish("hold")
-        assert measure(client)[0] == "Failed"
-        assert metric["failureLimit"] == 0  # one failure aborts the rollout
-        finish("hold", state="cancelled")
-        phase, result = measure(client)
-        assert (phase, result["state"]) == ("Failed", "error")
+        # a hold is Failed at once; an errored or cancelled gate is a hold too
+        for state in ("complete", "cancelled"):
+            server.finish(gid, "hold", state=state)
+            again = MetricRun(metric)
+            assert again.run(lambda now: (web.measure(), 0.05)) == "Failed"
+            assert len(again.timeline) == 1
 
         # "Running the gate again": the documented key argument makes a new gate, once.
         rerun = next(b for b in yaml_blocks(DOCS / "argo-rollouts.md") if "jsonBody" in b)
         assert rerun["args"][0]["name"] == "gate-run"
         body = substitute(rerun["jsonBody"], {**args, "gate-run": "2"})
-        again = [client.post(url.path, headers=headers, json=body).json() for _ in range(2)]
-        assert again[0]["id"] == again[1]["id"] != gid
-        assert again[0]["state"] == "pending" and len(recording.submitted) == 2
+        headers = web.headers
+        again_ids = [httpx.post(web.url, headers=headers, json=body).json()["id"] for _ in range(2)]
+        assert again_ids[0] == again_ids[1] != gid
+
+
+def test_argo_limits_mean_what_the_doc_says() -> None:
+    """The doc's numbers, recomputed with Argo's rules (argo_driver.py): an outage shorter than
+    5 minutes never aborts the rollout, about two hours of a running gate before it pauses, and
+    the warnings about `interval` and `count`."""
+    metric = argo_template()["spec"]["metrics"][0]
+    doc = (DOCS / "argo-rollouts.md").read_text()
+
+    def outage(took_s: float) -> tuple[str, float]:
+        run = MetricRun(metric)
+        phase = run.run(lambda now: ("Error", took_s))
+        first = run.timeline[0][0] - took_s
+        return phase, run.timeline[-1][0] - first
+
+    phase, fast = outage(0.01)  # connection refused
+    assert phase == "Error" and fast >= 300, "an outage shorter than 5 minutes must not abort"
+    assert "at least 5 minutes of outage" in doc
+    assert f"the 31st comes {fast:.0f} s after the first" in doc
+    limit = metric["consecutiveErrorLimit"]
+    _, slow = outage(metric["provider"]["web"]["timeoutSeconds"])  # every attempt times out
+    assert f"about {slow:.0f} s after it" in doc
+    # the numbers the doc gives for the old limit and for Argo's default
+    for old, words in ((10, "allowed 100 s"), (None, "is 4: 40 s")):
+        m = dict(metric, consecutiveErrorLimit=old)
+        r = MetricRun(m)
+        r.run(lambda now: ("Error", 0.0))
+        assert f"{r.timeline[-1][0]:.0f} s" in words, (old, r.timeline[-1][0])
+        assert words in doc
+    assert limit == 30
+
+    running = MetricRun(metric)
+    assert running.run(lambda now: ("Inconclusive", 0.05)) == "Inconclusive"
+    hours = running.timeline[-1][0] / 3600
+    assert 1.9 < hours < 2.1 and "about two hours" in doc
+
+    once = MetricRun({k: v for k, v in metric.items() if k != "interval"})
+    once.run(lambda now: ("Inconclusive", 0.05))
+    assert len(once.timeline) == 1, "a metric without interval is measured once"
+    assert "is measured once" in doc
+
+    # `count` lets an all-Inconclusive metric pass only while inconclusiveLimit >= count
+    counted = {"interval": "30s", "count": 5, "failureLimit": 0}
+    passes = MetricRun({**counted, "inconclusiveLimit": 5})
+    assert passes.run(lambda now: ("Inconclusive", 0.0)) == "Successful"
+    pauses = MetricRun({**counted, "inconclusiveLimit": 2})
+    assert pauses.run(lambda now: ("Inconclusive", 0.0)) == "Inconclusive"
+    with_success = MetricRun({**counted, "inconclusiveLimit": 5, "consecutiveSuccessLimit": 1})
+    assert with_success.run(lambda now: ("Inconclusive", 0.0)) == "Inconclusive"
+    assert "only while `inconclusiveLimit` is at least `count`" in doc
 
 
 # -- Flagger ---------------------------------------------------------------------------------
 
 
-def test_flagger_canary_webhooks_as_written(tmp_path: Path) -> None:
-    """Each webhook of the documented Canary, called the way Flagger calls it (its payload,
-    its metadata, the token from metadata), answers what the doc's table says."""
+def hold_table(doc: str) -> dict[str, tuple[str, str]]:
+    """{gate: (Flagger's phase, hooks called)} from the doc's "What you see on a hold" table."""
+    section = doc.split("## What you see on a hold", 1)[1].split("\n\n", 2)[1]
+    rows = [line.strip("|").split("|") for line in section.splitlines()[2:]]
+    return {r[0].strip(): (r[1].strip(), r[2].strip()) for r in rows if len(r) >= 3}
+
+
+def test_flagger_canary_as_written(tmp_path: Path) -> None:
+    """The documented Canary's hooks, called by Flagger's scheduler as its code calls them
+    (flagger_driver.py), against a real `gate serve` that reads the Canary, its target, its
+    primary and their pods from a (fake) Kubernetes API server over HTTP with the official
+    client: a new revision, its hold, the fixed revision, its continue and the promotion."""
     canary = next(b for b in yaml_blocks(DOCS / "flagger.md") if b["kind"] == "Canary")
-    hooks = {h["type"]: h for h in canary["spec"]["analysis"]["webhooks"]}
-    assert set(hooks) == {"confirm-rollout", "rollback"}
-    settings = Settings(data_dir=tmp_path / ".gate", spec_dir=named_specs(tmp_path))
-    app = create_app(settings, start_workers=False)
-    recording = Recording()
-    app.state.ctx.dispatcher = recording
-    from gate.access.tokens import create_token
-
-    token = create_token(app.state.ctx.factory, "flagger", ["run"])
-
-    def call(kind: str, checksum: str = "rev-1") -> Any:
-        hook = hooks[kind]
-        metadata = {k: (token if k == "token" else str(v)) for k, v in hook["metadata"].items()}
-        payload = {
-            "name": canary["metadata"]["name"],
-            "namespace": canary["metadata"]["namespace"],
-            "phase": "Progressing",
-            "checksum": checksum,
-            "metadata": metadata,
+    hooks = canary["spec"]["analysis"]["webhooks"]
+    assert {h["type"] for h in hooks} == {"confirm-rollout", "confirm-promotion"}
+    doc = (DOCS / "flagger.md").read_text()
+    table = hold_table(doc)
+    fake = FakeKubernetes(store=ObjectStore())
+    assert fake.store is not None
+    with serve_http(fake) as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=api)
+        env = {
+            "GATE_BROKER_URL": BROKER_DOWN,
+            "GATE_FLAGGER_CLUSTER": str(kubeconfig),
+            "GATE_FLAGGER_NAMESPACES": json.dumps([canary["metadata"]["namespace"]]),
+            "GATE_FLAGGER_ANNOTATE": "true",
         }
-        return client.post(httpx.URL(hook["url"]).path, json=payload)
+        with serving(tmp_path, **env) as server:
+            token = server.token("flagger", "run")
+            for h in hooks:
+                h["metadata"]["token"] = token
+            answers: list[dict[str, Any]] = []
 
-    with TestClient(app) as client:
-        pending = call("confirm-rollout")
-        assert pending.status_code == 403 and "pending" in pending.text
-        assert call("rollback").status_code == 403
-        assert len(recording.submitted) == 1  # both hooks, one revision: one gate
-        (gid,) = recording.submitted
-        run = client.get(f"/v1/gates/{gid}", headers={"Authorization": f"Bearer {token}"})
-        assert run.json()["candidate"] == hooks["confirm-rollout"]["metadata"]["candidate_image"]
+            def call(kind: str, payload: dict[str, Any]) -> int:
+                url = next(h["url"] for h in hooks if h["type"] == kind)
+                r = httpx.post(server.base + httpx.URL(url).path, json=payload, timeout=10)
+                answers.append(r.json())
+                return r.status_code
 
-        def finish(verdict: str) -> None:
-            with transaction(app.state.ctx.factory) as s:
-                row = s.get(GateRun, gid)
-                assert row is not None
-                row.state, row.verdict, row.reason = "complete", verdict, f"gate said {verdict}"
+            repo = "vllm/vllm-openai"
+            f = Flagger(
+                fake.store,
+                call,
+                namespace=canary["metadata"]["namespace"],
+                name=canary["metadata"]["name"],
+                target=canary["spec"]["targetRef"]["name"],
+                webhooks=hooks,
+                step_weight=canary["spec"]["analysis"]["stepWeight"],
+                max_weight=canary["spec"]["analysis"]["maxWeight"],
+                digests={f"{repo}:v0.10.2": "sha256:" + "a" * 64},
+            )
+            f.deploy(f"{repo}:v0.10.2")
+            f.initialise()
 
-        finish("hold")
-        refused = call("confirm-rollout")
-        assert refused.status_code == 403 and "gate said hold" in refused.text
-        assert call("rollback").status_code == 200
-        finish("continue")
-        assert call("confirm-rollout").status_code == 200
-        assert call("rollback").status_code == 403
-        call("confirm-rollout", checksum="rev-2")  # a new revision: a new gate
-        assert len(recording.submitted) == 2
+            f.deploy(f"{repo}:v0.11.0")
+            assert f.tick() in table["pending / running"][0]
+            held = answers[-1]["id"]
+            assert answers[-1]["reference"] == f"{repo}@sha256:{'a' * 64}"
+            server.finish(held, "hold")
+            phases = f.run(3)
+            assert {f"`{p}`" for p in phases} == {table["hold"][0]}
+            called = {c[0] for c in f.calls}
+            assert called == {"confirm-rollout"}
+            assert "never `rollback`" in table["hold"][1]
+            annotations = f.canary["metadata"]["annotations"]
+            assert annotations["llm-deploy-gate.io/verdict"] == "hold"
+            assert [e["reason"] for e in fake.store.items("events", "serving")] == [
+                "DeployGateHold"
+            ]
+
+            f.deploy(f"{repo}:v0.11.1")  # the fix: a new gate, whatever the checksum
+            f.tick()
+            fixed = answers[-1]["id"]
+            assert fixed != held and answers[-1]["candidate"] == f"{repo}:v0.11.1"
+            server.finish(fixed, "continue")
+            phases = f.run(8)
+            assert phases[0] == "Progressing" and phases[-1] == "Succeeded", phases
+            assert table["continue"][0] == "`Progressing`, then `Succeeded`"
+            promotions = [c[3] for c in f.calls if c[0] == "confirm-promotion"]
+            assert promotions == [200]
+            assert f.image(f"{f.target}-primary") == f"{repo}:v0.11.1"
+            assert f.canary["metadata"]["annotations"]["llm-deploy-gate.io/verdict"] == "continue"
+            assert {a["id"] for a in answers} == {held, fixed}
 
 
 # -- GitHub Actions ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def image_allow(doc: Path) -> str:
