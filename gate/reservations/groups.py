@@ -1,0 +1,766 @@
+"""Whole engines of several worker groups: place every group of every engine, or none.
+
+A disaggregated engine (prefill on one host, decode on two nodes of one NVLink clique) serves
+nothing until every group of it runs, so the gate asks for whole engines: each group of both
+engines gets its nodes and GPUs in one answer, or the gate gets nothing. Placing group after
+group in the order the spec lists them is the trap of the seed document: a small, flexible
+group placed first takes the only connected room a large, rigid group needed. So:
+
+Order. Groups go most constrained first: fewest domains of their level that can hold one of
+them (inside the gate's `together` domains), then fewest instances that fit, then most GPUs,
+then the order written. Both engines' instances of the rarest group are placed before any
+instance of the next one.
+
+Search. In each `together` domain, depth first over those instances. An instance's candidate
+domains are those of its level (and of its connect rules not yet fixed by the same engine's
+earlier groups) that can hold it, tightest first (fewest instances of the group fit, then
+fewest free GPUs); in each, its node sets: the nodes are grouped into classes of
+interchangeable ones (same free GPUs, same domains at every level in play, same eligibility)
+and the best-fit set comes first (the tightest nodes for a one-node group; the roomiest for a
+multi-node group, which keeps the most room for the other engine's copy of it), then every
+other way of drawing from the classes. A domain is searched only when cheap upper bounds say it
+may hold a gate: each group alone (Kueue's count), each connect rule's domains, free GPUs,
+workers of each size per node, and the headroom rule.
+
+Bound. One search (one gate in one `together` domain) does at most SEARCH_BUDGET units of work:
+one per candidate node examined and one per node set tried. A search that runs out counts the
+domain as not fitting, so on a large, fragmented domain a placement it did not reach can be
+missed; within the budget the search is exhaustive up to interchangeable nodes (the tests check
+it against brute force on small inventories).
+
+Capacity. In each domain, gates are placed one after another by that same search, up to the
+domain's bound: every gate counted is a placement the allocator makes, and allocating again and
+again grants exactly that many.
+
+No I/O: the inventory, the shape and the GPUs others hold come in; a Placement, a Capacity or a
+Blocked goes out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
+
+from gate.reservations.inventory import Node, normalise_sku
+from gate.reservations.shapes import (
+    LEVELS,
+    RETRYABLE,
+    STAGES,
+    Blocked,
+    Capacity,
+    ConnectRule,
+    DomainFit,
+    EnginePlacement,
+    GpuKey,
+    GroupFit,
+    GroupPlacement,
+    GroupRequest,
+    Level,
+    Placement,
+    ShapeRequest,
+    domain_key,
+    domain_of,
+    eligible,
+    held_by_node,
+    stage_message,
+)
+
+SEARCH_BUDGET = 20_000
+
+
+def engine_capacity(slots: Sequence[int], n: int) -> int:
+    """Most disjoint instances of `n` distinct nodes, node i offering slots[i] workers:
+    the largest k with sum(min(s, k)) >= k * n (each node serves an instance at most once)."""
+    if n == 1:
+        return sum(slots)
+    total = sum(slots)
+    lo, hi = 0, total // n
+    while lo < hi:
+        k = (lo + hi + 1) // 2
+        if sum(min(s, k) for s in slots) >= k * n:
+            lo = k
+        else:
+            hi = k - 1
+    return lo
+
+
+def _count_vectors(sizes: Sequence[int], n: int) -> Iterator[tuple[int, ...]]:
+    """Every way to draw `n` nodes from classes of these sizes, the most from the first
+    classes first."""
+    k = len(sizes)
+    suffix = [0] * (k + 1)
+    for i in range(k - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + sizes[i]
+    counts = [0] * k
+
+    def rec(i: int, left: int) -> Iterator[tuple[int, ...]]:
+        if left == 0:
+            yield tuple(counts)
+            return
+        if i == k or suffix[i] < left:
+            return
+        for c in range(min(sizes[i], left), -1, -1):
+            if suffix[i + 1] < left - c:
+                break
+            counts[i] = c
+            yield from rec(i + 1, left - c)
+        counts[i] = 0
+
+    yield from rec(0, n)
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+_Cand = tuple[int, tuple[str, ...]]  # a node and its domain key for one position
+
+
+@dataclass
+class _Fleet:
+    """The eligible nodes of a multi-group shape, indexed by integers in name order: free GPU
+    counts (mutable), the domain key of each node at every level in play, which groups each
+    node may serve, and the `together` domains. GPU indices are drawn only for a grant."""
+
+    shape: ShapeRequest
+    groups: tuple[GroupRequest, ...]
+    nodes: list[Node]
+    free: list[int]
+    mask: list[int]
+    keys: list[tuple[str, ...]]  # per node: its domain at each of `levels`
+    sig: list[int]  # per node: which nodes it is interchangeable with (given equal free GPUs)
+    levels: tuple[Level, ...]
+    pairs: dict[str, list[int]]
+    held: dict[str, set[int]]
+    base: bool
+    eliminated: dict[str, int]
+    order: list[int] = field(default_factory=list)  # group indices, rarest in the fleet first
+    orders: dict[str, list[int]] = field(default_factory=dict)  # the same per `together` domain
+    stats: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    # (together domain, group, fixed rules) -> fixed rules' values -> [(node, domain key)]
+    buckets: dict[tuple[str, int, tuple[int, ...]], dict[tuple[str, ...], list[_Cand]]] = field(
+        default_factory=dict
+    )
+
+    def lvl(self, level: Level) -> int:
+        return self.levels.index(level)
+
+    def usable(self, i: int) -> int:
+        x = self.nodes[i]
+        return x.gpus if self.base else x.gpus - x.allocated_gpus
+
+
+def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], base: bool) -> _Fleet:
+    """One pass: the shared eligibility stages, each group's SKU and memory, free counts,
+    domain keys. `base`: the empty fleet (nothing allocated, nothing held)."""
+    groups = shape.group_list
+    want = [(normalise_sku(g.sku) if g.sku else None, g.min_gpu_memory_gib) for g in groups]
+    regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
+    removed = dict.fromkeys(STAGES[:6], 0)
+    survivors: list[tuple[Node, int]] = []
+    for x in nodes:
+        if regions and x.region not in regions:
+            removed["region"] += 1
+            continue
+        if providers and x.provider not in providers:
+            removed["provider"] += 1
+            continue
+        if pools and x.pool not in pools:
+            removed["policy"] += 1
+            continue
+        nsku, mask, sku_ok = normalise_sku(x.sku), 0, False
+        for j, (sku, mem) in enumerate(want):
+            if sku is not None and nsku != sku:
+                continue
+            sku_ok = True
+            if mem is None or x.gpu_memory_gib >= mem:
+                mask |= 1 << j
+        if not mask:
+            removed["gpu_memory" if sku_ok else "sku"] += 1
+        elif not x.healthy or x.cordoned or x.taints:
+            removed["health"] += 1
+        else:
+            survivors.append((x, mask))
+    survivors.sort(key=lambda t: t[0].name)
+    pair = shape.pair_level
+    in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
+    levels = tuple(lv for lv in LEVELS if lv in in_play)
+    fns = [domain_key(lv) for lv in levels]
+    pi = levels.index(pair)
+    # Host keys tell nodes apart only where a rule asks for one host (a connect rule or
+    # `together` at host); elsewhere same-shaped nodes of one domain are interchangeable.
+    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
+    sig_levels = [k for k, lv in enumerate(levels) if lv != "host" or host_matters]
+    held_map = {} if base else held_by_node(held)
+    out_nodes, free, masks, keys, sigs = [], [], [], [], []
+    pairs: dict[str, list[int]] = {}
+    sig_ids: dict[tuple[object, ...], int] = {}
+    for i, (x, mask) in enumerate(survivors):
+        usable = x.gpus if base else x.gpus - x.allocated_gpus
+        taken = held_map.get(x.name)
+        free.append(usable - sum(1 for g in taken if g < usable) if taken else usable)
+        k = tuple(f(x) for f in fns)
+        out_nodes.append(x)
+        masks.append(mask)
+        keys.append(k)
+        s = (*(k[j] for j in sig_levels), mask)
+        sigs.append(sig_ids.setdefault(s, len(sig_ids)))
+        pairs.setdefault(k[pi], []).append(i)
+    return _Fleet(
+        shape,
+        groups,
+        out_nodes,
+        free,
+        masks,
+        keys,
+        sigs,
+        levels,
+        pairs,
+        held_map,
+        base,
+        removed,
+    )
+
+
+# -- counting ------------------------------------------------------------------------------------
+
+
+def _instances(f: _Fleet, members: Sequence[int], g: int) -> tuple[int, int]:
+    """Group g alone among `members`: (domains of its level holding one instance, instances)."""
+    grp = f.groups[g]
+    gpn, n, bit, free = grp.gpus_per_node, grp.nodes, 1 << g, f.free
+    if grp.level == "host":
+        slots = [s for i in members if f.mask[i] & bit and (s := free[i] // gpn)]
+        return len(slots), sum(slots)
+    li = f.lvl(grp.level)
+    by: dict[str, list[int]] = {}
+    for i in members:
+        if f.mask[i] & bit:
+            s = free[i] // gpn
+            if s:
+                by.setdefault(f.keys[i][li], []).append(s)
+    doms = inst = 0
+    for slots in by.values():
+        if len(slots) >= n:
+            c = engine_capacity(slots, n)
+            if c:
+                doms += 1
+                inst += c
+    return doms, inst
+
+
+def _rarity(f: _Fleet, doms: Sequence[int], inst: Sequence[int]) -> list[int]:
+    """Group indices, most constrained first: fewest domains that hold one, fewest instances,
+    most GPUs, most nodes, the order written."""
+    return sorted(
+        range(len(f.groups)),
+        key=lambda g: (doms[g], inst[g], -f.groups[g].gpus, -f.groups[g].nodes, g),
+    )
+
+
+def _refresh(f: _Fleet, p: str) -> None:
+    """Each group alone in `together` domain p now, and from that the order p is searched in
+    (recomputed after every gate placed there, as the next allocation would see it)."""
+    doms, inst = [], []
+    for g in range(len(f.groups)):
+        d, c = _instances(f, f.pairs[p], g)
+        doms.append(d)
+        inst.append(c)
+    f.stats[p] = (doms, inst)
+    f.orders[p] = _rarity(f, doms, inst)
+
+
+def _group_counts(f: _Fleet) -> None:
+    """Every domain's counts and order, and the fleet-wide order the report shows."""
+    for p in f.pairs:
+        _refresh(f, p)
+    width = range(len(f.groups))
+    doms = [sum(s[0][g] for s in f.stats.values()) for g in width]
+    inst = [sum(s[1][g] for s in f.stats.values()) for g in width]
+    f.order = _rarity(f, doms, inst)
+
+
+def _bound(f: _Fleet, p: str, headroom: bool) -> int:
+    """An upper bound on the gates domain p holds now (0 skips its search)."""
+    shape, members, free = f.shape, f.pairs[p], f.free
+    roles, per_gate = len(shape.roles), shape.gpus_per_gate
+    total = sum(free[i] for i in members)
+    ub = total // per_gate
+    if headroom and shape.headroom_gpus:
+        ub = min(ub, max(0, total - shape.headroom_gpus) // per_gate)
+    ub = min([ub, *(c // roles for c in f.stats[p][1])])
+    if ub == 0:
+        return 0
+    # Workers that need at least t GPUs of one node each, against what the nodes can give.
+    for t in sorted({g.gpus_per_node for g in f.groups}):
+        big = [j for j, g in enumerate(f.groups) if g.gpus_per_node >= t]
+        if len(big) < 2:
+            continue
+        bits = sum(1 << j for j in big)
+        demand = roles * sum(f.groups[j].nodes for j in big)
+        supply = sum(free[i] // t for i in members if f.mask[i] & bits)
+        ub = min(ub, supply // demand)
+        if ub == 0:
+            return 0
+    pair = shape.pair_level
+    for rule in shape.connect:
+        if rule.level == pair:
+            continue
+        li = f.lvl(rule.level)
+        by: dict[str, list[int]] = {}
+        for i in members:
+            by.setdefault(f.keys[i][li], []).append(i)
+        idx = [_index(f, r) for r in rule.groups]
+        engines = sum(min(_instances(f, nodes, g)[1] for g in idx) for nodes in by.values())
+        ub = min(ub, engines // roles)
+        if ub == 0:
+            return 0
+    return ub
+
+
+def _index(f: _Fleet, role: str) -> int:
+    return next(j for j, g in enumerate(f.groups) if g.role == role)
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Search:
+    """Depth-first placement of one gate in one `together` domain (see the module docstring)."""
+
+    f: _Fleet
+    pair: str
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (group, engine)
+    fixed: list[list[int]] = field(default_factory=list)  # per position: rules already fixed
+    unfixed: list[list[int]] = field(default_factory=list)
+    budget: int = 0
+    chosen: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        f = self.f
+        roles = len(f.shape.roles)
+        self.positions = [(g, r) for g in f.orders[self.pair] for r in range(roles)]
+        rules = [
+            (c, {_index(f, name) for name in rule.groups}) for c, rule in enumerate(f.shape.connect)
+        ]
+        for i, (g, r) in enumerate(self.positions):
+            before = {h for h, s in self.positions[:i] if s == r}
+            mine = [(c, gs) for c, gs in rules if g in gs]
+            self.fixed.append([c for c, gs in mine if gs & before])
+            self.unfixed.append([c for c, gs in mine if not gs & before])
+        self.chosen = [[] for _ in self.positions]
+        # One straight descent is always allowed; SEARCH_BUDGET bounds the backtracking.
+        self.budget = SEARCH_BUDGET + len(self.positions) * (len(f.pairs[self.pair]) + 1)
+
+    def _bucket(self, i: int) -> dict[tuple[str, ...], list[_Cand]]:
+        """Position i's candidates: by the values of its fixed connect rules, each eligible
+        node with its domain key (its level's, then its unfixed rules'). Shared by every
+        search of the domain: it depends on labels only, not on free GPUs."""
+        g, _ = self.positions[i]
+        f = self.f
+        cache_key = (self.pair, g, tuple(self.fixed[i]))
+        got = f.buckets.get(cache_key)
+        if got is not None:
+            return got
+        rules = f.shape.connect
+        fl = [f.lvl(rules[c].level) for c in self.fixed[i]]
+        dl = [f.lvl(f.groups[g].level), *(f.lvl(rules[c].level) for c in self.unfixed[i])]
+        bit = 1 << g
+        out: dict[tuple[str, ...], list[_Cand]] = {}
+        for x in f.pairs[self.pair]:
+            if f.mask[x] & bit:
+                k = f.keys[x]
+                out.setdefault(tuple(k[j] for j in fl), []).append((x, tuple(k[j] for j in dl)))
+        f.buckets[cache_key] = out
+        return out
+
+    def run(self) -> bool:
+        try:
+            return self._dfs(0, [{} for _ in self.f.shape.roles])
+        except _OutOfBudget:
+            return False
+
+    def _dfs(self, i: int, values: list[dict[int, str]]) -> bool:
+        if i == len(self.positions):
+            return True
+        f = self.f
+        g, r = self.positions[i]
+        grp = f.groups[g]
+        gpn, n, free = grp.gpus_per_node, grp.nodes, f.free
+        fkey = tuple(values[r][c] for c in self.fixed[i])
+        bucket = self._bucket(i).get(fkey, ())
+        self.budget -= len(bucket)
+        if self.budget < 0:
+            raise _OutOfBudget
+        doms: dict[tuple[str, ...], list[int]] = {}
+        for x, dk in bucket:
+            if free[x] >= gpn:
+                doms.setdefault(dk, []).append(x)
+        options = []
+        for xs in doms.values():
+            if len(xs) >= n:
+                slots = [free[x] // gpn for x in xs]
+                fits = sum(slots) if n == 1 else engine_capacity(slots, n)
+                options.append((fits, sum(free[x] for x in xs), xs[0], xs))
+        options.sort(key=itemgetter(0, 1, 2))
+        rules = f.shape.connect
+        for _, _, _, xs in options:
+            for chosen in self._node_sets(xs, n):
+                self.budget -= 1
+                if self.budget < 0:
+                    raise _OutOfBudget
+                for x in chosen:
+                    free[x] -= gpn
+                for c in self.unfixed[i]:
+                    values[r][c] = f.keys[chosen[0]][f.lvl(rules[c].level)]
+                if self._dfs(i + 1, values):
+                    self.chosen[i] = chosen
+                    return True
+                for c in self.unfixed[i]:
+                    del values[r][c]
+                for x in chosen:
+                    free[x] += gpn
+        return False
+
+    def _node_sets(self, xs: list[int], n: int) -> Iterator[list[int]]:
+        """Node sets of size n from xs, one per way of drawing from classes of
+        interchangeable nodes: the best fit first (see the module docstring)."""
+        f = self.f
+        classes: dict[tuple[int, int], list[int]] = {}
+        for x in xs:
+            classes.setdefault((f.free[x], f.sig[x]), []).append(x)
+        ordered = sorted(classes.values(), key=lambda c: (f.free[c[0]], c[0]))
+        if n == 1:
+            for c in ordered:
+                yield [c[0]]
+            return
+        sizes = [len(c) for c in ordered]
+        roomy: list[int] = []
+        left = n
+        for k in range(len(sizes) - 1, -1, -1):
+            take = min(sizes[k], left)
+            roomy.append(take)
+            left -= take
+        first = tuple(reversed(roomy + [0] * (len(sizes) - len(roomy))))
+        yield _draw(ordered, first)
+        for counts in _count_vectors(sizes, n):
+            if counts != first:
+                yield _draw(ordered, counts)
+
+
+def _draw(classes: list[list[int]], counts: tuple[int, ...]) -> list[int]:
+    """The nodes a draw takes, the roomiest class first (its first node leads the group)."""
+    out: list[int] = []
+    for c, k in zip(reversed(classes), reversed(counts), strict=True):
+        out.extend(c[:k])
+    return out
+
+
+# -- the three questions -------------------------------------------------------------------------
+
+
+def _fit(f: _Fleet, p: str, gates: int) -> DomainFit:
+    members = f.pairs[p]
+    return DomainFit(
+        domain_of(f.nodes[members[0]], f.shape.pair_level),
+        len(members),
+        sum(f.free[i] for i in members),
+        gates * len(f.shape.roles),
+        gates,
+    )
+
+
+def _count(f: _Fleet, headroom: bool = True) -> dict[str, DomainFit]:
+    """Gates per `together` domain, placed one after another as allocate() would place them
+    (mutates f.free): while the domain's bound allows one more and the search finds it."""
+    out: dict[str, DomainFit] = {}
+    for p in f.pairs:
+        before = _fit(f, p, 0)
+        first = _bound(f, p, headroom)
+        gates = 0
+        while gates < first:
+            if gates:
+                _refresh(f, p)
+                if not _bound(f, p, headroom):
+                    break
+            if not _Search(f, p).run():
+                break
+            gates += 1
+        out[p] = before._replace(gates=gates, engines=gates * len(f.shape.roles))
+    return out
+
+
+def _sorted_fits(found: Iterable[DomainFit]) -> tuple[DomainFit, ...]:
+    return tuple(sorted(sorted(found), key=itemgetter(4), reverse=True))
+
+
+def _group_fits(f: _Fleet) -> tuple[GroupFit, ...]:
+    out = []
+    for g in f.order:
+        bit = 1 << g
+        nodes = [i for i in range(len(f.nodes)) if f.mask[i] & bit]
+        out.append(
+            GroupFit(
+                f.groups[g].role,
+                len(nodes),
+                sum(f.free[i] for i in nodes),
+                sum(s[0][g] for s in f.stats.values()),
+                sum(s[1][g] for s in f.stats.values()),
+            )
+        )
+    return tuple(out)
+
+
+def capacity_groups(
+    nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] = ()
+) -> Capacity:
+    f = build(nodes, shape, held, base=False)
+    _group_counts(f)
+    groups = _group_fits(f)
+    fits = _sorted_fits(_count(f).values())
+    return Capacity(
+        gates=sum(x.gates for x in fits),
+        engines=sum(x.engines for x in fits),
+        free_gpus=sum(x.free_gpus for x in fits),
+        eligible_nodes=len(f.nodes),
+        level=shape.pair_level,
+        per_domain=fits,
+        groups=groups,
+    )
+
+
+def allocate_groups(
+    nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] = ()
+) -> Placement | Blocked:
+    held = set(held)
+    f = build(nodes, shape, held, base=False)
+    for g in shape.group_list:
+        if not any(f.mask[i] & (1 << _index(f, g.role)) for i in range(len(f.nodes))):
+            return _ineligible(nodes, shape, g)
+    _group_counts(f)
+    options = []
+    for p, members in f.pairs.items():
+        ub = _bound(f, p, headroom=True)
+        if ub:
+            options.append((ub, sum(f.free[i] for i in members), members[0], p))
+    # Best fit: the domain with the fewest gates' room first, so large domains stay whole.
+    for *_, p in sorted(options):
+        s = _Search(f, p)
+        if s.run():
+            return _placement(f, s, p)
+    return _diagnose(nodes, shape, held, f)
+
+
+def _placement(f: _Fleet, s: _Search, p: str) -> Placement:
+    """GPU indices for the counts the search chose: each node's lowest free ones, in order."""
+    lists: dict[int, list[int]] = {}
+    got: dict[tuple[int, int], GroupPlacement] = {}
+    for (g, r), chosen in zip(s.positions, s.chosen, strict=True):
+        grp = f.groups[g]
+        per_node = []
+        for x in chosen:
+            if x not in lists:
+                taken = f.held.get(f.nodes[x].name, set())
+                lists[x] = [k for k in range(f.usable(x)) if k not in taken]
+            per_node.append(tuple(lists[x][: grp.gpus_per_node]))
+            lists[x] = lists[x][grp.gpus_per_node :]
+        lead = f.nodes[chosen[0]]
+        got[(g, r)] = GroupPlacement(
+            grp.role,
+            tuple(f.nodes[x].name for x in chosen),
+            tuple(per_node),
+            lead.normalised_sku,
+            domain_of(lead, grp.level),
+        )
+    engines = []
+    domain = domain_of(f.nodes[f.pairs[p][0]], f.shape.pair_level)
+    for r, role in enumerate(f.shape.roles):
+        groups = tuple(got[(g, r)] for g in range(len(f.groups)))
+        workers = tuple(w for gp in groups for w in gp.workers)
+        engines.append(EnginePlacement(role, workers, groups[0].sku, domain, groups))
+    return Placement(tuple(engines), domain)
+
+
+# -- why not -------------------------------------------------------------------------------------
+
+
+def _ineligible(nodes: Sequence[Node], shape: ShapeRequest, g: GroupRequest) -> Blocked:
+    _, eliminated, stage = eligible(nodes, shape, g.sku, g.min_gpu_memory_gib)
+    assert stage is not None
+    msg = stage_message(stage, shape, g.sku, g.min_gpu_memory_gib)
+    return Blocked(stage, f"{g.role} group: {msg}", eliminated, RETRYABLE[stage])
+
+
+def _fits_anywhere(
+    nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], base: bool, headroom: bool
+) -> bool:
+    f = build(nodes, shape, held, base)
+    _group_counts(f)
+    return any(_bound(f, p, headroom) and _Search(f, p).run() for p in sorted(f.pairs))
+
+
+def _sub_shape(
+    shape: ShapeRequest, roles: Sequence[str], rules: Sequence[ConnectRule]
+) -> ShapeRequest:
+    """The shape with only these groups and rules (for finding which layer blocks)."""
+    keep = set(roles)
+    return replace(
+        shape,
+        groups=tuple(g for g in shape.group_list if g.role in keep),
+        connect=tuple(rules),
+        together=shape.pair_level,
+        headroom_gpus=0,
+    )
+
+
+def _restricted(shape: ShapeRequest, roles: Sequence[str]) -> list[ConnectRule]:
+    keep = set(roles)
+    out = []
+    for rule in shape.connect:
+        names = tuple(n for n in rule.groups if n in keep)
+        if len(names) >= 2:
+            out.append(ConnectRule(names, rule.level))
+    return out
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _topology_message(
+    nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], order: Sequence[str]
+) -> str:
+    """Name the group and the layer that fails: add groups in placement order; the first that
+    does not fit beside the ones before it is the one, and its own level, then its connect
+    rules, then the competition for GPUs is the layer."""
+    free_fleet = build(nodes, shape, held, base=False)
+    by_role = {g.role: g for g in shape.group_list}
+    t, roles = shape.pair_level, len(shape.roles)
+    for k in range(1, len(order) + 1):
+        prefix = list(order[:k])
+        role = prefix[-1]
+        g = by_role[role]
+        rules = _restricted(shape, prefix)
+        if _fits_anywhere(nodes, _sub_shape(shape, prefix, rules), held, False, False):
+            continue
+        need = f"{_plural(g.nodes, 'node')} with {g.gpus_per_node} free GPUs"
+        if not _fits_anywhere(nodes, _sub_shape(shape, [role], []), held, False, False):
+            most = _largest(free_fleet, g, g.level, ())
+            if most < g.nodes:
+                return (
+                    f"{role} group needs {need} in one {g.level}; the largest {g.level} has {most}"
+                )
+            return (
+                f"{role} group needs {roles} copies ({need} in one {g.level} each) in one {t}; "
+                f"no {t} holds {roles}"
+            )
+        mine = [c for c in rules if role in c.groups]
+        others = [c for c in rules if role not in c.groups]
+        if _fits_anywhere(nodes, _sub_shape(shape, prefix, others), held, False, False):
+            for rule in mine:
+                if not _fits_anywhere(
+                    nodes, _sub_shape(shape, prefix, [*others, rule]), held, False, False
+                ):
+                    peers = [n for n in rule.groups if n != role]
+                    names = " and ".join(peers)
+                    most = _largest(free_fleet, g, rule.level, [by_role[n] for n in peers])
+                    if most < g.nodes:
+                        return (
+                            f"{role} group needs {_plural(g.nodes, 'node')} in one {rule.level} "
+                            f"with {names}; the largest {rule.level} with free {names} capacity "
+                            f"has {most}"
+                        )
+                    return (
+                        f"{role} group needs {_plural(g.nodes, 'node')} in one {rule.level} with "
+                        f"{names}, for {roles} engines in one {t}; no {t} has room for that"
+                    )
+        placed = ", ".join(prefix[:-1])
+        return (
+            f"{role} group ({need} in one {g.level}) fits alone and so does {placed}, but not "
+            f"beside it: they need the same free GPUs in every {t}"
+        )
+    return f"no {t} domain holds every group of {roles} engines"
+
+
+def _largest(f: _Fleet, g: GroupRequest, level: Level, peers: Sequence[GroupRequest]) -> int:
+    """The most nodes with room for a worker of g in one domain of `level` (inside one domain of
+    g's own level) among the domains where every peer group has room for one instance."""
+    gi = _index(f, g.role)
+    li, own = f.lvl(level), f.lvl(g.level)
+    by: dict[tuple[str, str], list[int]] = {}
+    for i in range(len(f.nodes)):
+        by.setdefault((f.keys[i][f.lvl(f.shape.pair_level)], f.keys[i][li]), []).append(i)
+    best = 0
+    for members in by.values():
+        if any(_instances(f, members, _index(f, h.role))[1] < 1 for h in peers):
+            continue
+        counts: dict[str, int] = {}
+        for i in members:
+            if f.mask[i] & (1 << gi) and f.free[i] >= g.gpus_per_node:
+                counts[f.keys[i][own]] = counts.get(f.keys[i][own], 0) + 1
+        best = max([best, *counts.values()])
+    return best
+
+
+def _diagnose(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], f: _Fleet) -> Blocked:
+    """Nothing fits: the first later stage that explains it, relaxing one layer at a time (no
+    leases, then no headroom rule, then the groups one by one)."""
+    roles = len(shape.roles)
+    fits = _sorted_fits(_fit(f, p, 0) for p in f.pairs)
+    out = dict(f.eliminated)
+    no_leases = build(nodes, shape, (), base=False)
+    smallest = min(g.gpus_per_node for g in shape.group_list)
+    out["free_capacity"] = sum(1 for v in no_leases.free if v < smallest)
+    empty = build(nodes, shape, (), base=True)
+    for g in shape.group_list:
+        bit = 1 << _index(f, g.role)
+        have = sum(v for v, m in zip(no_leases.free, no_leases.mask, strict=True) if m & bit)
+        if have < roles * g.gpus:
+            could = sum(v for v, m in zip(empty.free, empty.mask, strict=True) if m & bit)
+            return Blocked(
+                "free_capacity",
+                f"{have} GPUs are free on the nodes eligible for the {g.role} group; it needs "
+                f"{roles * g.gpus} ({roles} engines x {g.gpus})",
+                out,
+                could >= roles * g.gpus,
+                fits,
+            )
+    free_total = sum(no_leases.free)
+    if free_total < shape.gpus_per_gate:
+        return Blocked(
+            "free_capacity",
+            f"{free_total} GPUs are free on the eligible nodes; the gate needs "
+            f"{shape.gpus_per_gate} ({roles} engines x {shape.engine_gpus})",
+            out,
+            sum(empty.free) >= shape.gpus_per_gate,
+            fits,
+        )
+    if not _fits_anywhere(nodes, shape, set(), False, headroom=False):
+        out["topology"] = len(f.nodes)
+        possible = _fits_anywhere(nodes, shape, set(), True, headroom=False)
+        order = [shape.group_list[g].role for g in f.order]
+        msg = _topology_message(nodes, shape, set(), order)
+        if not possible:
+            msg = f"no {shape.pair_level} domain of this fleet can ever hold this shape: {msg}"
+        return Blocked("topology", msg, out, possible, fits)
+    if not _fits_anywhere(nodes, shape, set(), False, headroom=True):
+        out["transition_headroom"] = len(f.nodes)
+        return Blocked(
+            "transition_headroom",
+            f"the shape fits only by leaving fewer than {shape.headroom_gpus} GPUs free in its "
+            f"{shape.pair_level} domain",
+            out,
+            True,
+            fits,
+        )
+    out["lease_conflict"] = len(f.nodes)
+    held_here = sum(1 for x in f.nodes for g in range(x.gpus) if (x.name, g) in held)
+    return Blocked(
+        "lease_conflict",
+        f"the shape would fit, but other gate reservations hold {held_here} of the eligible GPUs",
+        out,
+        True,
+        fits,
+    )
