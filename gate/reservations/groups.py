@@ -743,7 +743,9 @@ def _diagnose(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], f: 
         order = [shape.group_list[g].role for g in f.order]
         msg = _topology_message(nodes, shape, set(), order)
         if not possible:
-            msg = f"no {shape.pair_level} domain of this fleet can ever hold this shape: {msg}"
+            level = shape.pair_level
+            never = f"no {level} domain of this fleet" if level != "any" else "this fleet"
+            msg = f"{never} can never hold this shape: {msg}"
         return Blocked("topology", msg, out, possible, fits)
     if not _fits_anywhere(nodes, shape, set(), False, headroom=True):
         out["transition_headroom"] = len(f.nodes)
