@@ -38,7 +38,7 @@ Blocked goes out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
@@ -63,6 +63,7 @@ from gate.reservations.shapes import (
     domain_of,
     eligible,
     held_by_node,
+    level_index,
     stage_message,
 )
 
@@ -78,7 +79,7 @@ def engine_capacity(slots: Sequence[int], n: int) -> int:
     lo, hi = 0, total // n
     while lo < hi:
         k = (lo + hi + 1) // 2
-        if sum(min(s, k) for s in slots) >= k * n:
+        if sum([s if s < k else k for s in slots]) >= k * n:
             lo = k
         else:
             hi = k - 1
@@ -114,7 +115,8 @@ class _OutOfBudget(Exception):
     pass
 
 
-_Cand = tuple[int, tuple[str, ...]]  # a node and its domain key for one position
+_Domains = dict[tuple[str, ...], list[int]]  # a domain's key -> its candidate nodes
+_Layout = tuple[int, tuple[int, ...], tuple[int, ...]]  # group, fixed and domain levels
 
 
 @dataclass
@@ -127,38 +129,75 @@ class _Fleet:
     groups: tuple[GroupRequest, ...]
     nodes: list[Node]
     free: list[int]
+    usable: list[int]  # what no gate holds: allocated GPUs out (all GPUs for the empty fleet)
     mask: list[int]
     keys: list[tuple[str, ...]]  # per node: its domain at each of `levels`
-    sig: list[int]  # per node: which nodes it is interchangeable with (given equal free GPUs)
     levels: tuple[Level, ...]
+    sig_levels: tuple[int, ...]
     pairs: dict[str, list[int]]
     held: dict[str, set[int]]
-    base: bool
     eliminated: dict[str, int]
-    order: list[int] = field(default_factory=list)  # group indices, rarest in the fleet first
-    orders: dict[str, list[int]] = field(default_factory=dict)  # the same per `together` domain
+    sigs: list[int] = field(default_factory=list)  # filled on demand, -1 until then
+    sig_ids: dict[tuple[object, ...], int] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # group indices, placement order
+    plan: _Plan | None = None
     stats: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
-    # (together domain, group, fixed rules) -> fixed rules' values -> [(node, domain key)]
-    buckets: dict[tuple[str, int, tuple[int, ...]], dict[tuple[str, ...], list[_Cand]]] = field(
+    # (together domain, step layout) -> fixed rules' values -> domain key -> nodes
+    buckets: dict[tuple[str, _Layout], dict[tuple[str, ...], _Domains]] = field(
         default_factory=dict
     )
 
     def lvl(self, level: Level) -> int:
         return self.levels.index(level)
 
-    def usable(self, i: int) -> int:
-        x = self.nodes[i]
-        return x.gpus if self.base else x.gpus - x.allocated_gpus
+    def sig(self, i: int) -> int:
+        """Which nodes node i is interchangeable with, given equal free GPUs: the same domains
+        at every level in play (hosts told apart only where a rule asks for one host) and the
+        same eligibility."""
+        s = self.sigs[i]
+        if s < 0:
+            k = self.keys[i]
+            key = (*(k[j] for j in self.sig_levels), self.mask[i])
+            s = self.sigs[i] = self.sig_ids.setdefault(key, len(self.sig_ids))
+        return s
+
+
+def _key_fn(level: Level) -> Callable[[Node], str]:
+    """`domain_of` at one level, unrolled for the per-node loop of build()."""
+    if level in ("host", "cluster", "region", "any"):
+        return domain_key(level)
+
+    def labelled(x: Node) -> str:
+        label = x.topology.get(level)
+        return f"{x.cluster}/{level}={label}" if label else x.name
+
+    return labelled
 
 
 def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], base: bool) -> _Fleet:
     """One pass: the shared eligibility stages, each group's SKU and memory, free counts,
-    domain keys. `base`: the empty fleet (nothing allocated, nothing held)."""
+    domain keys (nodes keep the inventory's order, which breaks every tie). `base`: the
+    empty fleet (nothing allocated, nothing held)."""
     groups = shape.group_list
     want = [(normalise_sku(g.sku) if g.sku else None, g.min_gpu_memory_gib) for g in groups]
+    everyone = (1 << len(groups)) - 1
+    same = all(w == want[0] for w in want)  # one SKU and memory rule for every group
     regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
     removed = dict.fromkeys(STAGES[:6], 0)
-    survivors: list[tuple[Node, int]] = []
+    pair = shape.pair_level
+    in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
+    levels = tuple(lv for lv in LEVELS if lv in in_play)
+    fns = [_key_fn(lv) for lv in levels]
+    pi = levels.index(pair)
+    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
+    sig_levels = tuple(k for k, lv in enumerate(levels) if lv != "host" or host_matters)
+    held_map = {} if base else held_by_node(held)
+    out_nodes: list[Node] = []
+    free: list[int] = []
+    usable_of: list[int] = []
+    masks: list[int] = []
+    keys: list[tuple[str, ...]] = []
+    pairs: dict[str, list[int]] = {}
     for x in nodes:
         if regions and x.region not in regions:
             removed["region"] += 1
@@ -175,71 +214,68 @@ def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], ba
                 continue
             sku_ok = True
             if mem is None or x.gpu_memory_gib >= mem:
-                mask |= 1 << j
+                mask = everyone if same else mask | 1 << j
+            if same:
+                break
         if not mask:
             removed["gpu_memory" if sku_ok else "sku"] += 1
-        elif not x.healthy or x.cordoned or x.taints:
+            continue
+        if not x.healthy or x.cordoned or x.taints:
             removed["health"] += 1
-        else:
-            survivors.append((x, mask))
-    survivors.sort(key=lambda t: t[0].name)
-    pair = shape.pair_level
-    in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
-    levels = tuple(lv for lv in LEVELS if lv in in_play)
-    fns = [domain_key(lv) for lv in levels]
-    pi = levels.index(pair)
-    # Host keys tell nodes apart only where a rule asks for one host (a connect rule or
-    # `together` at host); elsewhere same-shaped nodes of one domain are interchangeable.
-    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
-    sig_levels = [k for k, lv in enumerate(levels) if lv != "host" or host_matters]
-    held_map = {} if base else held_by_node(held)
-    out_nodes, free, masks, keys, sigs = [], [], [], [], []
-    pairs: dict[str, list[int]] = {}
-    sig_ids: dict[tuple[object, ...], int] = {}
-    for i, (x, mask) in enumerate(survivors):
+            continue
         usable = x.gpus if base else x.gpus - x.allocated_gpus
         taken = held_map.get(x.name)
         free.append(usable - sum(1 for g in taken if g < usable) if taken else usable)
-        k = tuple(f(x) for f in fns)
+        usable_of.append(usable)
+        k = tuple([fn(x) for fn in fns])
+        pairs.setdefault(k[pi], []).append(len(out_nodes))
         out_nodes.append(x)
         masks.append(mask)
         keys.append(k)
-        s = (*(k[j] for j in sig_levels), mask)
-        sigs.append(sig_ids.setdefault(s, len(sig_ids)))
-        pairs.setdefault(k[pi], []).append(i)
     return _Fleet(
         shape,
         groups,
         out_nodes,
         free,
+        usable_of,
         masks,
         keys,
-        sigs,
         levels,
+        sig_levels,
         pairs,
         held_map,
-        base,
         removed,
+        sigs=[-1] * len(out_nodes),
     )
 
 
 # -- counting ------------------------------------------------------------------------------------
 
 
-def _instances(f: _Fleet, members: Sequence[int], g: int) -> tuple[int, int]:
-    """Group g alone among `members`: (domains of its level holding one instance, instances)."""
+def _instances(
+    f: _Fleet, members: Sequence[int], g: int, free: Sequence[int] | None = None
+) -> tuple[int, int]:
+    """Group g alone among `members` (with these free counts, default the fleet's): (domains
+    of its level holding one instance, instances)."""
     grp = f.groups[g]
-    gpn, n, bit, free = grp.gpus_per_node, grp.nodes, 1 << g, f.free
+    gpn, n, bit = grp.gpus_per_node, grp.nodes, 1 << g
+    free = f.free if free is None else free
+    mask = f.mask
     if grp.level == "host":
-        slots = [s for i in members if f.mask[i] & bit and (s := free[i] // gpn)]
+        slots = [s for i in members if mask[i] & bit and (s := free[i] // gpn)]
         return len(slots), sum(slots)
+    if grp.level == f.shape.pair_level:  # the whole `together` domain is one of its domains
+        slots = [s for i in members if mask[i] & bit and (s := free[i] // gpn)]
+        c = engine_capacity(slots, n) if len(slots) >= n else 0
+        return (1 if c else 0), c
     li = f.lvl(grp.level)
     by: dict[str, list[int]] = {}
+    keys = f.keys
     for i in members:
-        if f.mask[i] & bit:
+        if mask[i] & bit:
             s = free[i] // gpn
             if s:
-                by.setdefault(f.keys[i][li], []).append(s)
+                by.setdefault(keys[i][li], []).append(s)
     doms = inst = 0
     for slots in by.values():
         if len(slots) >= n:
@@ -250,35 +286,26 @@ def _instances(f: _Fleet, members: Sequence[int], g: int) -> tuple[int, int]:
     return doms, inst
 
 
-def _rarity(f: _Fleet, doms: Sequence[int], inst: Sequence[int]) -> list[int]:
-    """Group indices, most constrained first: fewest domains that hold one, fewest instances,
-    most GPUs, most nodes, the order written."""
-    return sorted(
-        range(len(f.groups)),
-        key=lambda g: (doms[g], inst[g], -f.groups[g].gpus, -f.groups[g].nodes, g),
-    )
-
-
-def _refresh(f: _Fleet, p: str) -> None:
-    """Each group alone in `together` domain p now, and from that the order p is searched in
-    (recomputed after every gate placed there, as the next allocation would see it)."""
-    doms, inst = [], []
-    for g in range(len(f.groups)):
-        d, c = _instances(f, f.pairs[p], g)
-        doms.append(d)
-        inst.append(c)
-    f.stats[p] = (doms, inst)
-    f.orders[p] = _rarity(f, doms, inst)
-
-
 def _group_counts(f: _Fleet) -> None:
-    """Every domain's counts and order, and the fleet-wide order the report shows."""
-    for p in f.pairs:
-        _refresh(f, p)
+    """Each group alone in each `together` domain now (for the bounds and the report), and
+    the placement order: most constrained in the inventory first (fewest domains that hold
+    one, fewest instances, on the GPUs no other workload uses, whatever gates hold: so the
+    order is the same for every allocation from this inventory), then most GPUs, most nodes,
+    the order written."""
     width = range(len(f.groups))
-    doms = [sum(s[0][g] for s in f.stats.values()) for g in width]
-    inst = [sum(s[1][g] for s in f.stats.values()) for g in width]
-    f.order = _rarity(f, doms, inst)
+    rare = [[0, 0] for _ in width]
+    for p, members in f.pairs.items():
+        doms, inst = [], []
+        for g in width:
+            d, c = _instances(f, members, g)
+            doms.append(d)
+            inst.append(c)
+            d, c = _instances(f, members, g, f.usable)
+            rare[g][0] += d
+            rare[g][1] += c
+        f.stats[p] = (doms, inst)
+    f.order = sorted(width, key=lambda g: (*rare[g], -f.groups[g].gpus, -f.groups[g].nodes, g))
+    f.plan = _Plan.of(f)
 
 
 def _bound(f: _Fleet, p: str, headroom: bool) -> int:
@@ -326,102 +353,182 @@ def _index(f: _Fleet, role: str) -> int:
 # -- the search ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One position of the search: a group of one engine, and how its rules stand there.
+    Levels are indices into the fleet's levels, only those below `together` (inside one
+    `together` domain the others hold by themselves)."""
+
+    group: int
+    engine: int
+    gpn: int
+    nodes: int
+    host: bool  # the group's level is host: each candidate node is a domain of its own
+    fixed: tuple[int, ...]  # connect rules an earlier group of this engine already placed
+    unfixed: tuple[int, ...]  # connect rules this group places first (it fixes their domain)
+    fixed_levels: tuple[int, ...]
+    domain_levels: tuple[int, ...]  # the group's level, then its unfixed rules' levels
+    unfixed_levels: tuple[int, ...]
+
+    @property
+    def layout(self) -> _Layout:
+        return (self.group, self.fixed_levels, self.domain_levels)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    steps: tuple[_Step, ...]
+
+    @classmethod
+    def of(cls, f: _Fleet) -> _Plan:
+        """Both engines' instances of the rarest group, then the next group's, and so on."""
+        top = level_index(f.shape.pair_level)
+        rules = [
+            (c, {_index(f, name) for name in rule.groups}, f.lvl(rule.level))
+            for c, rule in enumerate(f.shape.connect)
+            if level_index(rule.level) < top  # at or above `together`: holds by itself
+        ]
+        positions = [(g, r) for g in f.order for r in range(len(f.shape.roles))]
+        steps = []
+        for i, (g, r) in enumerate(positions):
+            before = {h for h, e in positions[:i] if e == r}
+            mine = [(c, li) for c, gs, li in rules if g in gs]
+            fixed = [(c, li) for c, li in mine if any(gs & before for d, gs, _ in rules if d == c)]
+            unfixed = [(c, li) for c, li in mine if (c, li) not in fixed]
+            grp = f.groups[g]
+            own = (f.lvl(grp.level),) if level_index(grp.level) < top else ()
+            steps.append(
+                _Step(
+                    g,
+                    r,
+                    grp.gpus_per_node,
+                    grp.nodes,
+                    grp.level == "host" and top > 0,
+                    tuple(c for c, _ in fixed),
+                    tuple(c for c, _ in unfixed),
+                    tuple(li for _, li in fixed),
+                    (() if grp.level == "host" else own) + tuple(li for _, li in unfixed),
+                    tuple(li for _, li in unfixed),
+                )
+            )
+        return cls(tuple(steps))
+
+
 @dataclass
 class _Search:
     """Depth-first placement of one gate in one `together` domain (see the module docstring)."""
 
     f: _Fleet
     pair: str
-    positions: list[tuple[int, int]] = field(default_factory=list)  # (group, engine)
-    fixed: list[list[int]] = field(default_factory=list)  # per position: rules already fixed
-    unfixed: list[list[int]] = field(default_factory=list)
     budget: int = 0
     chosen: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        f = self.f
-        roles = len(f.shape.roles)
-        self.positions = [(g, r) for g in f.orders[self.pair] for r in range(roles)]
-        rules = [
-            (c, {_index(f, name) for name in rule.groups}) for c, rule in enumerate(f.shape.connect)
-        ]
-        for i, (g, r) in enumerate(self.positions):
-            before = {h for h, s in self.positions[:i] if s == r}
-            mine = [(c, gs) for c, gs in rules if g in gs]
-            self.fixed.append([c for c, gs in mine if gs & before])
-            self.unfixed.append([c for c, gs in mine if not gs & before])
-        self.chosen = [[] for _ in self.positions]
+        assert self.f.plan is not None
+        n = len(self.f.plan.steps)
+        self.chosen = [[] for _ in range(n)]
         # One straight descent is always allowed; SEARCH_BUDGET bounds the backtracking.
-        self.budget = SEARCH_BUDGET + len(self.positions) * (len(f.pairs[self.pair]) + 1)
+        self.budget = SEARCH_BUDGET + n * (len(self.f.pairs[self.pair]) + 1)
 
-    def _bucket(self, i: int) -> dict[tuple[str, ...], list[_Cand]]:
-        """Position i's candidates: by the values of its fixed connect rules, each eligible
-        node with its domain key (its level's, then its unfixed rules'). Shared by every
-        search of the domain: it depends on labels only, not on free GPUs."""
-        g, _ = self.positions[i]
+    def _bucket(self, step: _Step) -> dict[tuple[str, ...], _Domains]:
+        """A step's candidates: by the values of its fixed connect rules, its domains, each
+        with the group's eligible nodes. Built once per domain and layout (both engines'
+        steps share it): it depends on labels only, not on free GPUs."""
         f = self.f
-        cache_key = (self.pair, g, tuple(self.fixed[i]))
-        got = f.buckets.get(cache_key)
+        got = f.buckets.get((self.pair, step.layout))
         if got is not None:
             return got
-        rules = f.shape.connect
-        fl = [f.lvl(rules[c].level) for c in self.fixed[i]]
-        dl = [f.lvl(f.groups[g].level), *(f.lvl(rules[c].level) for c in self.unfixed[i])]
-        bit = 1 << g
-        out: dict[tuple[str, ...], list[_Cand]] = {}
-        for x in f.pairs[self.pair]:
-            if f.mask[x] & bit:
-                k = f.keys[x]
-                out.setdefault(tuple(k[j] for j in fl), []).append((x, tuple(k[j] for j in dl)))
-        f.buckets[cache_key] = out
+        fl, dl, bit, keys, mask = (
+            step.fixed_levels,
+            step.domain_levels,
+            1 << step.group,
+            f.keys,
+            f.mask,
+        )
+        out: dict[tuple[str, ...], _Domains] = {}
+        members = [x for x in f.pairs[self.pair] if mask[x] & bit]
+        if not fl and not dl:
+            out[()] = {(): members}
+        else:
+            for x in members:
+                k = keys[x]
+                doms = out.setdefault(tuple([k[j] for j in fl]), {})
+                doms.setdefault(tuple([k[j] for j in dl]), []).append(x)
+        f.buckets[(self.pair, step.layout)] = out
         return out
 
     def run(self) -> bool:
+        assert self.f.plan is not None
         try:
-            return self._dfs(0, [{} for _ in self.f.shape.roles])
+            return self._dfs(0, self.f.plan.steps, [{} for _ in self.f.shape.roles])
         except _OutOfBudget:
             return False
 
-    def _dfs(self, i: int, values: list[dict[int, str]]) -> bool:
-        if i == len(self.positions):
-            return True
-        f = self.f
-        g, r = self.positions[i]
-        grp = f.groups[g]
-        gpn, n, free = grp.gpus_per_node, grp.nodes, f.free
-        fkey = tuple(values[r][c] for c in self.fixed[i])
-        bucket = self._bucket(i).get(fkey, ())
-        self.budget -= len(bucket)
-        if self.budget < 0:
-            raise _OutOfBudget
-        doms: dict[tuple[str, ...], list[int]] = {}
-        for x, dk in bucket:
-            if free[x] >= gpn:
-                doms.setdefault(dk, []).append(x)
+    def _options(self, step: _Step, doms: _Domains) -> Iterator[list[int]]:
+        """Node sets for this step, best fit first: candidate domains tightest first, and in
+        each the ways of drawing from its classes of interchangeable nodes. Charges the
+        budget one unit per candidate node examined."""
+        f, gpn, n = self.f, step.gpn, step.nodes
+        free = f.free
+        if step.host:
+            # Every node is a domain of its own: one try per class of interchangeable nodes,
+            # the tightest first.
+            seen: dict[tuple[int, int], int] = {}
+            sigs, sig = f.sigs, f.sig
+            for xs in doms.values():
+                self._charge(len(xs))
+                for x in xs:
+                    fx = free[x]
+                    if fx >= gpn:
+                        seen.setdefault((fx, sigs[x] if sigs[x] >= 0 else sig(x)), x)
+            for x in sorted(seen.values(), key=lambda x: (free[x], x)):
+                yield [x]
+            return
         options = []
-        for xs in doms.values():
+        for all_xs in doms.values():
+            self._charge(len(all_xs))
+            xs = [x for x in all_xs if free[x] >= gpn]
             if len(xs) >= n:
+                options.append(xs)
+        if len(options) > 1:
+            # The tightest domain first: fewest instances of the group fit, fewest free GPUs.
+            def tightness(xs: list[int]) -> tuple[int, int, int]:
                 slots = [free[x] // gpn for x in xs]
                 fits = sum(slots) if n == 1 else engine_capacity(slots, n)
-                options.append((fits, sum(free[x] for x in xs), xs[0], xs))
-        options.sort(key=itemgetter(0, 1, 2))
-        rules = f.shape.connect
-        for _, _, _, xs in options:
-            for chosen in self._node_sets(xs, n):
-                self.budget -= 1
-                if self.budget < 0:
-                    raise _OutOfBudget
-                for x in chosen:
-                    free[x] -= gpn
-                for c in self.unfixed[i]:
-                    values[r][c] = f.keys[chosen[0]][f.lvl(rules[c].level)]
-                if self._dfs(i + 1, values):
-                    self.chosen[i] = chosen
-                    return True
-                for c in self.unfixed[i]:
-                    del values[r][c]
-                for x in chosen:
-                    free[x] += gpn
+                return (fits, sum([free[x] for x in xs]), xs[0])
+
+            options.sort(key=tightness)
+        for xs in options:
+            yield from self._node_sets(xs, n)
+
+    def _charge(self, units: int) -> None:
+        self.budget -= units
+        if self.budget < 0:
+            raise _OutOfBudget
+
+    def _dfs(self, i: int, steps: tuple[_Step, ...], values: list[dict[int, str]]) -> bool:
+        if i == len(steps):
+            return True
+        f, step = self.f, steps[i]
+        r, gpn = step.engine, step.gpn
+        mine = values[r]
+        doms = self._bucket(step).get(tuple([mine[c] for c in step.fixed]), {})
+        free, keys = f.free, f.keys
+        for chosen in self._options(step, doms):
+            self._charge(1)
+            for x in chosen:
+                free[x] -= gpn
+            if step.unfixed:
+                lead = keys[chosen[0]]
+                for c, li in zip(step.unfixed, step.unfixed_levels, strict=True):
+                    mine[c] = lead[li]
+            if self._dfs(i + 1, steps, values):
+                self.chosen[i] = chosen
+                return True
+            for c in step.unfixed:
+                del mine[c]
+            for x in chosen:
+                free[x] += gpn
         return False
 
     def _node_sets(self, xs: list[int], n: int) -> Iterator[list[int]]:
@@ -429,8 +536,9 @@ class _Search:
         interchangeable nodes: the best fit first (see the module docstring)."""
         f = self.f
         classes: dict[tuple[int, int], list[int]] = {}
+        free, sigs, sig = f.free, f.sigs, f.sig
         for x in xs:
-            classes.setdefault((f.free[x], f.sig[x]), []).append(x)
+            classes.setdefault((free[x], sigs[x] if sigs[x] >= 0 else sig(x)), []).append(x)
         ordered = sorted(classes.values(), key=lambda c: (f.free[c[0]], c[0]))
         if n == 1:
             for c in ordered:
@@ -474,21 +582,15 @@ def _fit(f: _Fleet, p: str, gates: int) -> DomainFit:
 
 def _count(f: _Fleet, headroom: bool = True) -> dict[str, DomainFit]:
     """Gates per `together` domain, placed one after another as allocate() would place them
-    (mutates f.free): while the domain's bound allows one more and the search finds it."""
+    (mutates f.free), up to the domain's bound: a further search could only fail."""
     out: dict[str, DomainFit] = {}
+    roles = len(f.shape.roles)
     for p in f.pairs:
-        before = _fit(f, p, 0)
-        first = _bound(f, p, headroom)
-        gates = 0
-        while gates < first:
-            if gates:
-                _refresh(f, p)
-                if not _bound(f, p, headroom):
-                    break
-            if not _Search(f, p).run():
-                break
+        fit = _fit(f, p, 0)
+        ub, gates = _bound(f, p, headroom), 0
+        while gates < ub and _Search(f, p).run():
             gates += 1
-        out[p] = before._replace(gates=gates, engines=gates * len(f.shape.roles))
+        out[p] = fit._replace(gates=gates, engines=gates * roles) if gates else fit
     return out
 
 
@@ -557,13 +659,15 @@ def _placement(f: _Fleet, s: _Search, p: str) -> Placement:
     """GPU indices for the counts the search chose: each node's lowest free ones, in order."""
     lists: dict[int, list[int]] = {}
     got: dict[tuple[int, int], GroupPlacement] = {}
-    for (g, r), chosen in zip(s.positions, s.chosen, strict=True):
+    assert f.plan is not None
+    for step, chosen in zip(f.plan.steps, s.chosen, strict=True):
+        g, r = step.group, step.engine
         grp = f.groups[g]
         per_node = []
         for x in chosen:
             if x not in lists:
                 taken = f.held.get(f.nodes[x].name, set())
-                lists[x] = [k for k in range(f.usable(x)) if k not in taken]
+                lists[x] = [k for k in range(f.usable[x]) if k not in taken]
             per_node.append(tuple(lists[x][: grp.gpus_per_node]))
             lists[x] = lists[x][grp.gpus_per_node :]
         lead = f.nodes[chosen[0]]
