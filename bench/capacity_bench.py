@@ -11,6 +11,9 @@ concurrent reserver processes grant and release leases for a few seconds: reserv
 Whole engines of several worker groups (disaggregated prefill and decode), also <= 50 ms:
 - `pd_h200`: on the H200 fleet, prefill 1 node x 8 GPUs, decode 2 nodes x 8 GPUs in one
   subblock, each engine's prefill and decode in one block (RDMA), both engines in one block;
+- `pd_h200_cluster`: the same groups with no rule between them and both engines in one of
+  four 2,500-node clusters: the search scans domains that large for every gate it counts, so
+  this capacity is the slow case (over the target: see the README figures);
 - `pd_gb200`: on a 10,000-node GB200 NVL72-style fleet (cliques of 18 hosts x 4 GPUs, a
   third of the hosts busy or held), prefill 1 host x 4 GPUs, decode 2 hosts x 4 GPUs, each
   engine's prefill and decode in one NVLink clique, both engines in one clique.
@@ -87,6 +90,11 @@ PD_H200 = ShapeRequest(
     groups=(GroupRequest("prefill", 8, 1, "host"), GroupRequest("decode", 16, 2, "subblock")),
     connect=(ConnectRule(("prefill", "decode"), "block"),),
     together="block",
+)
+PD_H200_CLUSTER = ShapeRequest(  # no rule between the groups, both engines in one cluster
+    sku="H200",
+    groups=(GroupRequest("prefill", 8, 1, "host"), GroupRequest("decode", 16, 2, "subblock")),
+    together="cluster",
 )
 PD_GB200 = ShapeRequest(
     sku="GB200",
@@ -169,6 +177,8 @@ def main() -> int:
         "allocate_2x8gpu_subblock_ms": timed(lambda: allocate(nodes, multi, held)),
         "capacity_pd_h200_ms": timed(lambda: capacity(nodes, PD_H200, held)),
         "allocate_pd_h200_ms": timed(lambda: allocate(nodes, PD_H200, held)),
+        "capacity_pd_h200_cluster_ms": timed(lambda: capacity(nodes, PD_H200_CLUSTER, held)),
+        "allocate_pd_h200_cluster_ms": timed(lambda: allocate(nodes, PD_H200_CLUSTER, held)),
         "capacity_pd_gb200_ms": timed(lambda: capacity(gb_nodes, PD_GB200, gb_held)),
         "allocate_pd_gb200_ms": timed(lambda: allocate(gb_nodes, PD_GB200, gb_held)),
         "peer_free_gpu_count_ms": peer,
@@ -181,6 +191,7 @@ def main() -> int:
         "capacity_vs_peer_ratio": round(rows["capacity_4gpu_ms"] / peer, 1),
         "gate_shapes_4gpu": capacity(nodes, single, held).gates,
         "whole_gates_pd_h200": capacity(nodes, PD_H200, held).gates,
+        "whole_gates_pd_h200_cluster": capacity(nodes, PD_H200_CLUSTER, held).gates,
         "whole_gates_pd_gb200": capacity(gb_nodes, PD_GB200, gb_held).gates,
     }
     if args.pg:
@@ -197,6 +208,7 @@ def main() -> int:
     print(f"  shape-aware capacity costs {doc['capacity_vs_peer_ratio']}x a plain free-GPU count")
     print(
         f"  whole prefill/decode gates: {doc['whole_gates_pd_h200']} (H200), "
+        f"{doc['whole_gates_pd_h200_cluster']} (H200, together: cluster), "
         f"{doc['whole_gates_pd_gb200']} (GB200, {len(gb_nodes)} nodes)"
     )
     if "pg_reservations_per_s" in doc:

@@ -68,14 +68,17 @@ from gate.reservations.shapes import (
 )
 
 SEARCH_BUDGET = 20_000
+PRUNE_FROM = 128  # nodes in a `together` domain: larger ones drop filled nodes between gates
 
 
 def engine_capacity(slots: Sequence[int], n: int) -> int:
     """Most disjoint instances of `n` distinct nodes, node i offering slots[i] workers:
     the largest k with sum(min(s, k)) >= k * n (each node serves an instance at most once)."""
-    if n == 1:
-        return sum(slots)
     total = sum(slots)
+    if n == 1:
+        return total
+    if max(slots, default=0) <= 1:  # no node offers two workers (the usual large group)
+        return total // n
     lo, hi = 0, total // n
     while lo < hi:
         k = (lo + hi + 1) // 2
@@ -150,6 +153,12 @@ class _Fleet:
     def lvl(self, level: Level) -> int:
         return self.levels.index(level)
 
+    def key(self, i: int, level: Level) -> str:
+        """Node i's domain at `level` (host keys are kept only where a rule needs them)."""
+        if level == "host" and "host" not in self.levels:
+            return self.nodes[i].name
+        return self.keys[i][self.lvl(level)]
+
     def sig(self, i: int) -> int:
         """Which nodes node i is interchangeable with, given equal free GPUs: the same domains
         at every level in play (hosts told apart only where a rule asks for one host) and the
@@ -182,15 +191,19 @@ def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], ba
     want = [(normalise_sku(g.sku) if g.sku else None, g.min_gpu_memory_gib) for g in groups]
     everyone = (1 << len(groups)) - 1
     same = all(w == want[0] for w in want)  # one SKU and memory rule for every group
+    want_sku, want_mem = want[0]
     regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
     removed = dict.fromkeys(STAGES[:6], 0)
     pair = shape.pair_level
+    # Host keys tell nodes apart only where a rule asks for one host (a connect rule or
+    # `together` at host); elsewhere a host-level group's domain is just its node.
+    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
     in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
-    levels = tuple(lv for lv in LEVELS if lv in in_play)
+    levels = tuple(lv for lv in LEVELS if lv in in_play and (lv != "host" or host_matters))
     fns = [_key_fn(lv) for lv in levels]
     pi = levels.index(pair)
-    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
-    sig_levels = tuple(k for k, lv in enumerate(levels) if lv != "host" or host_matters)
+    one_level = len(fns) == 1
+    sig_levels = tuple(range(len(levels)))
     held_map = {} if base else held_by_node(held)
     out_nodes: list[Node] = []
     free: list[int] = []
@@ -208,26 +221,40 @@ def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], ba
         if pools and x.pool not in pools:
             removed["policy"] += 1
             continue
-        nsku, mask, sku_ok = normalise_sku(x.sku), 0, False
-        for j, (sku, mem) in enumerate(want):
-            if sku is not None and nsku != sku:
+        if same:
+            # One rule for every group (the usual case): one check.
+            if want_sku is not None and normalise_sku(x.sku) != want_sku:
+                removed["sku"] += 1
                 continue
-            sku_ok = True
-            if mem is None or x.gpu_memory_gib >= mem:
-                mask = everyone if same else mask | 1 << j
-            if same:
-                break
-        if not mask:
-            removed["gpu_memory" if sku_ok else "sku"] += 1
-            continue
+            if want_mem is not None and x.gpu_memory_gib < want_mem:
+                removed["gpu_memory"] += 1
+                continue
+            mask = everyone
+        else:
+            nsku, mask, sku_ok = normalise_sku(x.sku), 0, False
+            for j, (sku, mem) in enumerate(want):
+                if sku is not None and nsku != sku:
+                    continue
+                sku_ok = True
+                if mem is None or x.gpu_memory_gib >= mem:
+                    mask |= 1 << j
+            if not mask:
+                removed["gpu_memory" if sku_ok else "sku"] += 1
+                continue
         if not x.healthy or x.cordoned or x.taints:
             removed["health"] += 1
             continue
         usable = x.gpus if base else x.gpus - x.allocated_gpus
         taken = held_map.get(x.name)
-        free.append(usable - sum(1 for g in taken if g < usable) if taken else usable)
+        if taken:
+            usable_free = usable - (
+                len(taken) if max(taken) < usable else len([g for g in taken if g < usable])
+            )
+        else:
+            usable_free = usable
+        free.append(usable_free)
         usable_of.append(usable)
-        k = tuple([fn(x) for fn in fns])
+        k = (fns[0](x),) if one_level else tuple([fn(x) for fn in fns])
         pairs.setdefault(k[pi], []).append(len(out_nodes))
         out_nodes.append(x)
         masks.append(mask)
@@ -396,7 +423,8 @@ class _Plan:
             fixed = [(c, li) for c, li in mine if any(gs & before for d, gs, _ in rules if d == c)]
             unfixed = [(c, li) for c, li in mine if (c, li) not in fixed]
             grp = f.groups[g]
-            own = (f.lvl(grp.level),) if level_index(grp.level) < top else ()
+            below = grp.level != "host" and level_index(grp.level) < top
+            own = (f.lvl(grp.level),) if below else ()
             steps.append(
                 _Step(
                     g,
@@ -407,7 +435,7 @@ class _Plan:
                     tuple(c for c, _ in fixed),
                     tuple(c for c, _ in unfixed),
                     tuple(li for _, li in fixed),
-                    (() if grp.level == "host" else own) + tuple(li for _, li in unfixed),
+                    own + tuple(li for _, li in unfixed),
                     tuple(li for _, li in unfixed),
                 )
             )
@@ -432,21 +460,18 @@ class _Search:
 
     def _bucket(self, step: _Step) -> dict[tuple[str, ...], _Domains]:
         """A step's candidates: by the values of its fixed connect rules, its domains, each
-        with the group's eligible nodes. Built once per domain and layout (both engines'
-        steps share it): it depends on labels only, not on free GPUs."""
+        with the group's eligible nodes that have room for one of its workers. Built once per
+        domain and layout (both engines' steps share it), before the search moves anything:
+        within one call free GPUs only fall (a search restores what it tries), so a node
+        without room now never gets it back, and `prune` drops those a placed gate filled."""
         f = self.f
         got = f.buckets.get((self.pair, step.layout))
         if got is not None:
             return got
-        fl, dl, bit, keys, mask = (
-            step.fixed_levels,
-            step.domain_levels,
-            1 << step.group,
-            f.keys,
-            f.mask,
-        )
+        fl, dl, bit, gpn = step.fixed_levels, step.domain_levels, 1 << step.group, step.gpn
+        keys, mask, free = f.keys, f.mask, f.free
         out: dict[tuple[str, ...], _Domains] = {}
-        members = [x for x in f.pairs[self.pair] if mask[x] & bit]
+        members = [x for x in f.pairs[self.pair] if mask[x] & bit and free[x] >= gpn]
         if not fl and not dl:
             out[()] = {(): members}
         else:
@@ -454,11 +479,43 @@ class _Search:
                 k = keys[x]
                 doms = out.setdefault(tuple([k[j] for j in fl]), {})
                 doms.setdefault(tuple([k[j] for j in dl]), []).append(x)
+        n = step.nodes
+        for doms in out.values():  # a domain short of nodes with room stays so in this call
+            for dk in [dk for dk, xs in doms.items() if len(xs) < n]:
+                del doms[dk]
         f.buckets[(self.pair, step.layout)] = out
         return out
 
+    def prune(self) -> None:
+        """After a gate is placed: drop the nodes it left without room from the candidates of
+        the next search in this domain."""
+        f = self.f
+        assert f.plan is not None
+        done: set[_Layout] = set()
+        touched = {x for chosen in self.chosen for x in chosen}
+        for step in f.plan.steps:
+            if step.layout in done:
+                continue
+            done.add(step.layout)
+            bucket = f.buckets.get((self.pair, step.layout))
+            if bucket is None:
+                continue
+            for x in touched:
+                if f.free[x] >= step.gpn or not f.mask[x] & (1 << step.group):
+                    continue
+                k = f.keys[x]
+                doms = bucket.get(tuple([k[j] for j in step.fixed_levels]))
+                dk = tuple([k[j] for j in step.domain_levels])
+                xs = doms.get(dk) if doms else None
+                if doms is not None and xs is not None and x in xs:
+                    xs.remove(x)
+                    if len(xs) < step.nodes:
+                        del doms[dk]
+
     def run(self) -> bool:
         assert self.f.plan is not None
+        for step in self.f.plan.steps:
+            self._bucket(step)  # from the committed free counts (see _bucket)
         try:
             return self._dfs(0, self.f.plan.steps, [{} for _ in self.f.shape.roles])
         except _OutOfBudget:
@@ -485,11 +542,12 @@ class _Search:
                 yield [x]
             return
         options = []
+        self._charge(len(doms))
         for all_xs in doms.values():
-            self._charge(len(all_xs))
-            xs = [x for x in all_xs if free[x] >= gpn]
-            if len(xs) >= n:
-                options.append(xs)
+            if len(all_xs) >= n:
+                xs = [x for x in all_xs if free[x] >= gpn]
+                if len(xs) >= n:
+                    options.append(xs)
         if len(options) > 1:
             # The tightest domain first: fewest instances of the group fit, fewest free GPUs.
             def tightness(xs: list[int]) -> tuple[int, int, int]:
@@ -499,6 +557,7 @@ class _Search:
 
             options.sort(key=tightness)
         for xs in options:
+            self._charge(len(xs))
             yield from self._node_sets(xs, n)
 
     def _charge(self, units: int) -> None:
@@ -588,7 +647,12 @@ def _count(f: _Fleet, headroom: bool = True) -> dict[str, DomainFit]:
     for p in f.pairs:
         fit = _fit(f, p, 0)
         ub, gates = _bound(f, p, headroom), 0
-        while gates < ub and _Search(f, p).run():
+        while gates < ub:
+            search = _Search(f, p)
+            if not search.run():
+                break
+            if len(f.pairs[p]) > PRUNE_FROM:
+                search.prune()
             gates += 1
         out[p] = fit._replace(gates=gates, engines=gates * roles) if gates else fit
     return out
@@ -792,10 +856,10 @@ def _largest(f: _Fleet, g: GroupRequest, level: Level, peers: Sequence[GroupRequ
     """The most nodes with room for a worker of g in one domain of `level` (inside one domain of
     g's own level) among the domains where every peer group has room for one instance."""
     gi = _index(f, g.role)
-    li, own = f.lvl(level), f.lvl(g.level)
+    pair = f.shape.pair_level
     by: dict[tuple[str, str], list[int]] = {}
     for i in range(len(f.nodes)):
-        by.setdefault((f.keys[i][f.lvl(f.shape.pair_level)], f.keys[i][li]), []).append(i)
+        by.setdefault((f.key(i, pair), f.key(i, level)), []).append(i)
     best = 0
     for members in by.values():
         if any(_instances(f, members, _index(f, h.role))[1] < 1 for h in peers):
@@ -803,7 +867,8 @@ def _largest(f: _Fleet, g: GroupRequest, level: Level, peers: Sequence[GroupRequ
         counts: dict[str, int] = {}
         for i in members:
             if f.mask[i] & (1 << gi) and f.free[i] >= g.gpus_per_node:
-                counts[f.keys[i][own]] = counts.get(f.keys[i][own], 0) + 1
+                own = f.key(i, g.level)
+                counts[own] = counts.get(own, 0) + 1
         best = max([best, *counts.values()])
     return best
 

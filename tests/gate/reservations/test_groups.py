@@ -7,11 +7,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gate.reservations import groups
 from gate.reservations.allocator import (
     LEVELS,
     ROLES,
@@ -465,6 +467,41 @@ def test_property_whole_valid_never_double_booked_and_counted_exactly(
         assert granted <= 64
     assert granted == expected
     assert capacity(fleet, shape, held).gates == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleet=fleets(most=8), shape=group_shapes(), mask=HELD)
+def test_property_pruning_between_gates_changes_nothing(
+    fleet: list[Node], shape: ShapeRequest, mask: tuple[int, int]
+) -> None:
+    """Large `together` domains drop the nodes a placed gate filled before counting the next
+    gate; on these small ones (forced to prune) the count must not move."""
+    held = _held(fleet, mask)
+    plain = capacity(fleet, shape, held)
+    with patch.object(groups, "PRUNE_FROM", 0):
+        assert capacity(fleet, shape, held) == plain
+
+
+def test_a_large_domain_counts_what_allocation_grants() -> None:
+    """300 nodes in one `together` domain: above the pruning threshold, still exact."""
+    fleet = [
+        node(
+            f"n{i:03d}",
+            allocated_gpus=(0, 0, 4, 2, 8)[i % 5],
+            topology={"clique": f"q{i // 6}", "block": f"b{i // 60}"},
+        )
+        for i in range(300)
+    ]
+    shape = pd_shape(prefill=(8, 1, "host"), decode=(8, 2, "clique"), together="any")
+    assert len(fleet) > groups.PRUNE_FROM
+    held: set[GpuKey] = set()
+    expected = capacity(fleet, shape).gates
+    granted = 0
+    while isinstance(res := allocate(fleet, shape, held), Placement):
+        check_valid(fleet, shape, held, res)
+        held |= {k for _, k in res.gpu_keys()}
+        granted += 1
+    assert granted == expected > 10
 
 
 @settings(max_examples=400, deadline=None)
