@@ -8,25 +8,36 @@ group placed first takes the only connected room a large, rigid group needed. So
 
 Order. Groups go most constrained first: fewest domains of their level that can hold one of
 them (inside the gate's `together` domains), then fewest instances that fit, then most GPUs,
-then the order written. Both engines' instances of the rarest group are placed before any
-instance of the next one.
+most nodes, the order written. Rarity is read from the inventory (the GPUs no other workload
+uses, whatever gates hold), so every allocation from one inventory searches in one order.
+Both engines' instances of the rarest group are placed before any instance of the next one.
 
 Search. In each `together` domain, depth first over those instances. An instance's candidate
 domains are those of its level (and of its connect rules not yet fixed by the same engine's
-earlier groups) that can hold it, tightest first (fewest instances of the group fit, then
-fewest free GPUs); in each, its node sets: the nodes are grouped into classes of
-interchangeable ones (same free GPUs, same domains at every level in play, same eligibility)
-and the best-fit set comes first (the tightest nodes for a one-node group; the roomiest for a
-multi-node group, which keeps the most room for the other engine's copy of it), then every
-other way of drawing from the classes. A domain is searched only when cheap upper bounds say it
-may hold a gate: each group alone (Kueue's count), each connect rule's domains, free GPUs,
-workers of each size per node, and the headroom rule.
+earlier groups; rules at or above `together` hold by themselves) that can hold it, tightest
+first (fewest instances of the group fit, then fewest free GPUs); in each, its node sets: the
+nodes are grouped into classes of interchangeable ones (same free GPUs, same domains at every
+level in play, same eligibility) and the best-fit set comes first (the tightest node for a
+one-node group, one try per class of hosts; the roomiest nodes for a multi-node group, which
+keeps the most room for the other engine's copy of it), then every other way of drawing from
+the classes. Two passes: first only the best-fit node set of every candidate domain (which
+domain each group goes to is what a greedy order gets wrong), then every node set. When a step
+fixes a connect rule's domain, each group of that engine still to place under the rule must
+have room there, or the choice is left at once (a forward check: chronological backtracking
+would otherwise retry every later choice under a domain that can never work). A domain is
+searched only when cheap upper bounds say it may hold a gate: each group alone (Kueue's
+count), each connect rule's domains, free GPUs, workers of each size per node, and the
+headroom rule.
 
-Bound. One search (one gate in one `together` domain) does at most SEARCH_BUDGET units of work:
-one per candidate node examined and one per node set tried. A search that runs out counts the
-domain as not fitting, so on a large, fragmented domain a placement it did not reach can be
-missed; within the budget the search is exhaustive up to interchangeable nodes (the tests check
-it against brute force on small inventories).
+Bound. One search (one gate in one `together` domain) may always finish one straight descent
+(one node set per instance), and on top of that does at most SEARCH_BUDGET (10,000) units of
+work: one per candidate node or domain examined (forward checks included) and one per node
+set tried. A search that runs
+out counts the domain as not fitting, so on a large, fragmented domain a placement it did not
+reach can be missed; within the budget the search is exhaustive up to interchangeable nodes
+(the tests check it against brute force on small inventories). The cost of a search grows with
+the candidates of its domain: a few milliseconds at most for a block or a clique, more for a
+cluster-wide `together`.
 
 Capacity. In each domain, gates are placed one after another by that same search, up to the
 domain's bound: every gate counted is a placement the allocator makes, and allocating again and
@@ -38,6 +49,7 @@ Blocked goes out.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -67,7 +79,7 @@ from gate.reservations.shapes import (
     stage_message,
 )
 
-SEARCH_BUDGET = 20_000
+SEARCH_BUDGET = 10_000
 PRUNE_FROM = 128  # nodes in a `together` domain: larger ones drop filled nodes between gates
 
 
@@ -124,7 +136,7 @@ _Layout = tuple[int, tuple[int, ...], tuple[int, ...]]  # group, fixed and domai
 
 @dataclass
 class _Fleet:
-    """The eligible nodes of a multi-group shape, indexed by integers in name order: free GPU
+    """The eligible nodes of a multi-group shape, indexed by integers in inventory order: free
     counts (mutable), the domain key of each node at every level in play, which groups each
     node may serve, and the `together` domains. GPU indices are drawn only for a grant."""
 
@@ -149,6 +161,8 @@ class _Fleet:
     buckets: dict[tuple[str, _Layout], dict[tuple[str, ...], _Domains]] = field(
         default_factory=dict
     )
+    # (together domain, group, level) -> domain at that level -> the group's nodes with room
+    by_rule: dict[tuple[str, int, int], dict[str, list[int]]] = field(default_factory=dict)
 
     def lvl(self, level: Level) -> int:
         return self.levels.index(level)
@@ -396,6 +410,9 @@ class _Step:
     fixed_levels: tuple[int, ...]
     domain_levels: tuple[int, ...]  # the group's level, then its unfixed rules' levels
     unfixed_levels: tuple[int, ...]
+    # The groups of this engine still to place under a rule this step fixes: (group, rule
+    # level, GPUs per node, nodes), checked as soon as the rule's domain is chosen.
+    peers: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def layout(self) -> _Layout:
@@ -422,6 +439,14 @@ class _Plan:
             mine = [(c, li) for c, gs, li in rules if g in gs]
             fixed = [(c, li) for c, li in mine if any(gs & before for d, gs, _ in rules if d == c)]
             unfixed = [(c, li) for c, li in mine if (c, li) not in fixed]
+            later = {h for h, e in positions[i + 1 :] if e == r}
+            peers = tuple(
+                (h, li, f.groups[h].gpus_per_node, f.groups[h].nodes)
+                for c, li in unfixed
+                for d, gs, _ in rules
+                if d == c
+                for h in sorted(gs & later)
+            )
             grp = f.groups[g]
             below = grp.level != "host" and level_index(grp.level) < top
             own = (f.lvl(grp.level),) if below else ()
@@ -437,6 +462,7 @@ class _Plan:
                     tuple(li for _, li in fixed),
                     own + tuple(li for _, li in unfixed),
                     tuple(li for _, li in unfixed),
+                    peers,
                 )
             )
         return cls(tuple(steps))
@@ -450,13 +476,16 @@ class _Search:
     pair: str
     budget: int = 0
     chosen: list[list[int]] = field(default_factory=list)
+    width: int = 0  # node sets tried per domain (0: all of them)
 
     def __post_init__(self) -> None:
         assert self.f.plan is not None
         n = len(self.f.plan.steps)
         self.chosen = [[] for _ in range(n)]
-        # One straight descent is always allowed; SEARCH_BUDGET bounds the backtracking.
-        self.budget = SEARCH_BUDGET + n * (len(self.f.pairs[self.pair]) + 1)
+        # One straight descent (each step examines at most every node and every domain of
+        # the `together` domain once, and tries one set) is always allowed; SEARCH_BUDGET
+        # bounds the backtracking.
+        self.budget = SEARCH_BUDGET + n * (2 * len(self.f.pairs[self.pair]) + 1)
 
     def _bucket(self, step: _Step) -> dict[tuple[str, ...], _Domains]:
         """A step's candidates: by the values of its fixed connect rules, its domains, each
@@ -516,10 +545,18 @@ class _Search:
         assert self.f.plan is not None
         for step in self.f.plan.steps:
             self._bucket(step)  # from the committed free counts (see _bucket)
+            for h, li, _, _ in step.peers:
+                self._by_rule(h, li)
+        steps = self.f.plan.steps
         try:
-            return self._dfs(0, self.f.plan.steps, [{} for _ in self.f.shape.roles])
+            # First only the best-fit node set of every candidate domain (which domain each
+            # group goes to is the choice a greedy order gets wrong), then every node set.
+            for self.width in (1, 0):
+                if self._dfs(0, steps, [{} for _ in self.f.shape.roles]):
+                    return True
         except _OutOfBudget:
-            return False
+            pass
+        return False
 
     def _options(self, step: _Step, doms: _Domains) -> Iterator[list[int]]:
         """Node sets for this step, best fit first: candidate domains tightest first, and in
@@ -558,7 +595,10 @@ class _Search:
             options.sort(key=tightness)
         for xs in options:
             self._charge(len(xs))
-            yield from self._node_sets(xs, n)
+            if self.width:
+                yield from itertools.islice(self._node_sets(xs, n), self.width)
+            else:
+                yield from self._node_sets(xs, n)
 
     def _charge(self, units: int) -> None:
         self.budget -= units
@@ -581,7 +621,7 @@ class _Search:
                 lead = keys[chosen[0]]
                 for c, li in zip(step.unfixed, step.unfixed_levels, strict=True):
                     mine[c] = lead[li]
-            if self._dfs(i + 1, steps, values):
+            if self._peers_fit(step, keys[chosen[0]]) and self._dfs(i + 1, steps, values):
                 self.chosen[i] = chosen
                 return True
             for c in step.unfixed:
@@ -589,6 +629,32 @@ class _Search:
             for x in chosen:
                 free[x] += gpn
         return False
+
+    def _peers_fit(self, step: _Step, lead: tuple[str, ...]) -> bool:
+        """The domain a rule was just fixed to still has, for each group of the same engine
+        still to place under it, enough nodes with room for one of its workers (a forward
+        check: a greedy choice that strands a connected group is left at once)."""
+        free = self.f.free
+        for h, li, gpn, n in step.peers:
+            xs = self._by_rule(h, li).get(lead[li], ())
+            self._charge(len(xs))
+            if sum(1 for x in xs if free[x] >= gpn) < n:
+                return False
+        return True
+
+    def _by_rule(self, h: int, li: int) -> dict[str, list[int]]:
+        """Group h's nodes with room in this `together` domain, by their domain at level li
+        (built with the buckets, from the committed free counts)."""
+        f = self.f
+        got = f.by_rule.get((self.pair, h, li))
+        if got is None:
+            gpn, bit, free, keys, mask = f.groups[h].gpus_per_node, 1 << h, f.free, f.keys, f.mask
+            got = {}
+            for x in f.pairs[self.pair]:
+                if mask[x] & bit and free[x] >= gpn:
+                    got.setdefault(keys[x][li], []).append(x)
+            f.by_rule[(self.pair, h, li)] = got
+        return got
 
     def _node_sets(self, xs: list[int], n: int) -> Iterator[list[int]]:
         """Node sets of size n from xs, one per way of drawing from classes of
