@@ -7,6 +7,17 @@ inventory with 40% of GPUs busy (target <= 50 ms each), beside the peer measured
 run: a plain free-GPU count over the same nodes (what most dashboards call capacity), so the
 ratio is the price of counting connected shapes instead of idle GPUs. With a PostgreSQL URL,
 concurrent reserver processes grant and release leases for a few seconds: reservations/s.
+
+Whole engines of several worker groups (disaggregated prefill and decode), also <= 50 ms:
+- `pd_h200`: on the H200 fleet, prefill 1 node x 8 GPUs, decode 2 nodes x 8 GPUs in one
+  subblock, each engine's prefill and decode in one block (RDMA), both engines in one block;
+- `pd_h200_cluster`: the same groups with no rule between them and both engines in one of
+  four 2,500-node clusters: the search scans domains that large for every gate it counts, so
+  this capacity is the slow case (over the target: see the README figures);
+- `pd_gb200`: on a 10,000-node GB200 NVL72-style fleet (cliques of 18 hosts x 4 GPUs, a
+  third of the hosts busy or held), prefill 1 host x 4 GPUs, decode 2 hosts x 4 GPUs, each
+  engine's prefill and decode in one NVLink clique, both engines in one clique.
+Capacity there counts whole gates, each one a placement the search makes.
 """
 
 from __future__ import annotations
@@ -23,7 +34,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gate.reservations.allocator import ShapeRequest, allocate, capacity
+from gate.reservations.allocator import (
+    ConnectRule,
+    GroupRequest,
+    ShapeRequest,
+    allocate,
+    capacity,
+)
 from gate.reservations.inventory import Inventory, Node
 
 
@@ -45,6 +62,46 @@ def fleet(n: int, seed: int = 0) -> tuple[list[Node], set[tuple[str, int]]]:
     ]
     held = {(x.name, g) for x in nodes for g in range(8 - x.allocated_gpus) if rng.random() < 0.15}
     return nodes, held
+
+
+def gb200_fleet(n: int, seed: int = 0) -> tuple[list[Node], set[tuple[str, int]]]:
+    """NVL72 racks: 18 hosts x 4 GPUs per clique, some hosts busy, some GPUs held by gates."""
+    rng = random.Random(seed)
+    nodes = [
+        Node(
+            name=f"gb{i:05d}",
+            cluster=f"c{i // 2520}",
+            region="us-south",
+            sku="NVIDIA-GB200",
+            gpu_memory_gib=185,
+            gpus=4,
+            allocated_gpus=rng.choice([0, 0, 0, 0, 4, 2]),
+            topology={"clique": f"r{i // 18}.0", "block": f"b{i // 72}"},
+            healthy=rng.random() > 0.01,
+        )
+        for i in range(n)
+    ]
+    held = {(x.name, g) for x in nodes for g in range(4 - x.allocated_gpus) if rng.random() < 0.1}
+    return nodes, held
+
+
+PD_H200 = ShapeRequest(
+    sku="H200",
+    groups=(GroupRequest("prefill", 8, 1, "host"), GroupRequest("decode", 16, 2, "subblock")),
+    connect=(ConnectRule(("prefill", "decode"), "block"),),
+    together="block",
+)
+PD_H200_CLUSTER = ShapeRequest(  # no rule between the groups, both engines in one cluster
+    sku="H200",
+    groups=(GroupRequest("prefill", 8, 1, "host"), GroupRequest("decode", 16, 2, "subblock")),
+    together="cluster",
+)
+PD_GB200 = ShapeRequest(
+    sku="GB200",
+    groups=(GroupRequest("prefill", 4, 1, "host"), GroupRequest("decode", 8, 2, "clique")),
+    connect=(ConnectRule(("prefill", "decode"), "clique"),),
+    together="clique",
+)
 
 
 def timed(fn: Any, repeat: int = 7) -> float:
@@ -112,11 +169,18 @@ def main() -> int:
         together="block",
     )
     peer = timed(lambda: sum(x.gpus - x.allocated_gpus for x in nodes if x.healthy) - len(held))
+    gb_nodes, gb_held = gb200_fleet(args.nodes)
     rows = {
         "capacity_4gpu_ms": timed(lambda: capacity(nodes, single, held)),
         "allocate_4gpu_ms": timed(lambda: allocate(nodes, single, held)),
         "capacity_2x8gpu_subblock_ms": timed(lambda: capacity(nodes, multi, held)),
         "allocate_2x8gpu_subblock_ms": timed(lambda: allocate(nodes, multi, held)),
+        "capacity_pd_h200_ms": timed(lambda: capacity(nodes, PD_H200, held)),
+        "allocate_pd_h200_ms": timed(lambda: allocate(nodes, PD_H200, held)),
+        "capacity_pd_h200_cluster_ms": timed(lambda: capacity(nodes, PD_H200_CLUSTER, held)),
+        "allocate_pd_h200_cluster_ms": timed(lambda: allocate(nodes, PD_H200_CLUSTER, held)),
+        "capacity_pd_gb200_ms": timed(lambda: capacity(gb_nodes, PD_GB200, gb_held)),
+        "allocate_pd_gb200_ms": timed(lambda: allocate(gb_nodes, PD_GB200, gb_held)),
         "peer_free_gpu_count_ms": peer,
     }
     doc: dict[str, Any] = {
@@ -126,6 +190,9 @@ def main() -> int:
         **{k: round(v, 2) for k, v in rows.items()},
         "capacity_vs_peer_ratio": round(rows["capacity_4gpu_ms"] / peer, 1),
         "gate_shapes_4gpu": capacity(nodes, single, held).gates,
+        "whole_gates_pd_h200": capacity(nodes, PD_H200, held).gates,
+        "whole_gates_pd_h200_cluster": capacity(nodes, PD_H200_CLUSTER, held).gates,
+        "whole_gates_pd_gb200": capacity(gb_nodes, PD_GB200, gb_held).gates,
     }
     if args.pg:
         doc["pg_reservers"] = args.reservers
@@ -139,6 +206,11 @@ def main() -> int:
     for k, v in rows.items():
         print(f"  {k:<32} {v:8.2f} ms")
     print(f"  shape-aware capacity costs {doc['capacity_vs_peer_ratio']}x a plain free-GPU count")
+    print(
+        f"  whole prefill/decode gates: {doc['whole_gates_pd_h200']} (H200), "
+        f"{doc['whole_gates_pd_h200_cluster']} (H200, together: cluster), "
+        f"{doc['whole_gates_pd_gb200']} (GB200, {len(gb_nodes)} nodes)"
+    )
     if "pg_reservations_per_s" in doc:
         print(
             f"  PostgreSQL: {doc['pg_reservations_per_s']} reservations/s "

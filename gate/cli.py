@@ -39,14 +39,20 @@ def _parser() -> argparse.ArgumentParser:
     _common(demo)
 
     cap = sub.add_parser(
-        "capacity", help="how many gate shapes fit the inventory now, per topology domain"
+        "capacity",
+        help="how many whole gate shapes fit the inventory now, per topology domain",
     )
-    cap.add_argument("--inventory", type=Path, help="inventory YAML (default: the local example)")
+    cap.add_argument(
+        "--inventory",
+        type=Path,
+        help="inventory YAML (default: the spec's `inventory` with --spec, else the local example)",
+    )
     cap.add_argument(
         "--shape",
         default="",
         help="key=value pairs, e.g. sku=H200,gpus_per_engine=8 or "
-        "sku=GB200,gpus_per_engine=16,nodes_per_engine=4,engine_level=clique",
+        "sku=GB200,gpus_per_engine=16,nodes_per_engine=4,engine_level=clique; worker groups: "
+        "groups=prefill:4+decode:8x2@clique,connect=prefill/decode@clique",
     )
     cap.add_argument("--spec", type=Path, help="take the shape from a gate spec instead")
     cap.add_argument("--db", help="subtract GPUs held by active gate reservations in this DB")
@@ -257,13 +263,16 @@ def _capacity(settings: Settings, args: argparse.Namespace) -> int:
     from gate.runs.console import print_capacity
 
     try:
-        inventory = load_inventory(args.inventory or settings.inventory)
+        inventory_path = args.inventory
         if args.spec:
             from gate.spec import load_spec
 
-            shape = load_spec(args.spec).shape.request(("reference", "candidate"))
+            spec = load_spec(args.spec)
+            shape = spec.shape.request(("reference", "candidate"))
+            inventory_path = inventory_path or spec.inventory
         else:
             shape = ShapeRequest(**parse_shape(args.shape))
+        inventory = load_inventory(inventory_path or settings.inventory)
     except SpecError as exc:
         print(f"gate: {exc.message}", file=sys.stderr)
         return EXIT_ERROR

@@ -30,6 +30,12 @@ class CapacityDoc(_Open):
     gpus: int
     held_by_gates: int
     per_domain: list[dict[str, Any]]
+    groups: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="a shape of several worker groups: each group alone (eligible nodes, free "
+        "GPUs, domains, instances that fit), most constrained first, the order they are placed "
+        "in; `gates` counts only whole gates",
+    )
     blocked: dict[str, Any] | None = Field(description="why none fits, layer by layer")
     elapsed_ms: float
 

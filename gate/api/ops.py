@@ -48,8 +48,9 @@ def capacity(
         str,
         Query(
             max_length=1000,
-            description="key=value pairs, e.g. sku=H200,gpus_per_engine=8 "
-            "(as `gate capacity --shape`)",
+            description="key=value pairs, e.g. sku=H200,gpus_per_engine=8, or worker groups "
+            "groups=prefill:4+decode:8x2@clique,connect=prefill/decode@clique (as `gate "
+            "capacity --shape`; in a URL, `+` is sent as %2B)",
         ),
     ] = "",
 ) -> dict[str, Any]:

@@ -16,191 +16,66 @@ Vocabulary. An engine is `nodes_per_engine` distinct nodes with `gpus_per_node` 
 inside one domain of `engine_level` (host, clique, subblock, block, cluster, region, any). The
 gate's engines must all sit inside one domain of `together` (default: the engine level, so both
 engines share one NVLink/host domain); `together: any` only asks for the same SKU class.
+
+An engine of several worker groups (`ShapeRequest.groups`, e.g. prefill and decode) is placed
+whole by `groups.py`: the most constrained group first, a bounded search over the alternatives,
+every group of both engines or none. This module keeps the single-group shape, whose count is
+exact, and both answer through `capacity` and `allocate` here. The types live in `shapes.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
-from typing import Literal, NamedTuple
+from operator import itemgetter
 
-from gate.reservations.inventory import Node, normalise_sku
-
-GpuKey = tuple[str, int]  # (node name, GPU index)
-ROLES = ("reference", "candidate")
-Level = Literal["host", "clique", "subblock", "block", "cluster", "region", "any"]
-LEVELS: tuple[Level, ...] = ("host", "clique", "subblock", "block", "cluster", "region", "any")
-STAGES = (
-    "region",
-    "provider",
-    "policy",
-    "sku",
-    "gpu_memory",
-    "health",
-    "free_capacity",
-    "topology",
-    "transition_headroom",
-    "lease_conflict",
+from gate.reservations.groups import allocate_groups, capacity_groups, engine_capacity
+from gate.reservations.inventory import Node
+from gate.reservations.shapes import (
+    LEVELS,
+    RETRYABLE,
+    ROLES,
+    STAGES,
+    Blocked,
+    Capacity,
+    ConnectRule,
+    DomainFit,
+    EnginePlacement,
+    GpuKey,
+    GroupFit,
+    GroupPlacement,
+    GroupRequest,
+    Level,
+    Placement,
+    ShapeRequest,
+    domain_key,
+    domain_of,
+    eligible,
+    held_by_node,
+    stage_message,
 )
-# Waiting cannot change what a node is (region, provider, pool, SKU, memory); it can bring a node
-# back to health, free GPUs, or end other reservations.
-RETRYABLE = {
-    "region": False,
-    "provider": False,
-    "policy": False,
-    "sku": False,
-    "gpu_memory": False,
-    "health": True,
-    "free_capacity": True,
-    "topology": True,  # refined below: False when the shape cannot fit even an empty fleet
-    "transition_headroom": True,
-    "lease_conflict": True,
-}
 
-
-@dataclass(frozen=True, slots=True)
-class ShapeRequest:
-    sku: str | None = None
-    min_gpu_memory_gib: float | None = None
-    gpus_per_engine: int = 1
-    nodes_per_engine: int = 1
-    engine_level: Level = "host"
-    together: Level | None = None  # None: the engine level
-    regions: tuple[str, ...] = ()
-    providers: tuple[str, ...] = ()
-    pools: tuple[str, ...] = ()
-    headroom_gpus: int = 0  # GPUs that must stay free in the gate's domain after placing it
-    roles: tuple[str, ...] = ROLES  # the engines that need GPUs (attached ones do not)
-
-    def __post_init__(self) -> None:
-        if self.gpus_per_engine < 1 or self.nodes_per_engine < 1:
-            raise ValueError("gpus_per_engine and nodes_per_engine must be at least 1")
-        if self.gpus_per_engine % self.nodes_per_engine:
-            raise ValueError("gpus_per_engine must be a multiple of nodes_per_engine")
-        if LEVELS.index(self.pair_level) < LEVELS.index(self.engine_level):
-            raise ValueError("together must be a level at or above engine_level")
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.gpus_per_engine // self.nodes_per_engine
-
-    @property
-    def pair_level(self) -> Level:
-        return self.together or self.engine_level
-
-    @property
-    def gpus_per_gate(self) -> int:
-        return self.gpus_per_engine * len(self.roles)
-
-
-@dataclass(frozen=True, slots=True)
-class EnginePlacement:
-    role: str
-    nodes: tuple[tuple[str, tuple[int, ...]], ...]  # (node, GPU indices) per worker
-    sku: str
-    domain: str
-
-    @property
-    def node(self) -> str:
-        """The leader's node (the only one for single-node engines)."""
-        return self.nodes[0][0]
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return self.nodes[0][1]
-
-    @property
-    def cuda_visible_devices(self) -> str:
-        return ",".join(str(g) for g in self.gpus)
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    engines: tuple[EnginePlacement, ...]
-    domain: str
-
-    def for_role(self, role: str) -> EnginePlacement:
-        for e in self.engines:
-            if e.role == role:
-                return e
-        raise KeyError(role)
-
-    def gpu_keys(self) -> list[tuple[str, GpuKey]]:
-        return [(e.role, (n, g)) for e in self.engines for n, gpus in e.nodes for g in gpus]
-
-
-class DomainFit(NamedTuple):
-    domain: str
-    nodes: int
-    free_gpus: int
-    engines: int  # disjoint engines that fit now
-    gates: int  # gate shapes that fit now (all engines, headroom respected)
-
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    gates: int
-    engines: int
-    free_gpus: int
-    eligible_nodes: int
-    level: Level
-    per_domain: tuple[DomainFit, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Blocked:
-    """Why nothing fits: the first stage that left nothing, and what each stage removed."""
-
-    code: str
-    message: str
-    eliminated: dict[str, int] = field(default_factory=dict)
-    retryable: bool = False
-    per_domain: tuple[DomainFit, ...] = ()
-
-
-# -- domains -----------------------------------------------------------------------------------
-
-
-def domain_of(node: Node, level: Level) -> str:
-    """The node's domain at `level`. An unlabelled level makes the node a domain of its own
-    (except `clique`, where an unlabelled node's NVLink domain is the host itself): never assume
-    a connection the labels do not state."""
-    if level == "host":
-        return node.name
-    if level == "cluster":
-        return f"{node.region}/{node.cluster}"
-    if level == "region":
-        return node.region
-    if level == "any":
-        return "*"
-    label = node.topology.get(level)
-    if label:
-        return f"{node.cluster}/{level}={label}"
-    return node.name
-
-
-def _key(level: Level) -> Callable[[Node], str]:
-    """`domain_of` for one level, as a cheap callable for the per-node hot loop."""
-    if level == "host":
-        return attrgetter("name")
-    return lambda x: domain_of(x, level)
-
-
-def _engine_capacity(slots: Sequence[int], n: int) -> int:
-    """Most disjoint engines of `n` distinct nodes, node i offering slots[i] workers:
-    the largest k with sum(min(s, k)) >= k * n (each node serves an engine at most once)."""
-    if n == 1:
-        return sum(slots)
-    total = sum(slots)
-    lo, hi = 0, total // n
-    while lo < hi:
-        k = (lo + hi + 1) // 2
-        if sum(min(s, k) for s in slots) >= k * n:
-            lo = k
-        else:
-            hi = k - 1
-    return lo
+__all__ = [
+    "LEVELS",
+    "RETRYABLE",
+    "ROLES",
+    "STAGES",
+    "Blocked",
+    "Capacity",
+    "ConnectRule",
+    "DomainFit",
+    "EnginePlacement",
+    "GpuKey",
+    "GroupFit",
+    "GroupPlacement",
+    "GroupRequest",
+    "Level",
+    "Placement",
+    "ShapeRequest",
+    "allocate",
+    "capacity",
+    "domain_of",
+]
 
 
 @dataclass
@@ -241,7 +116,7 @@ class _View:
                 for dom, nodes in self.groups[pair].items()
             }
         return {
-            dom: _engine_capacity([free[x.name] // gpn for x in nodes], n)
+            dom: engine_capacity([free[x.name] // gpn for x in nodes], n)
             for dom, nodes in self.groups[pair].items()
         }
 
@@ -289,7 +164,7 @@ def _view(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], *, base
     free_count: dict[str, int] = {}
     usable_of: dict[str, int] = {}
     groups: dict[str, dict[str, list[Node]]] = {}
-    pair_key, engine_key = _key(shape.pair_level), _key(shape.engine_level)
+    pair_key, engine_key = domain_key(shape.pair_level), domain_key(shape.engine_level)
     same = shape.pair_level == shape.engine_level
     for x in nodes:
         name = x.name
@@ -306,60 +181,14 @@ def _view(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], *, base
 def _eligible(
     nodes: Sequence[Node], shape: ShapeRequest
 ) -> tuple[list[Node], dict[str, int], str | None]:
-    """Apply the eligibility stages in order (one pass); return the survivors, the count each
-    stage removed, and the first stage that removed everything (or None)."""
-    want_sku = normalise_sku(shape.sku) if shape.sku else None
-    regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
-    min_mem = shape.min_gpu_memory_gib
-    names = STAGES[:6]
-    removed = [0] * len(names)
-    survivors: list[Node] = []
-    for x in nodes:
-        if regions and x.region not in regions:
-            removed[0] += 1
-        elif providers and x.provider not in providers:
-            removed[1] += 1
-        elif pools and x.pool not in pools:
-            removed[2] += 1
-        elif want_sku is not None and normalise_sku(x.sku) != want_sku:
-            removed[3] += 1
-        elif min_mem is not None and x.gpu_memory_gib < min_mem:
-            removed[4] += 1
-        elif not x.healthy or x.cordoned or x.taints:
-            removed[5] += 1
-        else:
-            survivors.append(x)
-    eliminated = dict(zip(names, removed, strict=True))
-    if survivors:
-        return survivors, eliminated, None
-    # The first stage that left nothing: the last one that removed any node.
-    last = max((i for i, r in enumerate(removed) if r), default=0)
-    for later in names[last + 1 :]:
-        eliminated.pop(later, None)
-    return [], eliminated, names[last]
+    return eligible(nodes, shape, shape.sku, shape.min_gpu_memory_gib)
 
 
 def _stage_message(stage: str, shape: ShapeRequest) -> str:
-    return {
-        "region": f"no node in regions {list(shape.regions)}",
-        "provider": f"no eligible node from providers {list(shape.providers)}",
-        "policy": f"no eligible node in pools {list(shape.pools)}",
-        "sku": f"no eligible node has GPU SKU {normalise_sku(shape.sku or '')}",
-        "gpu_memory": f"no eligible node has >= {shape.min_gpu_memory_gib:g} GiB per GPU"
-        if shape.min_gpu_memory_gib is not None
-        else "",
-        "health": "every eligible node is unhealthy, cordoned or tainted",
-    }[stage]
+    return stage_message(stage, shape, shape.sku, shape.min_gpu_memory_gib)
 
 
 # -- the three questions -------------------------------------------------------------------------
-
-
-def _held_by_node(held: Iterable[GpuKey]) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    for name, g in held:
-        out.setdefault(name, set()).add(g)
-    return out
 
 
 def _host_fits(
@@ -387,10 +216,15 @@ def _fast_path(shape: ShapeRequest) -> bool:
 
 
 def capacity(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] = ()) -> Capacity:
-    """How many gate shapes fit now, per domain of the `together` level and in total."""
+    """How many gate shapes fit now, per domain of the `together` level and in total (whole
+    gates: every group of every engine)."""
+    if shape.multi_group:
+        return capacity_groups(nodes, shape, held)
+    if shape.groups:
+        shape = shape.single()
     eligible, _, _ = _eligible(nodes, shape)
     if _fast_path(shape):
-        found = _host_fits(eligible, shape, _held_by_node(held))
+        found = _host_fits(eligible, shape, held_by_node(held))
     else:
         found = _view(eligible, shape, set(held), base=False).fits()
     # Most gates first, then by domain name (a stable sort over the name-sorted list).
@@ -408,12 +242,18 @@ def capacity(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] 
 def allocate(
     nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey] = ()
 ) -> Placement | Blocked:
+    """Both engines whole (every group of each) or the layered reason why not."""
+    if shape.multi_group:
+        return allocate_groups(nodes, shape, held)
+    group = shape.group_list[0].role
+    if shape.groups:
+        shape = shape.single()
     held_set = set(held)
     eligible, eliminated, stage = _eligible(nodes, shape)
     if stage is not None:
         return Blocked(stage, _stage_message(stage, shape), eliminated, RETRYABLE[stage])
     if _fast_path(shape):
-        fits = _host_fits(eligible, shape, _held_by_node(held_set))
+        fits = _host_fits(eligible, shape, held_by_node(held_set))
     else:
         view = _view(eligible, shape, held_set, base=False)
         fits = view.fits()
@@ -427,11 +267,11 @@ def allocate(
             view = _view(
                 [x for x in eligible if x.name == best.domain], shape, held_set, base=False
             )
-        return _place(view, best.domain)
+        return _place(view, best.domain, group)
     return _diagnose(eligible, shape, held_set, eliminated, tuple(fits.values()))
 
 
-def _place(view: _View, pair: str) -> Placement:
+def _place(view: _View, pair: str, group: str) -> Placement:
     shape = view.shape
     gpn, n = shape.gpus_per_node, shape.nodes_per_engine
     engines: list[EnginePlacement] = []
@@ -450,8 +290,11 @@ def _place(view: _View, pair: str) -> Placement:
             # Several distinct nodes: the ones with the most slots left first, which is what
             # keeps the domain's remaining engine capacity at its maximum (exchange argument).
             chosen = sorted(members, key=lambda x: (-view.slots(x), x.name))[:n]
-        workers = [(x.name, view.take(x.name, gpn)) for x in chosen]
-        engines.append(EnginePlacement(role, tuple(workers), chosen[0].normalised_sku, dom))
+        workers = tuple((x.name, view.take(x.name, gpn)) for x in chosen)
+        sku = chosen[0].normalised_sku
+        names, gpus = tuple(n for n, _ in workers), tuple(g for _, g in workers)
+        one = GroupPlacement(group, names, gpus, sku, dom)
+        engines.append(EnginePlacement(role, workers, sku, dom, (one,)))
     return Placement(tuple(engines), pair)
 
 

@@ -32,9 +32,18 @@ class Grant:
     expires_at: datetime
 
     def describe(self) -> str:
-        return "; ".join(
-            f"{e.role} on {e.node} GPU {e.cuda_visible_devices}" for e in self.placement.engines
-        )
+        out = []
+        for e in self.placement.engines:
+            if len(e.groups) > 1:
+                groups = ", ".join(
+                    f"{g.role} on "
+                    + " ".join(f"{n} GPU {','.join(map(str, gpus))}" for n, gpus in g.workers)
+                    for g in e.groups
+                )
+                out.append(f"{e.role}: {groups}")
+            else:
+                out.append(f"{e.role} on {e.node} GPU {e.cuda_visible_devices}")
+        return "; ".join(out)
 
 
 def reap_expired(session: Session, now: datetime | None = None) -> int:

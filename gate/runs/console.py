@@ -139,15 +139,35 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
         console.print(f"report: {doc.report}")
 
 
-def print_capacity(doc: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console(highlight=False, soft_wrap=True)
+def _shape_words(doc: dict[str, Any]) -> str:
     shape = doc["shape"]
-    desc = (
+    sku = f", {shape['sku']}" if shape.get("sku") else ""
+    if "groups" in shape:
+        parts = [
+            f"{g['role']} {g['gpus']} GPUs"
+            + (f" on {g['nodes']} nodes" if g["nodes"] > 1 else "")
+            + f" in one {g['level']}"
+            + (f" ({g['sku']})" if g.get("sku") and g["sku"] != shape.get("sku") else "")
+            for g in shape["groups"]
+        ]
+        rules = [f"{' + '.join(c['groups'])} in one {c['level']}" for c in shape["connect"]]
+        return (
+            (f"{shape['sku']}: " if shape.get("sku") else "")
+            + "; ".join(parts)
+            + (f"; connect {', '.join(rules)}" if rules else "")
+            + f"; both engines in one {doc['level']}"
+        )
+    return (
         f"{shape['gpus_per_engine']} GPUs per engine"
         + (f" on {shape['nodes_per_engine']} nodes" if shape["nodes_per_engine"] > 1 else "")
-        + (f", {shape['sku']}" if shape.get("sku") else "")
+        + sku
         + f", engines in one {shape['engine_level']}, both in one {doc['level']}"
     )
+
+
+def print_capacity(doc: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(highlight=False, soft_wrap=True)
+    desc = _shape_words(doc)
     console.print(
         f"[bold]{doc['inventory']}[/bold]: {doc['nodes']} nodes, {doc['gpus']} GPUs; shape: {desc}"
     )
@@ -162,9 +182,24 @@ def print_capacity(doc: dict[str, Any], console: Console | None = None) -> None:
     if len(rows) > 40:
         table.add_row(f"... {len(rows) - 40} more domains", "", "", "", "")
     console.print(table)
+    if doc.get("groups"):
+        # Each group alone, in placement order: the first is the most constrained.
+        alone = Table(title="each group alone (placement order)", title_justify="left")
+        for col in ("group", "eligible nodes", "free GPUs", "domains", "fit alone"):
+            alone.add_column(col, justify="left" if col == "group" else "right")
+        for g in doc["groups"]:
+            alone.add_row(
+                g["role"],
+                str(g["eligible_nodes"]),
+                str(g["free_gpus"]),
+                str(g["domains"]),
+                str(g["instances"]),
+            )
+        console.print(alone)
     color = "green" if doc["gates"] else "red"
+    whole = " whole" if doc.get("groups") else ""
     console.print(
-        f"[bold {color}]{doc['gates']} gate shape(s) fit now[/bold {color}] "
+        f"[bold {color}]{doc['gates']}{whole} gate shape(s) fit now[/bold {color}] "
         f"({doc['engines']} engines, {doc['free_gpus']} free GPUs on {doc['eligible_nodes']} "
         f"eligible nodes; computed in {doc['elapsed_ms']:.1f} ms)"
     )

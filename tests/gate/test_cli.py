@@ -412,6 +412,41 @@ def test_capacity_command(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "unknown key 'gpus'" in bad.stderr
 
 
+def test_capacity_counts_whole_multi_group_gates() -> None:
+    root = Path(__file__).resolve().parents[2]
+    run = [sys.executable, "-m", "gate", "capacity", "--spec", "examples/specs/disaggregated.yaml"]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=60, cwd=root)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["inventory"] == "gb200-nvl72"  # the spec's own inventory
+    assert doc["gates"] == 5 and [d["gates"] for d in doc["per_domain"]] == [3, 2]
+    assert [g["role"] for g in doc["groups"]] == ["decode", "prefill"]  # the rarest first
+    assert [g["role"] for g in doc["shape"]["groups"]] == ["prefill", "decode"]
+    table = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=root)
+    assert table.returncode == 0, table.stderr
+    assert "5 whole gate shape(s) fit now" in table.stdout
+    assert "each group alone" in table.stdout and "decode" in table.stdout
+    blocked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "capacity",
+            "--inventory",
+            "examples/inventory/gb200-nvl72.yaml",
+            "--shape",
+            "sku=GB200,groups=prefill:4+decode:16x2@clique,connect=prefill/decode@clique",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+    )
+    assert blocked.returncode == 0, blocked.stderr
+    assert "blocked (topology)" in blocked.stdout
+    assert "decode group needs 2 nodes with 8 free GPUs in one clique" in blocked.stdout
+
+
 def test_compatibility_probes_run_on_both_engines(tmp_path: Path, tag: str) -> None:
     p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=200)
     doc_spec = yaml.safe_load(p.read_text())

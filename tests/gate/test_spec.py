@@ -635,3 +635,75 @@ def test_an_operator_can_turn_a_reasoning_models_thinking_off() -> None:
                 {**base, "scenarios": [{"suite": "normal", "extra": {"chat_template_kwargs": bad}}]}
             )
         assert "chat_template_kwargs" in str(err.value)
+
+
+def test_disaggregated_example_has_two_groups() -> None:
+    spec = load_spec(EXAMPLES / "disaggregated.yaml")
+    shape = spec.shape.request(("reference", "candidate"))
+    assert [(g.role, g.gpus, g.nodes, g.level, g.sku) for g in shape.group_list] == [
+        ("prefill", 4, 1, "host", "GB200"),
+        ("decode", 8, 2, "clique", "GB200"),
+    ]
+    assert [(c.groups, c.level) for c in shape.connect] == [(("prefill", "decode"), "clique")]
+    assert shape.pair_level == "clique" and shape.gpus_per_gate == 24
+
+
+def test_a_single_group_shape_is_unchanged() -> None:
+    base = yaml_example()
+    base["shape"] = {"sku": "H200", "gpus_per_engine": 8}
+    shape = parse_spec(base).shape.request(("reference", "candidate"))
+    assert shape.groups == () and not shape.multi_group and shape.gpus_per_gate == 16
+
+
+def _shape_problems(shape: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    base = yaml_example()
+    base["shape"] = shape
+    with pytest.raises(SpecError) as info:
+        parse_spec(base)
+    return {p.path: p.message for p in info.value.problems}
+
+
+def test_group_mistakes_are_named_by_field() -> None:
+    got = _shape_problems(
+        {
+            "gpus_per_engine": 8,
+            "groups": [
+                {"role": "prefill", "gpus": 4},
+                {"role": "decode", "gpus": 12, "nodes": 8, "level": "host"},
+                {"role": "decode", "gpus": 2},
+                {"role": "Bad_Name", "gpus": 2},
+            ],
+            "connect": [
+                {"groups": ["prefill", "nope"], "level": "clique"},
+                {"groups": ["prefill"], "level": "clique"},
+                {"groups": ["prefill", "decode"], "level": "rack"},
+            ],
+        }
+    )
+    assert "not used with `groups`" in got["shape.gpus_per_engine"]
+    assert "multiple of nodes (8)" in got["shape.groups[1].gpus"]
+    assert "needs a level above host" in got["shape.groups[1].level"]
+    assert "duplicate role 'decode'" in got["shape.groups[2].role"]
+    assert "lower-case" in got["shape.groups[3].role"]
+    assert "unknown group 'nope'" in got["shape.connect[0].groups"]
+    assert "at least two groups" in got["shape.connect[1].groups"]
+    assert "shape.connect[2].level" in got  # not a level
+    assert len(got) == 8, got  # each once, none repeated at `shape`
+
+
+def test_connect_and_together_levels_must_hold_the_groups() -> None:
+    groups = [
+        {"role": "prefill", "gpus": 4},
+        {"role": "decode", "gpus": 16, "nodes": 2, "level": "block"},
+    ]
+    got = _shape_problems(
+        {"groups": groups, "connect": [{"groups": ["prefill", "decode"], "level": "clique"}]}
+    )
+    assert list(got) == ["shape.connect[0].level"]
+    assert "below group decode's own level block" in got["shape.connect[0].level"]
+    got = _shape_problems({"groups": groups, "together": "clique"})
+    assert list(got) == ["shape.together"]
+    got = _shape_problems({"groups": [{"role": f"g{i}", "gpus": 1} for i in range(9)]})
+    assert got == {"shape.groups": "at most 8 groups per engine, got 9"}
+    got = _shape_problems({"connect": [{"groups": ["a", "b"], "level": "host"}]})
+    assert list(got) == ["shape.connect"]

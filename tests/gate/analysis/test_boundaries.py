@@ -19,6 +19,7 @@ def test_pure_cores_import_no_io() -> None:
     code = (
         "import sys\n"
         "import gate.analysis, gate.analysis.judge, gate.reservations.allocator\n"
+        "import gate.reservations.groups, gate.reservations.shapes\n"
         "import gate.analysis.calibration, gate.analysis.baseline, gate.analysis.sequential\n"
         f"io = {IO_MODULES!r}\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in io or m in io]\n"

@@ -33,6 +33,21 @@ def test_capacity_and_inventory(app_client: TestClient, tokens: dict[str, str]) 
     assert bad.status_code == 422
     assert bad.json()["error"]["problems"][0]["path"] == "shape"
     assert app_client.get("/v1/reservations", headers=read).json() == []
+    # Whole engines of two worker groups: 2 x (1 + 2) GPUs fit the one host once.
+    pd = app_client.get(
+        "/v1/capacity",
+        params={"shape": "groups=prefill:1+decode:2,connect=prefill/decode@host"},
+        headers=read,
+    ).json()
+    assert pd["gates"] == 1 and [g["role"] for g in pd["groups"]] == ["decode", "prefill"]
+    assert [g["role"] for g in pd["shape"]["groups"]] == ["prefill", "decode"]
+    CapacityDoc.model_validate(pd)
+    unknown = app_client.get(
+        "/v1/capacity",
+        params={"shape": "groups=prefill:1+decode:2,connect=prefill/nope@host"},
+        headers=read,
+    )
+    assert unknown.status_code == 422 and "unknown group 'nope'" in unknown.text
 
 
 def test_metrics_count_gates_by_state_and_verdict(

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.core.database import make_engine, make_sessionmaker, transaction
 from gate.models import GpuLease, Reservation
 from gate.reservations import leases
-from gate.reservations.allocator import ShapeRequest
+from gate.reservations.allocator import ConnectRule, GroupRequest, ShapeRequest
 from gate.reservations.inventory import Inventory, Node
 
 INV = Inventory(
@@ -61,6 +61,42 @@ def test_expired_leases_are_reaped_and_heartbeat_extends(factory: sessionmaker[S
         holders = set(s.scalars(select(GpuLease.reservation_id)))
     assert grants[0].reservation_id not in holders
     assert not leases.heartbeat(factory, grants[0].reservation_id, 60)
+
+
+def test_a_multi_group_lease_holds_and_releases_every_gpu_of_every_group(
+    factory: sessionmaker[Session],
+) -> None:
+    inv = Inventory(
+        name="pd",
+        nodes=[
+            Node(name=f"g{i}", sku="GB200", gpu_memory_gib=185, gpus=4, topology={"clique": "q"})
+            for i in range(6)
+        ],
+    )
+    shape = ShapeRequest(
+        groups=(GroupRequest("prefill", 4), GroupRequest("decode", 8, 2, "clique")),
+        connect=(ConnectRule(("prefill", "decode"), "clique"),),
+    )
+    grant = leases.reserve(factory, inv, shape, holder="pd", gate_id=None, ttl_s=60)
+    gpus = {k for _, k in grant.placement.gpu_keys()}
+    assert len(gpus) == 24  # 2 engines x (4 prefill + 8 decode): the whole clique
+    with transaction(factory) as s:
+        rows = list(s.scalars(select(GpuLease)))
+        assert {(r.node, r.gpu_index) for r in rows} == gpus
+        assert {r.role for r in rows} == {"reference", "candidate"}
+        stored = s.get(Reservation, grant.reservation_id)
+        assert stored is not None
+        groups = [[g["role"] for g in e["groups"]] for e in stored.placement["engines"]]
+        assert groups == [["prefill", "decode"]] * 2
+    assert "prefill on g" in grant.describe() and "decode on g" in grant.describe()
+    with pytest.raises(leases.BlockedReservation) as info:
+        leases.reserve(factory, inv, shape, holder="other", gate_id=None, ttl_s=60)
+    assert info.value.blocked.code == "lease_conflict"
+    assert leases.release(factory, grant.reservation_id, "done") is None
+    with transaction(factory) as s:
+        assert list(s.scalars(select(GpuLease))) == []
+    again = leases.reserve(factory, inv, shape, holder="pd2", gate_id=None, ttl_s=60)
+    assert {k for _, k in again.placement.gpu_keys()} == gpus
 
 
 def _reserve_in_process(url: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
