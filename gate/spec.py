@@ -33,6 +33,11 @@ from gate.reservations.shapes import GROUP_ROLE_MESSAGE, GROUP_ROLE_RE, group_pr
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 PLACEHOLDERS = ("port", "model", "gpus", "tp", "host")
+# In the argv of a worker group or a router (an engine with `groups`): the group's own name and
+# GPUs, and the address of any group of the same engine (`{url:decode}`, `{host:prefill}`,
+# `{port:prefill}`): every port is picked before the first process starts.
+GROUP_PLACEHOLDERS = ("role", "group_gpus")
+GROUP_REF_RE = re.compile(r"^(url|host|port):([a-z0-9-]{1,16})$")
 MAX_SPEC_BYTES = 1_000_000
 
 
@@ -267,6 +272,17 @@ class EngineSpec(_Strict):
         description="set by the service when a request named this `url`: the engine checks "
         "it against GATE_ENGINE_URL_ALLOW again when it attaches (a request cannot set it)",
     )
+    groups: dict[str, EngineSpec] | None = Field(
+        default=None,
+        description="an engine of several worker groups (the shape's `groups`): one process "
+        "(`command` or `preset`) per group role, e.g. {prefill: {preset: sim, args: [--role, "
+        "prefill]}, decode: {...}}, with a `router` in front",
+    )
+    router: EngineSpec | None = Field(
+        default=None,
+        description="with `groups`: the engine's entry point (`command` or `preset`), given "
+        "the groups' addresses as {url:GROUP}, {host:GROUP}, {port:GROUP}",
+    )
 
     @field_validator("command")
     @classmethod
@@ -279,10 +295,12 @@ class EngineSpec(_Strict):
             raise ValueError("the program name (first item) is empty")
         for item in v:
             for name in re.findall(r"\{([^{}]*)\}", item):
-                if name not in PLACEHOLDERS:
+                if name not in PLACEHOLDERS + GROUP_PLACEHOLDERS and not GROUP_REF_RE.match(name):
                     raise ValueError(
                         f"unknown placeholder {{{name}}}; use one of "
                         + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                        + " (in a group or router: also {role}, {group_gpus}, {url:GROUP}, "
+                        "{host:GROUP}, {port:GROUP})"
                     )
         return v
 
@@ -309,6 +327,22 @@ class EngineSpec(_Strict):
             raise ValueError("`binary`, `python` and `args` go with a `preset`")
         if self.caller_url and self.url is None:
             raise ValueError("`caller_url` goes with a `url`")
+        if self.router is not None and self.groups is None:
+            raise ValueError("`router` goes with `groups`")
+        if self.groups is not None:
+            if self.router is None:
+                raise ValueError(
+                    "an engine with `groups` needs a `router`: its entry point, which the gate "
+                    "loads (e.g. {preset: sim} or a `command`)"
+                )
+            if self.env or self.cwd:
+                raise ValueError("with `groups`, `env` and `cwd` go on each group and the router")
+            for name, member in [*self.groups.items(), ("router", self.router)]:
+                if member.kind != "process" or member.groups is not None:
+                    raise ValueError(
+                        f"{name}: a group or router is a local process (`command` or "
+                        "`preset`); nested groups, `url` and `kubernetes` are not supported"
+                    )
         if self.kubernetes is not None and (self.env or self.cwd):
             raise ValueError(
                 "`env` and `cwd` are for local processes; a kubernetes engine's environment "
@@ -318,6 +352,8 @@ class EngineSpec(_Strict):
 
     @property
     def kind(self) -> Literal["process", "endpoint", "kubernetes"]:
+        if self.groups is not None:
+            return "process"
         if self.kubernetes is not None:
             return "kubernetes"
         return "endpoint" if self.url is not None else "process"
@@ -330,27 +366,109 @@ class EngineSpec(_Strict):
             return self.kubernetes.image
         if self.url is not None:
             return self.url
+        if self.groups is not None and self.router is not None:
+            parts = [f"{name}: {g.label}" for name, g in self.groups.items()]
+            return "; ".join([*parts, f"router: {self.router.label}"])[:500]
         if self.preset is not None:
             parts = [self.preset, self.binary or self.python or "", *self.args]
             return " ".join(p for p in parts if p)[:500]
         return " ".join(self.command or [])[:500]
 
-    def argv_template(self) -> list[str]:
+    def argv_template(self, group: str | None = None) -> list[str]:
+        """The argv with placeholders; `group` names the worker group (or `router`) this spec
+        is, so a preset adds that role's flags (presets.py: GROUP_FLAGS, ROUTERS)."""
         if self.command is not None:
             return list(self.command)
         from gate.engines.presets import preset_argv
 
         assert self.preset is not None
         return preset_argv(
-            self.preset, binary=self.binary, python=self.python, args=tuple(self.args)
+            self.preset,
+            binary=self.binary,
+            python=self.python,
+            args=tuple(self.args),
+            group=group,
         )
 
 
-ENGINE_KINDS = ("command", "preset", "url", "kubernetes")
+def _placeholders(spec: EngineSpec) -> set[str]:
+    return {
+        n for item in [*(spec.command or []), *spec.args] for n in re.findall(r"\{([^{}]*)\}", item)
+    }
+
+
+def engine_group_problems(role: str, es: EngineSpec, shape_groups: list[str]) -> list[FieldProblem]:
+    """An engine's groups against the shape's: one engine group per shape group and no other,
+    `{url:GROUP}` naming a group of the engine, group placeholders only where groups are; for a
+    launched engine (`url` engines run wherever they run)."""
+    out: list[FieldProblem] = []
+    if es.groups is None:
+        used = sorted(
+            n for n in _placeholders(es) if n in GROUP_PLACEHOLDERS or GROUP_REF_RE.match(n)
+        )
+        if used:
+            out.append(
+                FieldProblem(role, f"{{{used[0]}}} is for the argv of a worker group or router")
+            )
+        if shape_groups and es.kind in ("process", "kubernetes") and es.kubernetes is None:
+            out.append(
+                FieldProblem(
+                    f"{role}.groups",
+                    "the shape has worker groups (" + ", ".join(shape_groups) + "): give the "
+                    "engine one `groups` entry per group and a `router`",
+                )
+            )
+        return out
+    if not shape_groups:
+        out.append(
+            FieldProblem(f"{role}.groups", "the shape has no `groups`: add shape.groups for them")
+        )
+        return out
+    for name in es.groups:
+        if name not in shape_groups:
+            out.append(
+                FieldProblem(
+                    f"{role}.groups.{name}",
+                    "not a group of the shape (its groups: " + ", ".join(shape_groups) + ")",
+                )
+            )
+    for name in shape_groups:
+        if name not in es.groups:
+            out.append(FieldProblem(f"{role}.groups.{name}", "missing: the shape has this group"))
+    members = [*es.groups.items(), ("router", es.router)]
+    for name, member in members:
+        if member is None:
+            continue
+        for ph in sorted(_placeholders(member)):
+            m = GROUP_REF_RE.match(ph)
+            if m and m.group(2) not in es.groups:
+                out.append(
+                    FieldProblem(
+                        f"{role}.groups.{name}" if name != "router" else f"{role}.router",
+                        f"{{{ph}}} names no group of this engine",
+                    )
+                )
+    if es.router is not None and es.router.preset is not None:
+        from gate.engines.presets import ROUTERS
+
+        need = ROUTERS.get(es.router.preset)
+        if need is None:
+            out.append(FieldProblem(f"{role}.router.preset", "no router preset of this name"))
+        elif set(es.groups) != {"prefill", "decode"}:
+            out.append(
+                FieldProblem(
+                    f"{role}.router.preset",
+                    "a router preset serves groups named prefill and decode; give a `command`",
+                )
+            )
+    return out
+
+
+ENGINE_KINDS = ("command", "preset", "url", "kubernetes", "groups")
 ENGINE_KIND_MESSAGE = (
     "give exactly one of `command` (an argv to launch), `preset` (vllm, sglang, trtllm, sim), "
-    "`kubernetes` (run an image as pods on the reserved nodes) or `url` (attach to a running "
-    "engine)"
+    "`kubernetes` (run an image as pods on the reserved nodes), `url` (attach to a running "
+    "engine) or `groups` (worker groups behind a `router`)"
 )
 MIXED_KUBERNETES_MESSAGE = (
     "a kubernetes engine is compared with another kubernetes engine (or a `url`), not with a "
@@ -766,6 +884,9 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
                 continue
             problems.append(problem)
         raise SpecError(problems, source) from None
+    names = [g.role for g in spec.shape.groups]
+    for role in ("reference", "candidate"):  # each engine's groups against the shape's
+        problems += engine_group_problems(role, spec.engine(role), names)  # type: ignore[arg-type]
     if problems:  # rules on both engines together (the model passed each alone)
         raise SpecError(problems, source)
     return spec

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Literal
 
 from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import EnginePlacement
-from gate.verdict.document import CrashDoc, EngineDoc, KubernetesDoc, NodeGpus, PlacementDoc
+from gate.verdict.document import (
+    CrashDoc,
+    EngineDoc,
+    GroupPlacementDoc,
+    KubernetesDoc,
+    NodeGpus,
+    PlacementDoc,
+)
 
 if TYPE_CHECKING:
     from gate.engines.launchers import Engine
@@ -24,7 +31,21 @@ def ready_s(eng: Engine) -> float | None:
 
 
 def placement_doc(p: EnginePlacement, *, every_node: bool) -> PlacementDoc:
-    """The leader's node and GPUs; `every_node` adds each worker's node and the domain."""
+    """The leader's node and GPUs; `every_node` adds each worker's node and the domain; an
+    engine of several worker groups also each group's nodes and GPUs."""
+    if len(p.groups) > 1:
+        groups = [
+            GroupPlacementDoc(
+                role=g.role,
+                nodes=[NodeGpus(node=n, gpus=list(gs)) for n, gs in g.workers],
+                sku=g.sku,
+                domain=g.domain,
+            )
+            for g in p.groups
+        ]
+        return PlacementDoc(
+            node=p.node, gpus=list(p.gpus), sku=p.sku, domain=p.domain, groups=groups
+        )
     if not every_node:
         return PlacementDoc(node=p.node, gpus=list(p.gpus), sku=p.sku)
     nodes = [NodeGpus(node=n, gpus=list(g)) for n, g in p.nodes]

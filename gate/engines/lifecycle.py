@@ -31,8 +31,11 @@ class CrashInfo:
     exit_code: int | None
     description: str
     log_tail: tuple[str, ...]
+    group: str | None = None  # the worker group (or `router`) that crashed, for several groups
 
     def summary(self) -> str:
+        if self.group is not None:  # the description starts with the group's name
+            return f"{self.role} {self.description} at {self.at_s:.1f}s into the gate"
         return f"{self.role} engine {self.description} at {self.at_s:.1f}s into the gate"
 
 

@@ -19,6 +19,33 @@ Quirks, per preset:
 - trtllm (`trtllm-serve MODEL`): tensor parallelism is `--tp_size`; an engine build or a
   checkpoint conversion can take many minutes on first start (raise `readiness_timeout_s`).
 - sim (`python -m gate.engines.sim`): our simulated engine, the test and demo default.
+
+Worker groups (an engine with `groups`, e.g. prefill and decode): a preset in a group adds its
+role's flags (`GROUP_FLAGS`), and a `router: {preset: NAME}` is that engine's own router
+(`ROUTERS`), given the groups' addresses. A router preset serves groups named `prefill` and
+`decode`, one worker each (the gate launches one process per group). Quirks:
+
+- vllm: a worker gets `--kv-transfer-config {"kv_connector":"NixlConnector","kv_role":
+  "kv_both"}` (vLLM's NIXL example, `tests/v1/kv_connector/nixl_integration/
+  run_accuracy_test.sh`: both roles are `kv_both`, the proxy decides who prefills), unless
+  the group's `args` give their own `--kv-transfer-config` (P2pNcclConnector: `kv_producer`
+  on prefill, `kv_consumer` on decode, plus its `kv_port` and proxy addresses). NIXL's side
+  channel listens on `VLLM_NIXL_SIDE_CHANNEL_PORT` (default 5600): two prefill workers on one
+  host (the reference's and the candidate's) need different ones in each group's `env`. The
+  router is vLLM's toy proxy (`tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`,
+  not installed with the wheel: `python` must be run where that file is, `cwd` on the router),
+  which takes hosts and ports apart (`--prefiller-hosts`, `--prefiller-ports`, ...) and has
+  no `/health` or `/v1/models` of its own: vLLM's proxy answers neither, so the router preset
+  is only usable as a `command` that adds them (the gate's readiness asks both); we ship it for
+  the argv and say so here.
+- sglang: a worker gets `--disaggregation-mode {role}` (`prefill` or `decode`, which must be
+  the group names) and `--disaggregation-transfer-backend mooncake` (SGLang's default) unless
+  `args` give a backend (`nixl`). A prefill worker's bootstrap server binds
+  `--disaggregation-bootstrap-port` (default 8998): two prefill workers on one host need
+  different ones in `args`, and the router must be told with `--prefill-bootstrap-ports`.
+  The router is `python -m sglang.srt.disaggregation.launch_lb --prefill URL --decode URL`
+  (`python/sglang/srt/disaggregation/launch_lb.py`; newer releases point to `sglang_router`).
+- sim: a worker gets `--role {role}`; the router is `python -m gate.engines.sim.router`.
 """
 
 from __future__ import annotations
@@ -96,7 +123,87 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+NIXL_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+
+# The flags a preset adds in a worker group, unless `args` already give the first of them.
+GROUP_FLAGS: dict[str, tuple[str, ...]] = {
+    "vllm": ("--kv-transfer-config", NIXL_BOTH),
+    "sglang": ("--disaggregation-mode", "{role}"),
+    "sim": ("--role", "{role}"),
+}
+GROUP_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {
+    "sglang": ("--disaggregation-transfer-backend", "mooncake"),
+}
+
+# A preset as an engine's router, in front of groups named prefill and decode.
+ROUTERS: dict[str, Preset] = {
+    "sim": Preset(
+        "sim",
+        "python",
+        "gate.engines.sim.router",
+        (
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--prefill",
+            "{url:prefill}",
+            "--decode",
+            "{url:decode}",
+        ),
+    ),
+    "sglang": Preset(
+        "sglang",
+        "python",
+        "sglang.srt.disaggregation.launch_lb",
+        (
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--prefill",
+            "{url:prefill}",
+            "--decode",
+            "{url:decode}",
+        ),
+    ),
+    "vllm": Preset(
+        "vllm",
+        "python",
+        None,
+        (
+            "toy_proxy_server.py",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--prefiller-hosts",
+            "{host:prefill}",
+            "--prefiller-ports",
+            "{port:prefill}",
+            "--decoder-hosts",
+            "{host:decode}",
+            "--decoder-ports",
+            "{port:decode}",
+        ),
+    ),
+}
+
+
 def preset_argv(
-    name: str, *, binary: str | None = None, python: str | None = None, args: tuple[str, ...] = ()
+    name: str,
+    *,
+    binary: str | None = None,
+    python: str | None = None,
+    args: tuple[str, ...] = (),
+    group: str | None = None,
 ) -> list[str]:
-    return PRESETS[name].argv(binary=binary, python=python, extra=args)
+    """A preset's argv; `group` is the worker group it runs as (`router`: the engine's router)."""
+    if group == "router":
+        return ROUTERS[name].argv(binary=binary, python=python, extra=args)
+    extra = args
+    if group is not None:
+        for flags in (GROUP_FLAGS.get(name, ()), GROUP_EXTRA_FLAGS.get(name, ())):
+            if flags and flags[0] not in args:
+                extra = (*extra, *flags)
+    return PRESETS[name].argv(binary=binary, python=python, extra=extra)

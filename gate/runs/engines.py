@@ -17,6 +17,7 @@ from gate.core.errors import EngineError, GateError
 from gate.core.limits import scenario_deadline_s
 from gate.core.vocabulary import ROLES, Role
 from gate.engines.describe import placement_doc, timing_doc, unlaunched_doc
+from gate.engines.groups import ROUTER, GroupedEngine, WorkerSpec
 from gate.engines.launchers import TERM_GRACE_S, EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import Placement
@@ -53,6 +54,8 @@ def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement
 def _process(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
     ctx = engines.ctx
     log_dir = ctx.settings.data_dir / "logs" / ctx.gate_id
+    if es.groups is not None:
+        return _grouped(engines, role, es, placement)
     return ProcessEngine(
         role=role,
         argv_template=es.argv_template(),
@@ -62,6 +65,28 @@ def _process(engines: Engines, role: Role, es: EngineSpec, placement: Placement 
         placement=placement.for_role(role) if placement else None,
         env=dict(es.env),
         cwd=es.cwd,
+        readiness_timeout_s=es.readiness_timeout_s,
+        gate_id=ctx.gate_id,
+        term_grace_s=engine_grace_s(ctx.settings.lease_ttl_s),
+    )
+
+
+def _grouped(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
+    """Worker groups behind a router (gate/engines/groups.py), each group on its own GPUs."""
+    assert es.groups is not None and es.router is not None
+    ctx = engines.ctx
+
+    def worker(name: str, member: EngineSpec) -> WorkerSpec:
+        return WorkerSpec(name, member.argv_template(name), dict(member.env), member.cwd)
+
+    return GroupedEngine(
+        role=role,
+        workers=[worker(n, g) for n, g in es.groups.items()],
+        router=worker(ROUTER, es.router),
+        model=ctx.spec.model,
+        phases=ctx.phase_log(role),
+        log_dir=ctx.settings.data_dir / "logs" / ctx.gate_id,
+        placement=placement.for_role(role) if placement else None,
         readiness_timeout_s=es.readiness_timeout_s,
         gate_id=ctx.gate_id,
         term_grace_s=engine_grace_s(ctx.settings.lease_ttl_s),

@@ -87,15 +87,40 @@ class NodeGpus(_Doc):
     gpus: list[int]
 
 
+class GroupPlacementDoc(_Doc):
+    """One worker group of an engine of several (prefill, decode): its nodes and GPUs."""
+
+    role: str
+    nodes: list[NodeGpus]
+    sku: str | None = None
+    domain: str | None = None
+
+
 class PlacementDoc(_Doc):
     """Where an engine the gate launched ran. Kubernetes engines also name every node and the
-    topology domain their GPUs share."""
+    topology domain their GPUs share; an engine of several worker groups names each group's
+    (`node` and `gpus` are then its first group's leader)."""
 
     node: str
     gpus: list[int]
     sku: str | None = None
     nodes: list[NodeGpus] | None = None
     domain: str | None = None
+    groups: list[GroupPlacementDoc] | None = None
+
+
+class GroupDoc(_Doc):
+    """One process of an engine of several worker groups: a group's worker or the router."""
+
+    role: str = Field(description="the group (prefill, decode) or `router`")
+    url: str | None = None
+    pid: int | None = None
+    node: str | None = None
+    gpus: list[int] = Field(default_factory=list)
+    phases: dict[str, float] = Field(default_factory=dict)
+    crashed: bool = False
+    log: str | None = None
+    log_tail: list[str] = Field(default_factory=list)
 
 
 class KubernetesDoc(_Doc):
@@ -146,6 +171,9 @@ class EngineDoc(_Doc):
     log_tail: list[str] = Field(default_factory=list)
     capabilities: CapabilitiesDoc | None = Field(
         None, description="learned at readiness; null when the gate did not get that far"
+    )
+    groups: list[GroupDoc] | None = Field(
+        None, description="an engine of several worker groups: each group and its router"
     )
 
 
