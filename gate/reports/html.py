@@ -561,8 +561,52 @@ def _engines(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "log_tail": [str(x) for x in e.get("log_tail") or []],
                 "log": e.get("log"),
                 "capabilities": _capabilities(e.get("capabilities")),
+                "groups": _engine_groups(e),
             }
         )
+    return out
+
+
+def _engine_groups(e: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An engine of several worker groups: each group's placement and lifecycle, the router's."""
+    placed = {
+        str(g.get("role")): g
+        for g in (e.get("placement") or {}).get("groups") or []
+        if isinstance(g, Mapping)
+    }
+    out = []
+    for g in e.get("groups") or []:
+        if not isinstance(g, Mapping):
+            continue
+        role = str(g.get("role"))
+        where = placed.get(role) or {}
+        nodes = " + ".join(
+            f"{n.get('node', '?')} GPU " + ",".join(str(x) for x in n.get("gpus") or [])
+            for n in where.get("nodes") or []
+            if isinstance(n, Mapping)
+        )
+        phases = g.get("phases") or {}
+        state = (
+            "crashed"
+            if g.get("crashed")
+            else f"ready at {_s(phases['model_listed'])}"
+            if "model_listed" in phases
+            else "never ready"
+        )
+        out.append({"role": role, "where": nodes or "no GPUs", "state": state, "pid": g.get("pid")})
+    return out
+
+
+def _lifecycles(engines: Mapping[str, Any]) -> dict[str, Mapping[str, float]]:
+    """The timeline's rows: each engine, then each of its groups (`candidate decode`)."""
+    out: dict[str, Mapping[str, float]] = {}
+    for role, e in engines.items():
+        if not isinstance(e, Mapping):
+            continue
+        out[role] = {k: v for k, v in (e.get("phases") or {}).items() if "." not in k}
+        for g in e.get("groups") or []:
+            if isinstance(g, Mapping):
+                out[f"{role} {g.get('role')}"] = g.get("phases") or {}
     return out
 
 
@@ -784,7 +828,7 @@ def report_context(
         for d in ("fail", "inconclusive", "pass")
     }
     engines = doc.get("engines") or {}
-    phases = {role: e.get("phases") or {} for role, e in engines.items() if isinstance(e, Mapping)}
+    phases = _lifecycles(engines)
     if links is None:
         # The file report: the verdict document is written beside it.
         beside = doc.get("document")

@@ -62,6 +62,10 @@ def run(tmp_path: Path, reference: dict[str, Any], candidate: dict[str, Any], **
     return out
 
 
+def report(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in (tmp_path / "reports").rglob("*.html"))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -94,9 +98,9 @@ def test_two_group_engines_that_are_the_same_continue(tmp_path: Path, tag: str) 
         seen_gpus += procs["prefill"]["gpus"] + procs["decode"]["gpus"]
         assert "decode.healthy" in eng["phases"] and "ready" in eng["phases"]
     assert len(seen_gpus) == len(set(seen_gpus)) == 6  # disjoint across groups and engines
-    html = (tmp_path / "reports").glob("*.html")
-    text = "".join(p.read_text() for p in html)
-    assert "decode" in text and "prefill" in text
+    text = report(tmp_path)  # each group's placement and lifecycle, in the card and timeline
+    assert "<dt>prefill group</dt>" in text and "<dt>decode group</dt>" in text
+    assert "<dt>router</dt>" in text and "candidate decode:" in text
 
 
 def test_a_decode_worker_that_crashes_holds_naming_the_decode_group(
@@ -115,3 +119,4 @@ def test_a_decode_worker_that_crashes_holds_naming_the_decode_group(
     for g in procs.values():  # every process stopped, the crashed group's and the rest
         assert not _alive(g["pid"])
     assert doc["engines"]["reference"]["crash"] is None
+    assert "· crashed" in report(tmp_path)
