@@ -87,7 +87,7 @@ def test_presets_add_each_role_flags() -> None:
     # SGLang: --disaggregation-mode prefill|decode, the router is launch_lb's --prefill/--decode
     # (sglang python/sglang/srt/disaggregation/launch_lb.py).
     sg = preset_argv("sglang", group="decode")
-    assert ["--disaggregation-mode", "{role}"] == sg[sg.index("--disaggregation-mode") :][:2]
+    assert sg[sg.index("--disaggregation-mode") :][:2] == ["--disaggregation-mode", "{role}"]
     assert "--disaggregation-transfer-backend" in sg
     lb = preset_argv("sglang", group=ROUTER)
     assert lb[:3] == ["python", "-m", "sglang.srt.disaggregation.launch_lb"]
