@@ -68,7 +68,6 @@ DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 QUANTITY_RE = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 KUBERNETES_PLACEHOLDERS = ("port", "host", "model", "tp", "gpus", "nodes", "total_gpus")
-_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DNS_LABEL_MESSAGE = (
     "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', starting and "
     "ending with a letter or digit"
@@ -112,6 +111,120 @@ class SecretKeyRef(_Strict):
         if not DNS_SUBDOMAIN_RE.match(v):
             raise ValueError("must be a Secret name (lower-case DNS subdomain)")
         return v
+
+
+# A placeholder's shape: `{name}` or `{url:GROUP}`; other braces (a JSON argument such as
+# vLLM's --kv-transfer-config) are left as written.
+_ANY_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?::[^{}\s\"':]*)?)\}")
+
+
+def _kubernetes_argv_problem(v: list[str] | None) -> str | None:
+    """The first unknown placeholder of a kubernetes argv; group placeholders ({role},
+    {group_gpus}, {url:GROUP}...) pass here and are checked against the engine's groups."""
+    for item in v or []:
+        for name in _ANY_PLACEHOLDER_RE.findall(item):
+            if name in KUBERNETES_PLACEHOLDERS or name in GROUP_PLACEHOLDERS:
+                continue
+            if GROUP_REF_RE.match(name):
+                continue
+            return (
+                f"unknown placeholder {{{name}}}; use one of "
+                + ", ".join("{" + p + "}" for p in KUBERNETES_PLACEHOLDERS)
+                + " (in a group or router: also {role}, {group_gpus}, {url:GROUP}, "
+                "{host:GROUP}, {port:GROUP})"
+            )
+    return None
+
+
+def _argv_shell_problem(argv: list[str], what: str) -> str | None:
+    from gate.engines.manifests import check_argv
+
+    try:
+        check_argv(tuple(argv), what)
+    except ValueError as exc:
+        return str(exc).removeprefix("argv: ")
+    return None
+
+
+class KubernetesGroupSpec(_Strict):
+    """One worker group of a kubernetes engine with `groups`: a Pod (one node) or a
+    LeaderWorkerSet (several) on the group's reserved nodes, running the engine's image with
+    this argv (default: the engine's `command`/`args`) and the engine's env plus this `env`."""
+
+    command: list[str] | None = Field(default=None, description="default: the engine's")
+    args: list[str] | None = Field(
+        default=None,
+        description="default: the engine's; also {role}, {group_gpus}, {url:GROUP}, "
+        "{host:GROUP}, {port:GROUP} are filled in",
+    )
+    worker_command: list[str] | None = None
+    worker_args: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="added to the engine's env")
+
+    @field_validator("command", "args", "worker_command", "worker_args")
+    @classmethod
+    def _argv_ok(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        problem = _kubernetes_argv_problem(v)
+        if problem is None and v and info.field_name in ("command", "worker_command"):
+            problem = _argv_shell_problem(v, "argv")
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+
+class KubernetesRouterSpec(_Strict):
+    """The router of a kubernetes engine with `groups`: a Pod without GPUs on the first
+    group's leader node, behind the engine's Service; the gate loads it."""
+
+    image: str | None = Field(default=None, description="default: the engine's image")
+    command: list[str] = Field(default_factory=list)
+    args: list[str] = Field(
+        default_factory=list,
+        description="e.g. [--prefill, '{url:prefill}', --decode, '{url:decode}']",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="the router's environment")
+    port: int = Field(default=8000, ge=1, le=65535)
+    health_path: str = Field(default="/health", pattern=r"^/\S*$")
+
+    @field_validator("image")
+    @classmethod
+    def _image_ok(cls, v: str | None) -> str | None:
+        return v if v is None else check_image(v)
+
+    @field_validator("command", "args")
+    @classmethod
+    def _argv_ok(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        problem = _kubernetes_argv_problem(v)
+        if problem is None and v and info.field_name == "command":
+            problem = _argv_shell_problem(v, "argv")
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _argv_given(self) -> KubernetesRouterSpec:
+        if not self.command and not self.args:
+            raise ValueError("give the router's `command` and/or `args`")
+        problem = _argv_shell_problem([*self.command, *self.args], "command/args")
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class KubernetesSpec(_Strict):
@@ -164,6 +277,14 @@ class KubernetesSpec(_Strict):
     tolerate: list[str] = Field(
         default_factory=lambda: ["nvidia.com/gpu"], description="taint keys the pods tolerate"
     )
+    groups: dict[str, KubernetesGroupSpec] | None = Field(
+        default=None,
+        description="an engine of several worker groups (the shape's `groups`): per group "
+        "role, the argv (and env) that group runs instead of the engine's; with a `router`",
+    )
+    router: KubernetesRouterSpec | None = Field(
+        default=None, description="with `groups`: the engine's entry point, a Pod without GPUs"
+    )
 
     @field_validator("image")
     @classmethod
@@ -180,20 +301,12 @@ class KubernetesSpec(_Strict):
     @field_validator("command", "args", "worker_command", "worker_args")
     @classmethod
     def _argv_items_ok(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        from gate.engines.manifests import check_argv
-
-        for item in v or []:
-            for name in _PLACEHOLDER_RE.findall(item):
-                if name not in KUBERNETES_PLACEHOLDERS:
-                    raise ValueError(
-                        f"unknown placeholder {{{name}}}; use one of "
-                        + ", ".join("{" + p + "}" for p in KUBERNETES_PLACEHOLDERS)
-                    )
-        if v and info.field_name in ("command", "worker_command"):
-            try:
-                check_argv(tuple(v), "argv")
-            except ValueError as exc:
-                raise ValueError(str(exc).removeprefix("argv: ")) from None
+        # Group placeholders pass here; `_consistent` refuses them without `groups`.
+        problem = _kubernetes_argv_problem(v)
+        if problem is None and v and info.field_name in ("command", "worker_command"):
+            problem = _argv_shell_problem(v, "argv")
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("env", "secret_env")
@@ -223,7 +336,24 @@ class KubernetesSpec(_Strict):
     def _consistent(self) -> KubernetesSpec:
         from gate.engines.manifests import check_argv
 
-        if not self.command and not self.args:
+        if self.router is not None and self.groups is None:
+            raise ValueError("`router` goes with `groups`")
+        if self.groups is None:
+            argv = [
+                *self.command,
+                *self.args,
+                *(self.worker_command or []),
+                *(self.worker_args or []),
+            ]
+            used = [
+                n
+                for item in argv
+                for n in _ANY_PLACEHOLDER_RE.findall(item)
+                if n in GROUP_PLACEHOLDERS or GROUP_REF_RE.match(n)
+            ]
+            if used:
+                raise ValueError(f"{{{used[0]}}} is for the argv of a worker group or router")
+        if not self.command and not self.args and self.groups is None:
             raise ValueError(
                 "give `command` and/or `args`: the image's entrypoint alone does not say the "
                 "model or the port"
@@ -401,6 +531,8 @@ def engine_group_problems(role: str, es: EngineSpec, shape_groups: list[str]) ->
     """An engine's groups against the shape's: one engine group per shape group and no other,
     `{url:GROUP}` naming a group of the engine, group placeholders only where groups are; for a
     launched engine (`url` engines run wherever they run)."""
+    if es.kubernetes is not None:
+        return kubernetes_group_problems(role, es.kubernetes, shape_groups)
     out: list[FieldProblem] = []
     if es.groups is None:
         used = sorted(
@@ -410,7 +542,7 @@ def engine_group_problems(role: str, es: EngineSpec, shape_groups: list[str]) ->
             out.append(
                 FieldProblem(role, f"{{{used[0]}}} is for the argv of a worker group or router")
             )
-        if shape_groups and es.kind in ("process", "kubernetes") and es.kubernetes is None:
+        if shape_groups and es.kind == "process":
             out.append(
                 FieldProblem(
                     f"{role}.groups",
@@ -461,6 +593,85 @@ def engine_group_problems(role: str, es: EngineSpec, shape_groups: list[str]) ->
                     "a router preset serves groups named prefill and decode; give a `command`",
                 )
             )
+    return out
+
+
+def kubernetes_group_problems(
+    role: str, k: KubernetesSpec, shape_groups: list[str]
+) -> list[FieldProblem]:
+    """A kubernetes engine's `groups` against the shape's, each problem naming its field
+    (`candidate.kubernetes.groups.decode`): never a single-group launch on a grouped shape."""
+    at = f"{role}.kubernetes"
+    if k.groups is None:
+        if shape_groups:
+            return [
+                FieldProblem(
+                    f"{at}.groups",
+                    "the shape has worker groups (" + ", ".join(shape_groups) + "): give "
+                    "`kubernetes.groups` one entry per group and a `kubernetes.router`",
+                )
+            ]
+        return []
+    if not shape_groups:
+        return [
+            FieldProblem(f"{at}.groups", "the shape has no `groups`: add shape.groups for them")
+        ]
+    out: list[FieldProblem] = []
+    for name in k.groups:
+        if name not in shape_groups:
+            out.append(
+                FieldProblem(
+                    f"{at}.groups.{name}",
+                    "not a group of the shape (its groups: " + ", ".join(shape_groups) + ")",
+                )
+            )
+    for name in shape_groups:
+        if name not in k.groups:
+            out.append(FieldProblem(f"{at}.groups.{name}", "missing: the shape has this group"))
+        elif name == "router":
+            out.append(
+                FieldProblem(
+                    f"{at}.groups.{name}",
+                    "`router` names the engine's router (its objects are <engine>-router); "
+                    "call the group something else",
+                )
+            )
+    if k.router is None:
+        out.append(
+            FieldProblem(
+                f"{at}.router",
+                "an engine with `groups` needs a `router`: its entry point, which the gate loads",
+            )
+        )
+    engine_argv = [*k.command, *k.args]
+    members: list[tuple[str, list[str]]] = []
+    for name, g in k.groups.items():
+        command = k.command if g.command is None else g.command
+        args = k.args if g.args is None else g.args
+        if not command and not args:
+            out.append(
+                FieldProblem(
+                    f"{at}.groups.{name}",
+                    "give `command` and/or `args` here or on the engine: the image's "
+                    "entrypoint alone does not say the model or the port",
+                )
+            )
+        own = [
+            *(g.command or []),
+            *(g.args or []),
+            *(g.worker_command or []),
+            *(g.worker_args or []),
+        ]
+        members.append((f"{at}.groups.{name}", own))
+    if k.router is not None:
+        members.append((f"{at}.router", [*k.router.command, *k.router.args]))
+    members.append((at, engine_argv))
+    for path, argv in members:
+        for item in argv:
+            for ph in _ANY_PLACEHOLDER_RE.findall(item):
+                m = GROUP_REF_RE.match(ph)
+                if m and m.group(2) not in k.groups:
+                    out.append(FieldProblem(path, f"{{{ph}}} names no group of this engine"))
     return out
 
 

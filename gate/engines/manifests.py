@@ -68,6 +68,8 @@ Manifest = dict[str, Any]
 
 GATE_ID_LABEL = "gate.dev/gate-id"
 ROLE_LABEL = "gate.dev/role"
+GROUP_LABEL = "gate.dev/group"
+ROUTER = "router"
 COMPONENT_LABEL = "gate.dev/component"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
@@ -97,35 +99,42 @@ def lease_name(gate_id: str) -> str:
     return f"gate-{dns_part(gate_id)}"[:63].rstrip("-")
 
 
-def engine_name(gate_id: str, role: str) -> str:
-    """Short enough for LWS's derived names (`<name>-0-3`, StatefulSet revision labels)."""
-    return f"gate-{dns_part(gate_id)[:_SHORT_ID].rstrip('-')}-{dns_part(role)}"
+def engine_name(gate_id: str, role: str, group: str | None = None) -> str:
+    """Short enough for LWS's derived names (`<name>-0-3`, StatefulSet revision labels): at
+    most 44 characters with a group (16 at most, spec.GROUP_ROLE_RE), 50 with `-imex-channel`
+    from its longest derived name, 63 being the limit."""
+    base = f"gate-{dns_part(gate_id)[:_SHORT_ID].rstrip('-')}-{dns_part(role)[:10].strip('-')}"
+    return f"{base}-{dns_part(group)[:16].strip('-')}" if group else base
 
 
-def service_name(gate_id: str, role: str) -> str:
+def service_name(gate_id: str, role: str, group: str | None = None) -> str:
     # Not the engine's own name: LeaderWorkerSet creates a headless Service of that name.
-    return f"{engine_name(gate_id, role)}-http"
+    return f"{engine_name(gate_id, role, group)}-http"
 
 
-def compute_domain_name(gate_id: str, role: str) -> str:
-    return f"{engine_name(gate_id, role)}-imex"
+def compute_domain_name(gate_id: str, role: str, group: str | None = None) -> str:
+    return f"{engine_name(gate_id, role, group)}-imex"
 
 
-def claim_template_name(gate_id: str, role: str) -> str:
-    return f"{engine_name(gate_id, role)}-imex-channel"
+def claim_template_name(gate_id: str, role: str, group: str | None = None) -> str:
+    return f"{engine_name(gate_id, role, group)}-imex-channel"
 
 
 def gate_labels(gate_id: str) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGER, GATE_ID_LABEL: gate_id}
 
 
-def engine_labels(gate_id: str, role: str) -> dict[str, str]:
-    return {**gate_labels(gate_id), ROLE_LABEL: role}
+def engine_labels(gate_id: str, role: str, group: str | None = None) -> dict[str, str]:
+    labels = {**gate_labels(gate_id), ROLE_LABEL: role}
+    if group is not None:
+        labels[GROUP_LABEL] = group
+    return labels
 
 
-def pod_selector(gate_id: str, role: str) -> str:
-    """The label selector of every pod of one engine (leader and workers)."""
-    return ",".join(f"{k}={v}" for k, v in engine_labels(gate_id, role).items())
+def pod_selector(gate_id: str, role: str, group: str | None = None) -> str:
+    """The label selector of every pod of one engine (leader and workers), or of one of its
+    worker groups (or its router)."""
+    return ",".join(f"{k}={v}" for k, v in engine_labels(gate_id, role, group).items())
 
 
 def clique_of(domain: str) -> str | None:
@@ -155,7 +164,12 @@ class EngineWorkload:
     own); workers of a multi-node engine run `worker_command`/`worker_args`, by default the
     leader's (SGLang's ranks all run the same argv). Placeholders, filled by plain replacement:
     `{port}`, `{host}` (0.0.0.0), `{model}`, `{tp}` (GPUs per node, as for local engines),
-    `{gpus}` (the container's device indices), `{nodes}`, `{total_gpus}`.
+    `{gpus}` (the container's device indices), `{nodes}`, `{total_gpus}`, and any
+    `extra_placeholders` (a worker group's `{role}`, `{url:decode}`...).
+
+    `group` makes this one worker group of an engine of several (or, as `router`, the
+    engine's router): its objects are named `<engine>-<group>` and labelled `gate.dev/group`.
+    `gpus_per_node: 0` is only for the router: a pod without GPUs, on one node.
     """
 
     namespace: str
@@ -183,6 +197,8 @@ class EngineWorkload:
     lws_restart_policy: LwsRestartPolicy = "None"
     termination_grace_s: int = 30
     health_path: str = "/health"
+    group: str | None = None
+    extra_placeholders: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace):
@@ -195,8 +211,13 @@ class EngineWorkload:
             raise ValueError("image must not be empty")
         if not self.nodes or len(set(self.nodes)) != len(self.nodes):
             raise ValueError("nodes: give each reserved node once, the leader's first")
-        if self.gpus_per_node < 1:
-            raise ValueError("gpus_per_node must be at least 1")
+        if self.group is not None and (
+            not dns_part(self.group) or not _LABEL_VALUE.match(self.group)
+        ):
+            raise ValueError(f"group {self.group!r} cannot be a label value")
+        router = self.group == ROUTER and not self.multi_node
+        if self.gpus_per_node < 1 and not (router and self.gpus_per_node == 0):
+            raise ValueError("gpus_per_node must be at least 1 (0: only for a router)")
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} is out of range")
         if not self.command and not self.args:
@@ -241,11 +262,23 @@ class EngineWorkload:
 
     @property
     def name(self) -> str:
-        return engine_name(self.gate_id, self.role)
+        return engine_name(self.gate_id, self.role, self.group)
 
     @property
     def service(self) -> str:
-        return service_name(self.gate_id, self.role)
+        return service_name(self.gate_id, self.role, self.group)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return engine_labels(self.gate_id, self.role, self.group)
+
+    @property
+    def selector(self) -> str:
+        return pod_selector(self.gate_id, self.role, self.group)
+
+    def service_url(self, cluster_domain: str | None = None) -> str:
+        suffix = f".{cluster_domain}" if cluster_domain else ""
+        return f"http://{self.service}.{self.namespace}.svc{suffix}:{self.port}"
 
     @property
     def needs_compute_domain(self) -> bool:
@@ -261,6 +294,7 @@ class EngineWorkload:
             "gpus": ",".join(str(i) for i in range(self.gpus_per_node)),
             "nodes": str(len(self.nodes)),
             "total_gpus": str(self.gpus_per_node * len(self.nodes)),
+            **self.extra_placeholders,
         }
 
 
@@ -323,7 +357,7 @@ def _metadata(cfg: EngineWorkload, name: str, owner: dict[str, Any]) -> dict[str
     return {
         "name": name,
         "namespace": cfg.namespace,
-        "labels": engine_labels(cfg.gate_id, cfg.role),
+        "labels": cfg.labels,
         "ownerReferences": [owner],
     }
 
@@ -337,13 +371,13 @@ def _container(
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
         for k, (secret, key) in sorted(cfg.secret_env.items())
     ]
-    limits: dict[str, str] = {GPU_RESOURCE: str(cfg.gpus_per_node)}
+    limits: dict[str, str] = {GPU_RESOURCE: str(cfg.gpus_per_node)} if cfg.gpus_per_node else {}
     requests: dict[str, str] = {}
     if cfg.cpu:
         requests["cpu"] = cfg.cpu
     if cfg.memory:
         requests["memory"] = limits["memory"] = cfg.memory
-    resources: dict[str, Any] = {"limits": limits}
+    resources: dict[str, Any] = {"limits": limits} if limits else {}
     if requests:
         resources["requests"] = requests
     if cfg.needs_compute_domain:
@@ -398,7 +432,7 @@ def _pod_spec(
         affinity["podAntiAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {
-                    "labelSelector": {"matchLabels": engine_labels(cfg.gate_id, cfg.role)},
+                    "labelSelector": {"matchLabels": cfg.labels},
                     "topologyKey": HOSTNAME_LABEL,
                 }
             ]
@@ -427,14 +461,14 @@ def _pod_spec(
         spec["resourceClaims"] = [
             {
                 "name": IMEX_CLAIM,
-                "resourceClaimTemplateName": claim_template_name(cfg.gate_id, cfg.role),
+                "resourceClaimTemplateName": claim_template_name(cfg.gate_id, cfg.role, cfg.group),
             }
         ]
     return spec
 
 
 def _template_labels(cfg: EngineWorkload, component: str) -> dict[str, str]:
-    return {**engine_labels(cfg.gate_id, cfg.role), COMPONENT_LABEL: component}
+    return {**cfg.labels, COMPONENT_LABEL: component}
 
 
 def render_pod(cfg: EngineWorkload, owner: dict[str, Any]) -> Manifest:
@@ -496,11 +530,13 @@ def render_compute_domain(cfg: EngineWorkload, owner: dict[str, Any]) -> Manifes
     return {
         "apiVersion": f"{CD_GROUP}/{CD_VERSION}",
         "kind": "ComputeDomain",
-        "metadata": _metadata(cfg, compute_domain_name(cfg.gate_id, cfg.role), owner),
+        "metadata": _metadata(cfg, compute_domain_name(cfg.gate_id, cfg.role, cfg.group), owner),
         "spec": {
             "numNodes": len(cfg.nodes),
             "channel": {
-                "resourceClaimTemplate": {"name": claim_template_name(cfg.gate_id, cfg.role)},
+                "resourceClaimTemplate": {
+                    "name": claim_template_name(cfg.gate_id, cfg.role, cfg.group)
+                },
                 "allocationMode": "Single",
             },
         },
