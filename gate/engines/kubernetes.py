@@ -86,7 +86,6 @@ from gate.engines.manifests import (
     dns_part,
     lease_name,
     micro_time,
-    pod_selector,
     render_engine,
     render_lease,
 )
@@ -572,8 +571,7 @@ class KubernetesEngine:
     def __post_init__(self) -> None:
         w = self.workload
         self.role = w.role
-        suffix = f".{self.cluster_domain}" if self.cluster_domain else ""
-        self.service_url = f"http://{w.service}.{w.namespace}.svc{suffix}:{w.port}"
+        self.service_url = w.service_url(self.cluster_domain)
         self.base_url = self.base_url_override or self.service_url
         self._api = KubeApi(self.api_client, self.request_timeout_s)
         if self.lease is None:
@@ -714,7 +712,7 @@ class KubernetesEngine:
     # -- watching ------------------------------------------------------------------------------
 
     async def _poll_once(self) -> None:
-        ns, selector = self.workload.namespace, pod_selector(self.workload.gate_id, self.role)
+        ns, selector = self.workload.namespace, self.workload.selector
         try:
             raw = await asyncio.to_thread(self._api.list_pods, ns, selector)
         except TRANSIENT as exc:
@@ -763,7 +761,7 @@ class KubernetesEngine:
 
     # -- logs ----------------------------------------------------------------------------------
 
-    def _leader_pod(self) -> str:
+    def leader_pod(self) -> str:
         for p in self._pods:
             if p.component == "leader":
                 return p.name
@@ -778,9 +776,7 @@ class KubernetesEngine:
         if not self._created:
             return []
         try:
-            return self._api.pod_log(
-                self.workload.namespace, self._leader_pod(), lines, timeout_s=5
-            )
+            return self._api.pod_log(self.workload.namespace, self.leader_pod(), lines, timeout_s=5)
         except Exception:  # a report without logs beats a report that failed
             return []
 
@@ -814,7 +810,7 @@ class KubernetesEngine:
         if self._created and self._final_log is None:
             with contextlib.suppress(Exception):  # a log read must never block teardown
                 self._final_log = await asyncio.to_thread(
-                    self._api.pod_log, ns, self._leader_pod(), KEEP_LOG_LINES
+                    self._api.pod_log, ns, self.leader_pod(), KEEP_LOG_LINES
                 )
         workload_created = any(r.kind in ("Pod", "LeaderWorkerSet") for r in self._created)
         problems: list[str] = []
@@ -843,7 +839,7 @@ class KubernetesEngine:
         reservation earlier would let the next gate's pods wait for them."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_wait_s
-        ns, selector = self.workload.namespace, pod_selector(self.workload.gate_id, self.role)
+        ns, selector = self.workload.namespace, self.workload.selector
         while True:
             try:
                 if not await asyncio.to_thread(self._api.list_pods, ns, selector):
