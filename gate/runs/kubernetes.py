@@ -15,7 +15,7 @@ from gate.engines import kubernetes as k8s
 from gate.engines import kubernetes_groups as k8s_groups
 from gate.engines.launchers import Engine
 from gate.engines.manifests import ROUTER, EngineWorkload, clique_of
-from gate.reservations.allocator import Placement
+from gate.reservations.allocator import EnginePlacement, Placement
 from gate.reservations.kubernetes import connect
 from gate.runs.context import RunContext
 from gate.spec import EngineSpec, KubernetesSpec
@@ -64,23 +64,22 @@ def workload(
 
 
 def group_workloads(
-    ctx: RunContext, role: Role, k: KubernetesSpec, placement: Placement
+    gate_id: str, model: str, role: Role, k: KubernetesSpec, engine: EnginePlacement
 ) -> tuple[dict[str, EngineWorkload], EngineWorkload]:
     """Each worker group's workload on its reserved nodes (the shape's order), then the
     router's: a pod without GPUs on the first group's leader node. Every Service name is
     known first, so any argv can name any group's address."""
     assert k.groups is not None and k.router is not None  # the spec checks both
-    engine = placement.for_role(role)
     try:
         groups: dict[str, EngineWorkload] = {}
         for gp in engine.groups:
             g = k.groups[gp.role]
             groups[gp.role] = EngineWorkload(
-                gate_id=ctx.gate_id,
+                gate_id=gate_id,
                 role=role,
                 group=gp.role,
                 image=k.image,
-                model=ctx.spec.model,
+                model=model,
                 nodes=gp.nodes,
                 gpus_per_node=gp.gpus_per_node,
                 clique=clique_of(gp.domain),
@@ -102,11 +101,11 @@ def group_workloads(
         r = k.router
         first = next(iter(groups.values()))
         router = EngineWorkload(
-            gate_id=ctx.gate_id,
+            gate_id=gate_id,
             role=role,
             group=ROUTER,
             image=r.image or k.image,
-            model=ctx.spec.model,
+            model=model,
             nodes=first.nodes[:1],
             gpus_per_node=0,
             command=tuple(r.command),
@@ -146,8 +145,8 @@ def kubernetes_engine(
     lease = next((e.lease for e in pods if e.workload.namespace == k.namespace), None)
     lease = lease or k8s.GateLease(api_client, namespace=k.namespace, gate_id=ctx.gate_id)
     if k.groups is not None:
-        groups, router = group_workloads(ctx, role, k, placement)
         engine = placement.for_role(role)
+        groups, router = group_workloads(ctx.gate_id, ctx.spec.model, role, k, engine)
         return k8s_groups.GroupedKubernetesEngine(
             groups=groups,
             router=router,
