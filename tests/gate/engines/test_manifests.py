@@ -36,6 +36,9 @@ from gate.engines.manifests import (
     render_lease,
 )
 from gate.reservations.allocator import Placement, ShapeRequest, allocate
+from gate.reservations.shapes import EnginePlacement, GroupPlacement
+from gate.runs.kubernetes import group_workloads
+from gate.spec import KubernetesGroupSpec, KubernetesRouterSpec, KubernetesSpec
 from gate.reservations.inventory import load_inventory
 from gate.reservations.kubernetes import CLIQUE
 
@@ -482,3 +485,128 @@ def test_names_fit_kubernetes_limits() -> None:
     assert clique_of("dfw-1/clique=7f3a.0") == "7f3a.0"
     assert clique_of("local-h200-0") is None
     assert clique_of("dfw-1/block=b0") is None
+
+
+# -- engines of several worker groups -------------------------------------------------------
+
+KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # braces that are no placeholder
+
+
+def pd_kubernetes(**kw: Any) -> KubernetesSpec:
+    return KubernetesSpec(
+        image="vllm/vllm-openai:v0.11.0",
+        namespace="llm-gate",
+        command=["vllm", "serve", "{model}"],
+        args=["--port", "{port}", "--tensor-parallel-size", "{tp}"],
+        env={"VLLM_LOGGING_LEVEL": "INFO"},
+        groups={
+            "prefill": KubernetesGroupSpec(
+                args=["--port", "{port}", "--kv-transfer-config", KV], env={"ROLE": "{role}"}
+            ),
+            "decode": KubernetesGroupSpec(
+                command=["python3", "-m", "sglang.launch_server"],
+                args=["--tp", "{total_gpus}", "--node-rank", "$(LWS_WORKER_INDEX)"],
+            ),
+        },
+        router=KubernetesRouterSpec(
+            image="lmsysorg/sglang-router:v0.2.0",
+            command=["python3", "-m", "sglang_router.launch_router"],
+            args=["--prefill", "{url:prefill}", "--decode", "{url:decode}", "--port", "{port}"],
+        ),
+        **kw,
+    )
+
+
+def pd_placement() -> EnginePlacement:
+    """Prefill on two GPUs of one H200 node; decode on two GB200 nodes of one clique."""
+    groups = (
+        GroupPlacement("prefill", ("h200-a",), ((4, 5),), "NVIDIA-H200", "dfw-1/host=h200-a"),
+        GroupPlacement(
+            "decode",
+            ("gb-r0-h00", "gb-r0-h01"),
+            ((0, 1, 2, 3), (0, 1, 2, 3)),
+            "NVIDIA-GB200",
+            "dfw-1/clique=7f3a.0",
+        ),
+    )
+    nodes = tuple((n, g) for gp in groups for n, g in gp.workers)
+    return EnginePlacement("candidate", nodes, "NVIDIA-H200", "dfw-1", groups)
+
+
+def test_a_grouped_engine_renders_one_workload_per_group_and_a_router() -> None:
+    groups, router = group_workloads(GATE_ID, "m", "candidate", pd_kubernetes(), pd_placement())
+    assert list(groups) == ["prefill", "decode"]
+    rendered = {
+        name: render_engine(w, lease="gate-x", lease_uid=LEASE_UID)
+        for name, w in [*groups.items(), ("router", router)]
+    }
+    base = engine_name(GATE_ID, "candidate")
+    for name, made in rendered.items():
+        assert made.workload["metadata"]["name"] == f"{base}-{name}"
+        assert made.service["metadata"]["name"] == f"{base}-{name}-http"
+        for obj in made.objects:
+            meta = obj["metadata"]
+            assert len(meta["name"]) <= 63 and meta["ownerReferences"][0]["uid"] == LEASE_UID
+            assert meta["labels"]["gate.dev/group"] == name
+            if obj["kind"] == "LeaderWorkerSet":
+                validate_lws(obj)
+            elif obj["kind"] == "ComputeDomain":
+                jsonschema.validate(obj, COMPUTE_DOMAIN_SCHEMA)
+            else:
+                validate_core(obj)
+    # prefill: a Pod on its node, its own argv and two GPUs; the engine's command kept.
+    pod = rendered["prefill"].workload
+    assert pod["kind"] == "Pod" and rendered["prefill"].compute_domain is None
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == ["vllm", "serve", "m"]
+    assert c["args"] == ["--port", "8000", "--kv-transfer-config", KV]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert {"name": "ROLE", "value": "{role}"} in c["env"]  # env is never a template
+    assert pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["h200-a"]
+    # decode: a LeaderWorkerSet across its clique's two nodes, with its ComputeDomain.
+    lws = rendered["decode"].workload
+    assert lws["kind"] == "LeaderWorkerSet"
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    assert leader["nodeSelector"] == {CLIQUE: "7f3a.0"}
+    assert leader["containers"][0]["args"] == ["--tp", "8", "--node-rank", "$(LWS_WORKER_INDEX)"]
+    cd = rendered["decode"].compute_domain
+    assert cd is not None and cd["metadata"]["name"] == f"{base}-decode-imex"
+    # the router: no GPUs, on the first group's leader node, given every group's Service.
+    rp = rendered["router"].workload
+    rc = rp["spec"]["containers"][0]
+    assert rc["image"] == "lmsysorg/sglang-router:v0.2.0"
+    assert "limits" not in rc.get("resources", {}) and "nodeSelector" not in rp["spec"]
+    assert rc["args"] == [
+        "--prefill",
+        f"http://{base}-prefill-http.llm-gate.svc:8000",
+        "--decode",
+        f"http://{base}-decode-http.llm-gate.svc:8000",
+        "--port",
+        "8000",
+    ]
+    assert rendered["router"].service["spec"]["selector"]["gate.dev/group"] == "router"
+    # Each group's pods are selected apart from the other's (polls, anti-affinity).
+    assert groups["decode"].selector.endswith("gate.dev/group=decode")
+    anti = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["affinity"]
+    terms = anti["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["labelSelector"]["matchLabels"]["gate.dev/group"] == "decode"
+
+
+def test_group_names_stay_within_kubernetes_limits() -> None:
+    long = engine_name("a" * 63, "candidate", "abcdefghijklmnop")
+    assert len(long) <= 44 and len(f"{long}-imex-channel") <= 63
+    with pytest.raises(ValueError, match="only for a router"):
+        EngineWorkload(
+            namespace="ns",
+            gate_id=GATE_ID,
+            role="candidate",
+            group="decode",
+            image="img",
+            model="m",
+            nodes=("n0",),
+            gpus_per_node=0,
+            command=("serve",),
+        )
