@@ -9,6 +9,7 @@ HTTP side is a real local server reached through `base_url_override`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -41,6 +42,7 @@ from gate.engines.kubernetes import (
     find_crash,
     pod_view,
 )
+from gate.engines.kubernetes_groups import GroupedKubernetesEngine
 from gate.engines.lifecycle import Clock, PhaseLog
 from gate.engines.manifests import (
     EngineWorkload,
@@ -735,3 +737,139 @@ def test_reap_namespaces_reaps_each_namespace_and_survives_a_refusal(
     reaped = reap_namespaces(fake.api_client(), [NS, "locked", "other", NS])
     assert reaped == [f"{NS}/gate-dead", "other/gate-dead"]
     assert store.items(LEASES) == []
+
+
+# -- an engine of several worker groups ---------------------------------------------------------
+
+
+def pd_engine(fake: FakeKubernetes, url: str, **kw: Any) -> GroupedKubernetesEngine:
+    """Prefill a Pod on one node, decode a LeaderWorkerSet on two, a router Pod."""
+    prefill = h200(group="prefill", node="h200-a")
+    decode = dataclasses.replace(gb200(group="decode"), role="candidate")
+    decode = dataclasses.replace(decode, nodes=decode.nodes[:2])
+    router = dataclasses.replace(h200(group="router", shm_size=None), gpus_per_node=0)
+    return GroupedKubernetesEngine(
+        groups={"prefill": prefill, "decode": decode},
+        router=router,
+        phases=PhaseLog("candidate", Clock()),
+        api_client=fake.api_client(),
+        readiness_timeout_s=kw.pop("readiness_timeout_s", 10.0),
+        base_url_override=url,
+        group_url_overrides={"prefill": url, "decode": url},
+        **{**FAST, **kw},
+    )
+
+
+def test_a_two_group_engine_comes_up_crashes_by_group_and_is_torn_down(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    kubelet = Kubelet(store_of(fake), ["pending", "creating", "running"])
+    eng = pd_engine(fake, http.url)
+    store = store_of(fake)
+    base = engine_name(GATE_ID, "candidate")
+    assert eng.service_url == f"http://{base}-router-http.{NS}.svc:8000"
+
+    async def go() -> None:
+        await eng.start()
+        assert eng.crashed() is None
+        pods = sorted(p["metadata"]["name"] for p in store.items("pods"))
+        assert pods == [
+            f"{base}-decode-0",
+            f"{base}-decode-0-1",
+            f"{base}-prefill",
+            f"{base}-router",
+        ]
+        doc = eng.describe(None, None)
+        assert doc.kubernetes is not None and len(doc.kubernetes.objects) == 7
+        assert [g.role for g in doc.groups] == ["prefill", "decode", "router"]
+        worker = f"{base}-decode-0-1"
+        store.previous_logs[(NS, worker)] = "decode step\ntorch.OutOfMemoryError: CUDA\n"
+        pod = store.get("pods", NS, worker)
+        assert pod is not None
+        kubelet.put(pod, "oom_restarted")
+        for _ in range(500):
+            if eng.crashed() is not None:
+                break
+            await asyncio.sleep(0.01)
+        crash = eng.crashed()
+        assert crash is not None and crash.group == "decode" and crash.exit_code == 137
+        assert crash.description.startswith("decode group: ") and "OOMKilled" in crash.description
+        assert crash.log_tail[-1] == "torch.OutOfMemoryError: CUDA"
+        assert eng.describe(None, crash).groups[1].crashed
+        await eng.stop()
+
+    asyncio.run(go())
+    reached = eng.phases.reached
+    for phase in KUBERNETES_PHASES:  # the engine's, once every member reached it
+        assert phase in reached
+        assert reached[phase] >= max(
+            reached[f"{m}.{phase}"] for m in ("prefill", "decode", "router")
+        )
+    # The router starts once both groups are ready.
+    assert reached["router.launched"] >= max(
+        reached["prefill.model_listed"], reached["decode.model_listed"]
+    )
+    posts = [c.path.rsplit("/", 1)[-1] for c in fake.sent("POST")]
+    assert posts.count("leases") == 1 and posts.count("computedomains") == 1
+    assert posts.count("leaderworkersets") == 1 and posts.count("pods") == 2
+    assert posts.count("services") == 3
+    assert ours_left(store) == []
+
+
+def test_a_group_that_cannot_be_created_tears_the_whole_engine_down(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(store_of(fake), ["pending", "creating", "running"])
+    fake.route(
+        "POST",
+        f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets",
+        lambda *_: (403, status(403, "Forbidden", "leaderworkersets is forbidden")),
+    )
+    eng = pd_engine(fake, http.url)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(EngineError) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == "launched"
+        assert info.value.message.startswith("candidate engine decode group: ")
+
+    asyncio.run(go())
+    assert "router.launched" not in eng.phases.reached
+    assert ours_left(store_of(fake)) == []
+
+
+def test_a_group_stuck_unschedulable_is_a_timeout_naming_it_and_everything_goes(
+    fake: FakeKubernetes, http: EngineHttp
+) -> None:
+    Kubelet(
+        store_of(fake),
+        ["pending", "creating", "running"],
+    )
+    store = store_of(fake)
+
+    def stuck(s: ObjectStore) -> None:  # the decode pods never get their nodes
+        for pod in s.items("pods"):
+            if (pod["metadata"].get("labels") or {}).get("gate.dev/group") == "decode":
+                pod["spec"].pop("nodeName", None)
+                pod["status"] = to_json(STAGES["unschedulable"][0](IMAGE))
+
+    store.on_list.setdefault("pods", []).append(stuck)
+    eng = pd_engine(fake, http.url, readiness_timeout_s=1.0)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(ReadinessTimeout) as info:
+                await eng.start()
+        finally:
+            await eng.stop()
+        assert info.value.phase == "pods_scheduled"
+        assert "decode group: " in info.value.message and "Insufficient" in info.value.message
+
+    asyncio.run(go())
+    assert (
+        "prefill.model_listed" in eng.phases.reached and "router.launched" not in eng.phases.reached
+    )
+    assert ours_left(store) == []
