@@ -36,11 +36,11 @@ from gate.engines.manifests import (
     render_lease,
 )
 from gate.reservations.allocator import Placement, ShapeRequest, allocate
+from gate.reservations.inventory import load_inventory
+from gate.reservations.kubernetes import CLIQUE
 from gate.reservations.shapes import EnginePlacement, GroupPlacement
 from gate.runs.kubernetes import group_workloads
 from gate.spec import KubernetesGroupSpec, KubernetesRouterSpec, KubernetesSpec
-from gate.reservations.inventory import load_inventory
-from gate.reservations.kubernetes import CLIQUE
 
 K8S_VERSION = "1.37"
 ROOT = Path(__file__).resolve().parents[3]
