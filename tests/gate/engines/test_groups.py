@@ -146,3 +146,83 @@ def test_a_group_that_cannot_start_is_named_and_the_rest_is_stopped(tmp_path: Pa
     assert eng.processes["prefill"].crashed() is None  # stopped, not crashed
     proc = eng.processes["prefill"]._proc
     assert proc is None or proc.poll() is not None
+
+
+# -- the kubernetes form ------------------------------------------------------------------------
+
+KUBE = {
+    "image": "vllm/vllm-openai:v0.11.0",
+    "namespace": "llm-gate",
+    "args": ["--model", "{model}", "--port", "{port}"],
+    "groups": {"prefill": {"args": ["--role", "{role}"]}, "decode": {}},
+    "router": {"command": ["router"], "args": ["--p", "{url:prefill}", "--d", "{url:decode}"]},
+}
+
+
+def kube_problems(
+    candidate: dict[str, Any], shape: dict[str, Any] | None = SHAPE
+) -> dict[str, str]:
+    data: dict[str, Any] = {
+        "name": "t",
+        "model": "m",
+        "reference": {"kubernetes": KUBE},
+        "candidate": {"kubernetes": candidate},
+        "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
+    }
+    if shape is not None:
+        data["shape"] = shape
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    return {p.path: p.message for p in err.value.problems}
+
+
+def test_a_kubernetes_engine_with_groups_parses() -> None:
+    data = {
+        "name": "t",
+        "model": "m",
+        "shape": SHAPE,
+        "reference": {"kubernetes": KUBE},
+        "candidate": {"kubernetes": KUBE},
+        "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
+    }
+    s = parse_spec(data)
+    assert s.candidate.kind == "kubernetes" and s.candidate.kubernetes is not None
+    assert set(s.candidate.kubernetes.groups or {}) == {"prefill", "decode"}
+
+
+def test_kubernetes_groups_against_the_shape_name_their_field() -> None:
+    missing = {**KUBE, "groups": {"prefill": {}}}
+    assert "missing" in kube_problems(missing)["candidate.kubernetes.groups.decode"]
+    extra = {**KUBE, "groups": {**KUBE["groups"], "encode": {}}}  # type: ignore[dict-item]
+    assert "not a group" in kube_problems(extra)["candidate.kubernetes.groups.encode"]
+    no_router = {k: v for k, v in KUBE.items() if k != "router"}
+    assert "needs a `router`" in kube_problems(no_router)["candidate.kubernetes.router"]
+    bad_ref = {**KUBE, "router": {"args": ["--x", "{url:encode}"]}}
+    assert "names no group" in kube_problems(bad_ref)["candidate.kubernetes.router"]
+    no_argv = {**KUBE, "args": [], "groups": {"prefill": {"args": ["x"]}, "decode": {}}}
+    assert "command" in kube_problems(no_argv)["candidate.kubernetes.groups.decode"]
+
+
+def test_a_single_group_kubernetes_engine_on_a_grouped_shape_is_refused() -> None:
+    single = {k: v for k, v in KUBE.items() if k not in ("groups", "router")}
+    got = kube_problems(single)
+    assert "the shape has worker groups (prefill, decode)" in got["candidate.kubernetes.groups"]
+    # and groups on a shape without them
+    got = kube_problems(KUBE, shape=None)
+    assert "no `groups`" in got["candidate.kubernetes.groups"]
+
+
+def test_group_placeholders_need_groups_and_json_braces_are_no_placeholder() -> None:
+    single = {"image": "vllm/vllm-openai:v0.11.0", "namespace": "ns", "args": ["{url:decode}"]}
+    got = kube_problems(single, shape=None)
+    assert any("worker group or router" in m for m in got.values())
+    kv = {**KUBE, "groups": {"prefill": {"args": ['{"kv_role":"kv_both"}']}, "decode": {}}}
+    data = {
+        "name": "t",
+        "model": "m",
+        "shape": SHAPE,
+        "reference": {"kubernetes": KUBE},
+        "candidate": {"kubernetes": kv},
+        "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
+    }
+    parse_spec(data)
