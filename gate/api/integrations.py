@@ -183,11 +183,34 @@ def _engine_json(text: str) -> dict[str, Any]:
     raise SpecError([FieldProblem("metadata.candidate", problem)], "flagger")
 
 
-def _flagger_key(caller: str, hook: FlaggerHook, md: Mapping[str, str], spec: GateSpec) -> str:
-    """The canary and what it compares (the named images, not the digests a pod restart can
-    change), plus the metadata's `key` for a deliberate re-run: never Flagger's checksum."""
+OVERRIDES = ("candidate_image", "reference_image", "candidate_url", "reference_url", "candidate")
+
+
+def _flagger_key(
+    caller: str,
+    hook: FlaggerHook,
+    md: Mapping[str, str],
+    spec: GateSpec,
+    images: RolloutImages | None,
+) -> str:
+    """The canary, the named spec, what the metadata overrides, the images the cluster's pod
+    templates name (not the digests a pod restart can change) and the metadata's `key` for a
+    deliberate re-run; never Flagger's checksum. With a cluster the spec's content is left out,
+    so an edit of the spec file between confirm-rollout and confirm-promotion does not lose the
+    revision's gate; without one the spec's content is what names the candidate."""
+    overrides = json.dumps({k: md[k] for k in OVERRIDES if md.get(k)}, sort_keys=True)
+    if images is not None:
+        identity = [images.target, images.container, images.candidate, images.reference]
+    else:
+        identity = [store.spec_key(spec)]
     return store.scoped_key(
-        "flagger", caller, f"{hook.namespace}/{hook.name}", store.spec_key(spec), md.get("key", "")
+        "flagger",
+        caller,
+        f"{hook.namespace}/{hook.name}",
+        md["spec"],
+        overrides,
+        *identity,
+        md.get("key", ""),
     )
 
 
@@ -218,22 +241,20 @@ def flagger(hook_type: HookType, hook: FlaggerHook, request: Request, ctx: CtxDe
     caller = _flagger_token(request, ctx, hook)
     md = _flagger_metadata(hook)
     images = _rollout(ctx, hook, md)
-    if (
-        images is not None
-        and images.same_image
-        and not md.get("candidate_url")
-        and not md.get("candidate")
-    ):
+    if images is not None and images.same_image and not any(md.get(k) for k in OVERRIDES):
         code, why = hook_answer(hook_type, None, has_gate=False, same_image=True)
         return _answer(code, None, why, ctx, images.candidate_run, images.reference_run)
     named, run_spec = _flagger_specs(ctx, md, images)
-    key = _flagger_key(caller, hook, md, named)
+    key = _flagger_key(caller, hook, md, named, images)
     run = store.find_by_key(ctx.factory, key)
     if run is None and hook_type == "confirm-rollout":
         run = submit(ctx, run_spec, "flagger", key, owner=caller)[0]
     summary = store.verdict_summary(run, ctx.settings.public_url) if run is not None else None
     code, why = hook_answer(
-        hook_type, summary["verdict"] if summary else None, has_gate=summary is not None
+        hook_type,
+        summary["verdict"] if summary else None,
+        has_gate=summary is not None,
+        progressing=images is not None and hook.phase in ("Progressing", "WaitingPromotion"),
     )
     spec = parse_spec(run.spec, "stored spec") if run is not None else run_spec
     if images is not None and summary is not None and ctx.settings.flagger_annotate:
@@ -270,14 +291,14 @@ def _annotate(ctx: CtxDep, images: RolloutImages, summary: Mapping[str, Any]) ->
         "reason": str(summary["reason"] or ""),
         "report": str(summary["report_url"]),
         "gate": str(summary["id"]),
-        "candidate": images.candidate_run,
+        "candidate": images.candidate,  # the template's name: stable once pods report digests
     }
     event = ""
     if summary["verdict"] == "hold":
         event = (
             f"deploy gate held {images.candidate_run}: {summary['reason']} "
             f"(report: {summary['report_url']}); the canary waits in Waiting until the target "
-            "holds a new revision or the primary's image again"
+            "holds a new image, the primary's image again, or the hooks' metadata.key changes"
         )
     try:
         api_client = _flagger_client(ctx)

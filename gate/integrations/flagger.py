@@ -32,7 +32,10 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
+
+import urllib3
 
 from gate.core.errors import ClusterError, FieldProblem, SpecError
 from gate.spec import image_repository
@@ -46,6 +49,7 @@ HookType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
 WORKLOAD_KINDS = ("Deployment", "DaemonSet")  # Flagger's kinds with a pod template
 CANARY_GROUP, CANARY_VERSION, CANARY_PLURAL = "flagger.app", "v1beta1", "canaries"
 ANNOTATION_PREFIX = "llm-deploy-gate.io/"
+TIMEOUT = (3.0, 5.0)  # connect, read: inside Flagger's 10 s hook timeout
 _DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 
 
@@ -74,10 +78,9 @@ class RolloutImages:
 
     @property
     def same_image(self) -> bool:
-        """The target holds the primary's release again (a revert): nothing new to gate."""
-        if self.candidate == self.reference:
-            return True
-        return self.candidate_digest is not None and self.candidate_digest == self.reference_run
+        """The target's template names the primary's image again (a revert). Only the names
+        the templates give count: a digest read from pods cannot make two templates equal."""
+        return self.candidate == self.reference
 
 
 def pinned(image: str, image_id: str) -> str | None:
@@ -92,7 +95,12 @@ def pinned(image: str, image_id: str) -> str | None:
 
 
 def hook_answer(
-    hook: HookType, verdict: str | None, *, has_gate: bool, same_image: bool = False
+    hook: HookType,
+    verdict: str | None,
+    *,
+    has_gate: bool,
+    same_image: bool = False,
+    progressing: bool = False,
 ) -> tuple[int, str | None]:
     """Flagger's status code for a hook, given the gate of the revision (None while it runs):
     Flagger reads any status above 202 as "no" (webhook.go `callWebhook`). Returns the code and,
@@ -101,12 +109,21 @@ def hook_answer(
     - confirm-rollout: yes only on continue (a revert to the primary's image: yes, nothing new);
     - confirm-promotion: yes only on continue; no gate for this revision: no (it was never gated,
       e.g. a revision that changed during the analysis, which Flagger does not confirm again);
-    - rollback: yes only on a decided hold of this revision's gate; no gate: no rollback."""
+    - rollback: yes on a decided hold of this revision's gate, and on a revision that is
+      progressing (`progressing`: the cluster says so and Flagger's phase is Progressing or
+      WaitingPromotion) without a gate: Flagger restarts the analysis of a revision that changed
+      after confirm-rollout passed without asking confirm-rollout again (scheduler.go:327-350),
+      so that revision takes canary traffic ungated, and rolling it back is the safe answer."""
     if same_image and hook != "rollback":
         return 200, "the target holds the primary's image again: nothing new to gate"
     if same_image:
         return 403, "the target holds the primary's image again: nothing to roll back"
     if not has_gate:
+        if hook == "rollback" and progressing:
+            return 200, (
+                "this revision was never gated (it changed after confirm-rollout passed): roll "
+                "it back; deploy it again to gate it"
+            )
         if hook == "rollback":
             return 403, "no gate for this revision: no rollback"
         return 403, (
@@ -131,7 +148,7 @@ def read_rollout(
 
     def get(what: str, call: Any, *args: Any) -> Any:
         try:
-            return call(*args)
+            return call(*args, _request_timeout=TIMEOUT)
         except ApiException as exc:
             reason = exc.reason or ""
             if exc.status == 404:
@@ -142,7 +159,8 @@ def read_rollout(
                     "account get on canaries.flagger.app and the target, list on pods"
                 ) from None
             raise ClusterError(f"reading {what}: {exc.status} {reason}") from None
-        except (OSError, ValueError) as exc:  # urllib3's errors are OSErrors
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            # urllib3's MaxRetryError (refused, unreachable) is no OSError
             raise ClusterError(f"reading {what}: {type(exc).__name__}: {exc}") from None
 
     canary = get(
@@ -231,7 +249,9 @@ def _running_digest(core: Any, workload: Any, container: str, image: str, get: A
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
     pods = get(
         f"pods of {workload.metadata.namespace}/{workload.metadata.name}",
-        lambda: core.list_namespaced_pod(workload.metadata.namespace, label_selector=selector),
+        lambda **kw: core.list_namespaced_pod(
+            workload.metadata.namespace, label_selector=selector, **kw
+        ),
     )
     seen: set[str] = set()
     for pod in pods.items or []:
@@ -239,15 +259,25 @@ def _running_digest(core: Any, workload: Any, container: str, image: str, get: A
         if (
             status is None
             or status.phase != "Running"
+            or pod.metadata.deletion_timestamp is not None
             or not _matches(pod.metadata.labels or {}, labels)
+            or not _runs(pod, container, image)
         ):
-            continue
+            continue  # a pod of another template (mid-update, terminating) says nothing
         for cs in status.container_statuses or []:
             if cs.name == container and cs.image_id:
                 got = pinned(image, cs.image_id)
                 if got is not None:
                     seen.add(got)
     return seen.pop() if len(seen) == 1 else None
+
+
+def _runs(pod: Any, container: str, image: str) -> bool:
+    """The pod's own spec runs the template's image in the container."""
+    for c in (pod.spec.containers or []) if pod.spec else []:
+        if c.name == container:
+            return bool(c.image == image)
+    return False
 
 
 def _matches(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
@@ -268,7 +298,12 @@ def annotate(
     wanted = {ANNOTATION_PREFIX + key: value[:1000] for key, value in values.items()}
     try:
         canary: Any = custom.get_namespaced_custom_object(
-            CANARY_GROUP, CANARY_VERSION, images.namespace, CANARY_PLURAL, images.canary
+            CANARY_GROUP,
+            CANARY_VERSION,
+            images.namespace,
+            CANARY_PLURAL,
+            images.canary,
+            _request_timeout=TIMEOUT,
         )
         meta = (canary if isinstance(canary, dict) else {}).get("metadata") or {}
         have = meta.get("annotations") or {}
@@ -281,9 +316,11 @@ def annotate(
             CANARY_PLURAL,
             images.canary,
             {"metadata": {"annotations": wanted}},
+            _request_timeout=TIMEOUT,
         )
         if event:
             uid = meta.get("uid")
+            now = datetime.now(UTC)
             k.CoreV1Api(api_client).create_namespaced_event(
                 images.namespace,
                 k.CoreV1Event(
@@ -300,9 +337,12 @@ def annotate(
                     type="Warning",
                     source=k.V1EventSource(component="llm-deploy-gate"),
                     count=1,
+                    first_timestamp=now,
+                    last_timestamp=now,
                 ),
+                _request_timeout=TIMEOUT,
             )
-    except (ApiException, OSError, ValueError) as exc:
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
         log.warning("could not annotate Canary %s/%s: %s", images.namespace, images.canary, exc)
         return False
     return True

@@ -315,7 +315,7 @@ def test_flagger_canary_as_written(tmp_path: Path) -> None:
     client: a new revision, its hold, the fixed revision, its continue and the promotion."""
     canary = next(b for b in yaml_blocks(DOCS / "flagger.md") if b["kind"] == "Canary")
     hooks = canary["spec"]["analysis"]["webhooks"]
-    assert {h["type"] for h in hooks} == {"confirm-rollout", "confirm-promotion"}
+    assert {h["type"] for h in hooks} == {"confirm-rollout", "confirm-promotion", "rollback"}
     doc = (DOCS / "flagger.md").read_text()
     table = hold_table(doc)
     fake = FakeKubernetes(store=ObjectStore())

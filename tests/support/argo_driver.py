@@ -9,7 +9,7 @@ virtual time. Followed from argoproj/argo-rollouts at 9f8d111d8f8e3e88b6d7f8bbdf
 - analysis.go:385-405: Successful, Failed and Inconclusive add to `Count`; Error does not, it
   adds to `ConsecutiveError` (reset by any other phase); only Successful adds to
   `ConsecutiveSuccess`.
-- analysis.go:579-659 `assessMetricStatus` and :661-688 `assessMetricFailureInconclusiveOrError`:
+- analysis.go:579-656 `assessMetricStatus` and :658-689 `assessMetricFailureInconclusiveOrError`:
   Failed past `failureLimit` (default 0), Inconclusive past `inconclusiveLimit` (default 0),
   Error past `consecutiveErrorLimit` (utils/defaults/defaults.go:37, default 4), checked in that
   order with the later winning; then `consecutiveSuccessLimit` reached is Successful; then a

@@ -1,8 +1,9 @@
 """Flagger's scheduler, played as its code runs, against the fake API server's objects.
 
-One `tick()` is one pass of `advanceCanary` for a Deployment canary with the Kubernetes
-provider, reduced to what decides which hook is called, with which phase and checksum, and
-what happens to the canary and its workloads. Followed from fluxcd/flagger at
+One `tick()` is one pass of `advanceCanary` for a Deployment canary with a mesh provider
+(progressive weights; the Kubernetes provider forces blue/green, scheduler.go:470-480),
+reduced to what decides which hook is called, with which phase and checksum, and what happens
+to the canary and its workloads. Followed from fluxcd/flagger at
 15bd6ad555e6c935da55f0ab95977be74c149bd6:
 
 - pkg/controller/scheduler.go:281-290 `shouldAdvance` (852-884): Progressing, Waiting,
@@ -18,16 +19,16 @@ what happens to the canary and its workloads. Followed from fluxcd/flagger at
 - scheduler.go:327-350 `hasCanaryRevisionChanged` (935-946): a new revision while Progressing
   or WaitingPromotion restarts the analysis as Progressing, without confirm-rollout again.
 - scheduler.go:368-377: rollback hooks while Progressing, Waiting or WaitingPromotion
-  (scheduler_hooks.go:126-140: 2xx means roll back), then `rollback` (948-1001): Failed,
+  (scheduler_hooks.go:126-139: 2xx means roll back), then `rollback` (948-998): Failed,
   target scaled to zero, LastAppliedSpec re-synced.
 - scheduler.go:381-425: Promoting -> Finalising -> Succeeded (target scaled to zero).
-- scheduler.go:494-505, 565-636 `runCanary`: the weight rises by `stepWeight` each pass up to
+- scheduler.go:492-504, 565-636 `runCanary`: the weight rises by `stepWeight` each pass up to
   `maxWeight`; there the confirm-promotion hooks (scheduler_hooks.go:67-95, payload phase
   Progressing) gate `Promote` (deployment_controller.go:65-135: the primary's pod template
   becomes the target's).
 - Every payload: `{name, namespace, phase, checksum, metadata}` with checksum =
   `canaryChecksum` (webhook.go:144-154) of TrackedConfigs and LastAppliedSpec, and any status
-  above 202 is a refusal (webhook.go:92-94).
+  above 202 is a refusal (webhook.go:90-92).
 
 `ComputeHash` (spec.go:54-66) is FNV-32a over spew's dump of the pod template; here it is FNV-32a
 over the template's canonical JSON: other bytes, the same evolution, which is what the gate sees.
@@ -288,6 +289,8 @@ class Flagger:
         if phase == "Finalising":
             self._scale(self.target, 0)
             self.status["phase"] = "Succeeded"
+            # status.go:169-172: Succeeded records the promoted spec
+            self.status["lastPromotedSpec"] = self.status["lastAppliedSpec"]
             self.events.append("Promotion completed!")
             return self.phase
         # runCanary (scheduler.go:565-636)
@@ -306,7 +309,6 @@ class Flagger:
         assert obj is not None
         obj["spec"]["template"]["spec"] = copy.deepcopy(self.template(self.target)["spec"])
         self._pods(primary, 2)
-        self.status["lastPromotedSpec"] = self.status["lastAppliedSpec"]
         self.status["phase"] = "Promoting"
         return self.phase
 

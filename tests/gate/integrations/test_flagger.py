@@ -75,6 +75,8 @@ def test_hook_answers_every_case() -> None:
                     assert code == (200 if verdict == "hold" else 403)
                 else:
                     assert code == (200 if verdict == "continue" else 403)
+        ungated = hook_answer(hook, None, has_gate=False, progressing=True)  # type: ignore[arg-type]
+        assert ungated[0] == (200 if hook == "rollback" else 403)
         reverted = hook_answer(hook, None, has_gate=False, same_image=True)  # type: ignore[arg-type]
         assert reverted[0] == (403 if hook == "rollback" else 200)
 
@@ -90,7 +92,7 @@ def test_same_image_is_a_revert() -> None:
         candidate_digest=f"{REPO}@{SHA['v0.10.2']}",
         reference_digest=f"{REPO}@{SHA['v0.10.2']}",
     )
-    assert moved.same_image  # the same bytes under another tag
+    assert not moved.same_image  # only the templates' names count, never a digest from pods
 
 
 # -- the scheduler against the real app ----------------------------------------------------------
@@ -252,10 +254,10 @@ def test_a_held_canary_is_never_rolled_back_and_shows_in_kubectl(env: Env) -> No
     assert env.recording.submitted == [gid]
 
 
-def test_revision_changed_during_analysis_is_not_promoted_ungated(env: Env) -> None:
+def test_revision_changed_during_analysis_is_rolled_back_not_served_ungated(env: Env) -> None:
     """Flagger restarts the analysis of a revision that changes while Progressing without asking
-    confirm-rollout again (scheduler.go:327-350): confirm-promotion finds no gate for it and
-    refuses, naming why."""
+    confirm-rollout again (scheduler.go:327-350), and that revision takes canary traffic: the
+    rollback hook finds no gate for it and rolls it back; it is never promoted."""
     f = flagger(env)
     f.deploy(f"{REPO}:v0.11.0")
     f.tick()
@@ -263,12 +265,87 @@ def test_revision_changed_during_analysis_is_not_promoted_ungated(env: Env) -> N
     env.finish(gid, "continue")
     assert f.tick() == "Progressing"
     f.deploy(f"{REPO}:v0.11.1")  # changed mid-analysis
-    phases = f.run(5)
-    assert phases[-1] == "WaitingPromotion"
-    promotion = [a for a in env.answers if a["id"] is None]
-    assert promotion and "no gate for this revision" in promotion[-1]["reason"]
+    phases = f.run(3)
+    assert phases[-1] == "Failed", phases
+    rollbacks = [
+        a for (kind, *_), a in zip(f.calls, env.answers, strict=True) if kind == "rollback"
+    ]
+    assert "never gated" in rollbacks[-1]["reason"]
+    assert not [c for c in f.calls if c[0] == "confirm-promotion"]
     assert env.recording.submitted == [gid]
     assert f.image("llama-primary") == f"{REPO}:v0.10.2"
+
+
+def test_pods_of_another_template_give_no_digest(env: Env) -> None:
+    """A pod still running (or terminating) with the primary's image under the target's labels
+    must neither pin the candidate to the primary's bytes nor make it look like a revert."""
+    f = flagger(env)
+    f.deploy(f"{REPO}:v0.11.0")
+    assert env.fake.store is not None
+    env.fake.store.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "llama-old", "namespace": "serving", "labels": {"app": "llama"}},
+            "spec": {"containers": [{"name": "engine", "image": f"{REPO}:v0.10.2"}]},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "engine",
+                        "image": f"{REPO}:v0.10.2",
+                        "imageID": f"docker.io/{REPO}@{SHA['v0.10.2']}",
+                        "ready": True,
+                        "restartCount": 0,
+                    }
+                ],
+            },
+        },
+    )
+    assert f.tick() == "Waiting"
+    (gid,) = env.recording.submitted  # gated, not waved through as "nothing new"
+    assert env.gate(gid)["candidate"] == f"{REPO}:v0.11.0"
+
+
+def test_a_spec_edit_mid_analysis_keeps_the_revisions_gate(env: Env, tmp_path: Path) -> None:
+    """With a cluster the key names the spec by name, not by content: the operator editing
+    the spec file while the canary progresses does not strand confirm-promotion."""
+    f = flagger(env)
+    f.deploy(f"{REPO}:v0.11.0")
+    f.tick()
+    (gid,) = env.recording.submitted
+    env.finish(gid, "continue")
+    assert f.tick() == "Progressing"
+    spec = tmp_path / "specs" / "vllm-h200-k8s.yaml"
+    spec.write_text(spec.read_text().replace('"8192"]', '"16384"]'))
+    assert f.run(6)[-1] == "Succeeded"
+    assert env.recording.submitted == [gid]
+
+
+def test_a_metadata_override_is_keyed_by_the_cluster_revision_too(env: Env) -> None:
+    """A Canary that still carries a `candidate_image` gets a new gate for each revision the
+    target holds, not the first revision's verdict forever."""
+    f = flagger(env, candidate_image=f"{REPO}:v0.11.0")
+    f.deploy(f"{REPO}:v0.11.0")
+    f.tick()
+    (first,) = env.recording.submitted
+    env.finish(first, "continue")
+    f.status["phase"] = "Succeeded"  # that revision went through; the next one arrives
+    f.deploy(f"{REPO}:v0.11.1")
+    f.tick()
+    assert len(env.recording.submitted) == 2
+
+
+def test_an_unreachable_cluster_is_502_not_500(tmp_path: Path) -> None:
+    from gate.core.errors import ClusterError
+    from gate.integrations.flagger import read_rollout
+    from gate.reservations.kubernetes import connect
+
+    cfg = write_kubeconfig(tmp_path / "kc", server="http://127.0.0.1:9")  # nothing listens
+    api_client = connect(kubeconfig=str(cfg))[0]
+    with pytest.raises(ClusterError, match="reading Canary serving/llama"):
+        read_rollout(api_client, "serving", "llama", None)
 
 
 def test_the_same_revision_asked_again_is_the_same_gate_and_key_reruns(env: Env) -> None:
