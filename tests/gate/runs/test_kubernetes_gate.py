@@ -566,3 +566,56 @@ def test_a_lost_workers_pods_are_collected_without_waiting_for_another_gate(
     assert [p["metadata"]["name"] for p in c.store.items("pods")] == ["trainer"]
     assert c.store.get(LEASES, NS, "gate-alive") is not None
     engine.dispose()
+
+
+def test_a_two_group_kubernetes_gate_runs_a_workload_per_group_and_a_router(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """Disaggregated engines through the whole gate: per engine a Pod per worker group on
+    that group's reserved GPUs and a GPU-less router Pod, every one reached (here) at its
+    engine's sim; the load goes to the router, and everything is deleted at the end."""
+    c = cluster
+    Kubelet(c.store, ["pending", "creating", "running"])
+    spec = kube_spec(c, requests=120)
+    for role in ("reference", "candidate"):
+        k = spec[role]["kubernetes"]
+        k["groups"] = {
+            "prefill": {"args": ["--role", "{role}", "--gpus", "{group_gpus}"]},
+            "decode": {"args": ["--role", "{role}", "--prefill", "{url:prefill}"]},
+        }
+        k["router"] = {
+            "command": ["router"],
+            "args": ["--prefill", "{url:prefill}", "--decode", "{url:decode}", "--port", "{port}"],
+        }
+    spec["shape"] = {
+        "sku": "H200",
+        "groups": [{"role": "prefill", "gpus": 4}, {"role": "decode", "gpus": 4}],
+        "together": "block",
+    }
+    out = gate(tmp_path, spec)
+    doc = out.document
+    assert (out.verdict, out.exit_code) == ("continue", 0), doc["reasons"]
+    gpus: set[tuple[str, int]] = set()
+    for role in ("reference", "candidate"):
+        groups = doc["engines"][role]["placement"]["groups"]
+        assert [g["role"] for g in groups] == ["prefill", "decode"]
+        for g in groups:
+            for n in g["nodes"]:
+                here = {(n["node"], i) for i in n["gpus"]}
+                assert not gpus & here, "a GPU given twice"
+                gpus |= here
+    assert len(gpus) == 16
+    pods = [p.body for p in c.fake.sent("POST") if p.path.endswith("/pods")]
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for body in pods:
+        by_group.setdefault(body["metadata"]["labels"].get("gate.dev/group", ""), []).append(body)
+    assert sorted(by_group) == ["decode", "prefill", "router"], sorted(by_group)
+    for body in by_group["router"]:
+        limits = body["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        assert "nvidia.com/gpu" not in limits
+        args = body["spec"]["containers"][0]["args"]
+        assert any(a.endswith("-prefill-http.llm-gate.svc:8000") for a in args), args
+    for body in by_group["prefill"]:
+        limits = body["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "4"
+    assert_torn_down(c, tmp_path)
