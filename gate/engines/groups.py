@@ -154,8 +154,7 @@ class GroupedEngine:
         for name, t in zip(names, tasks, strict=True):
             exc = t.exception() if t.done() and not t.cancelled() else None
             if isinstance(exc, EngineError):
-                what = str(exc).removeprefix(f"{self.role} engine ")
-                raise EngineError(self.role, exc.phase, f"{_who(name)}: {what}") from None
+                raise named(EngineError, self.role, name, exc) from None
             if exc is not None:
                 raise exc
 
@@ -169,7 +168,7 @@ class GroupedEngine:
                     role=self.role,
                     at_s=crash.at_s,
                     exit_code=crash.exit_code,
-                    description=f"{_who(name)}: {crash.description}",
+                    description=f"{who(name)}: {crash.description}",
                     log_tail=crash.log_tail,
                     group=name,
                 )
@@ -217,5 +216,12 @@ class GroupedEngine:
         return doc.model_copy(update={"groups": groups})
 
 
-def _who(name: str) -> str:
+def who(name: str) -> str:
+    """A member of a grouped engine as its errors name it."""
     return "router" if name == ROUTER else f"{name} group"
+
+
+def named(cls: type[EngineError], role: str, name: str, exc: EngineError) -> EngineError:
+    """A member's failure as the grouped engine's, naming the member (`decode group: ...`)."""
+    what = str(exc).removeprefix(f"{role} engine ")
+    return cls(role, exc.phase, f"{who(name)}: {what}")

@@ -32,6 +32,7 @@ from kubernetes import client
 from gate.core.errors import EngineError, ReadinessTimeout
 from gate.engines import kubernetes as k8s
 from gate.engines.describe import engine_doc
+from gate.engines.groups import named, who
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import ROUTER, EngineWorkload, dns_part, lease_name
 from gate.verdict.document import EngineDoc, GroupDoc, KubernetesDoc, PlacementDoc
@@ -51,10 +52,6 @@ def group_refs(
         out[f"host:{name}"] = f"{w.service}.{w.namespace}.svc{suffix}"
         out[f"port:{name}"] = str(w.port)
     return out
-
-
-def _who(name: str) -> str:
-    return "router" if name == ROUTER else f"{name} group"
 
 
 class GroupedKubernetesEngine:
@@ -151,12 +148,9 @@ class GroupedKubernetesEngine:
             await asyncio.gather(*tasks.values(), return_exceptions=True)
         for name, t in tasks.items():
             exc = t.exception() if t.done() and not t.cancelled() else None
-            if isinstance(exc, ReadinessTimeout):
-                what = str(exc).removeprefix(f"{self.role} engine ")
-                raise ReadinessTimeout(self.role, exc.phase, f"{_who(name)}: {what}") from None
-            if isinstance(exc, EngineError):
-                what = str(exc).removeprefix(f"{self.role} engine ")
-                raise EngineError(self.role, exc.phase, f"{_who(name)}: {what}") from None
+            if isinstance(exc, EngineError):  # a ReadinessTimeout stays one
+                cls = ReadinessTimeout if isinstance(exc, ReadinessTimeout) else EngineError
+                raise named(cls, self.role, name, exc) from None
             if exc is not None:
                 raise exc
 
@@ -173,7 +167,7 @@ class GroupedKubernetesEngine:
             role=self.role,
             at_s=crash.at_s,
             exit_code=crash.exit_code,
-            description=f"{_who(name)}: {crash.description}",
+            description=f"{who(name)}: {crash.description}",
             log_tail=crash.log_tail,
             group=name,
         )
@@ -197,7 +191,7 @@ class GroupedKubernetesEngine:
         )
         for name, res in zip(self.groups, results, strict=True):
             if isinstance(res, BaseException):
-                problems.append(f"{_who(name)}: {res}")
+                problems.append(f"{who(name)}: {res}")
                 with contextlib.suppress(Exception):
                     self.members[name].kill_now()
         if problems:
