@@ -162,10 +162,12 @@ class GateReservation:
             # as the call completes, and the renewal would outlive its gate.
             done, _ = await asyncio.wait({call}, timeout=stop_by - started)
             if not done:
+                waited = time.monotonic() - started
                 return None, (
                     f"the lease of reservation {rid} could not be renewed before it could "
-                    f"expire (TTL {self.ttl_s:g} s; the last renewal waited on the database "
-                    f"for {time.monotonic() - started:.0f} s, too close to its expiry)"
+                    f"expire (TTL {self.ttl_s:g} s; the last renewal waited on the database for "
+                    f"{waited:.1f} s, too close to its expiry"
+                    + (f"; the one before it failed: {last})" if last else ")")
                 )
             try:
                 ok = call.result()

@@ -172,6 +172,40 @@ def test_renewals_retry_through_a_short_outage_and_keep_the_lease(
     assert booked.describe() is not None
 
 
+def test_a_lease_lost_to_an_outage_names_the_error_even_when_its_last_try_hung(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals fail (the database refuses connections), then the last try hangs until the
+    gate must stop: the reason names the outage's error, not only the wait (on a busy host
+    the last try can start a few milliseconds before the stop and time out)."""
+    factory, _ = _factory(tmp_path)
+    calls = {"n": 0}
+    hang = threading.Event()
+
+    def refused_then_hung(*args: object) -> bool:
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            hang.wait(30)
+            return True
+        raise ConnectionError("could not connect to the database")
+
+    monkeypatch.setattr(leases, "heartbeat", refused_then_hung)
+
+    async def scenario() -> str:
+        booked = await _held(factory, 6.0)
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        booked.start_keep_alive(lambda why: lost.done() or lost.set_result(why))
+        why = await asyncio.wait_for(lost, 20)
+        hang.set()
+        await booked.stop_keep_alive()
+        return why
+
+    why = asyncio.run(scenario())
+    assert calls["n"] == 2
+    assert "waited on the database" in why
+    assert "ConnectionError: could not connect to the database" in why
+
+
 def test_a_sweep_of_expired_leases_reads_the_database_clock(tmp_path: Path) -> None:
     """An expiry is compared with the database's time, not the reserving host's."""
     factory, _ = _factory(tmp_path)
