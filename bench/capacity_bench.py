@@ -18,6 +18,11 @@ Whole engines of several worker groups (disaggregated prefill and decode), also 
   third of the hosts busy or held), prefill 1 host x 4 GPUs, decode 2 hosts x 4 GPUs, each
   engine's prefill and decode in one NVLink clique, both engines in one clique.
 Capacity there counts whole gates, each one a placement the search makes.
+- `blocked_pd_h200`: a shape nothing on the H200 fleet holds (decode 12 nodes x 8 GPUs in one
+  subblock with its prefill host, both engines in one block): the answer that names the group
+  and the layer relaxes the shape group by group, each step a search of the whole fleet
+  (`topology: prefill group needs 1 node in one subblock with decode, for 2 engines in one
+  block; ...`); `blocked_pd_h200_never`: decode 16 nodes, which no subblock has free.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gate.reservations.allocator import (
+    Blocked,
     ConnectRule,
     GroupRequest,
     ShapeRequest,
@@ -104,6 +110,22 @@ PD_GB200 = ShapeRequest(
 )
 
 
+def _blocked(decode_nodes: int) -> ShapeRequest:
+    return ShapeRequest(
+        sku="H200",
+        groups=(
+            GroupRequest("prefill", 8, 1, "host"),
+            GroupRequest("decode", 8 * decode_nodes, decode_nodes, "subblock"),
+        ),
+        connect=(ConnectRule(("prefill", "decode"), "subblock"),),
+        together="block",
+    )
+
+
+BLOCKED_PD_H200 = _blocked(12)
+BLOCKED_PD_H200_NEVER = _blocked(16)
+
+
 def timed(fn: Any, repeat: int = 7) -> float:
     runs = []
     for _ in range(repeat):
@@ -111,6 +133,11 @@ def timed(fn: Any, repeat: int = 7) -> float:
         fn()
         runs.append((time.perf_counter() - t0) * 1000)
     return statistics.median(runs)
+
+
+def _message(answer: object) -> str:
+    assert isinstance(answer, Blocked), answer  # the blocked cases must stay blocked
+    return f"{answer.code}: {answer.message}"
 
 
 def _reserver(url: str, seconds: float, barrier: Any, out: Any) -> None:
@@ -181,6 +208,8 @@ def main() -> int:
         "allocate_pd_h200_cluster_ms": timed(lambda: allocate(nodes, PD_H200_CLUSTER, held)),
         "capacity_pd_gb200_ms": timed(lambda: capacity(gb_nodes, PD_GB200, gb_held)),
         "allocate_pd_gb200_ms": timed(lambda: allocate(gb_nodes, PD_GB200, gb_held)),
+        "blocked_pd_h200_ms": timed(lambda: allocate(nodes, BLOCKED_PD_H200, held)),
+        "blocked_pd_h200_never_ms": timed(lambda: allocate(nodes, BLOCKED_PD_H200_NEVER, held)),
         "peer_free_gpu_count_ms": peer,
     }
     doc: dict[str, Any] = {
@@ -193,6 +222,8 @@ def main() -> int:
         "whole_gates_pd_h200": capacity(nodes, PD_H200, held).gates,
         "whole_gates_pd_h200_cluster": capacity(nodes, PD_H200_CLUSTER, held).gates,
         "whole_gates_pd_gb200": capacity(gb_nodes, PD_GB200, gb_held).gates,
+        "blocked_pd_h200": _message(allocate(nodes, BLOCKED_PD_H200, held)),
+        "blocked_pd_h200_never": _message(allocate(nodes, BLOCKED_PD_H200_NEVER, held)),
     }
     if args.pg:
         doc["pg_reservers"] = args.reservers
@@ -211,6 +242,8 @@ def main() -> int:
         f"{doc['whole_gates_pd_h200_cluster']} (H200, together: cluster), "
         f"{doc['whole_gates_pd_gb200']} (GB200, {len(gb_nodes)} nodes)"
     )
+    print(f"  blocked: {doc['blocked_pd_h200']}")
+    print(f"  blocked: {doc['blocked_pd_h200_never']}")
     if "pg_reservations_per_s" in doc:
         print(
             f"  PostgreSQL: {doc['pg_reservations_per_s']} reservations/s "

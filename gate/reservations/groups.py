@@ -49,6 +49,7 @@ Blocked goes out.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -130,8 +131,54 @@ class _OutOfBudget(Exception):
     pass
 
 
+@dataclass
+class _Classes:
+    """A host-level step's candidate nodes in their order, by class of interchangeable ones
+    (free GPUs, signature); each class is tried once, through its first member."""
+
+    nodes: list[int]
+    order: dict[int, int] = field(default_factory=dict)  # node -> position in `nodes`
+    cls_of: dict[int, tuple[int, int]] = field(default_factory=dict)
+    members: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # positions
+    ranked: list[tuple[int, int]] = field(default_factory=list)  # (free, first member)
+
+    def __post_init__(self) -> None:
+        self.order = {x: i for i, x in enumerate(self.nodes)}
+
+    def move(self, x: int, new: tuple[int, int] | None) -> None:
+        """Node x now belongs to class `new` (None: no room for a worker)."""
+        old = self.cls_of.pop(x, None)
+        if old == new:
+            if new is not None:
+                self.cls_of[x] = new
+            return
+        at = self.order[x]
+        if old is not None:
+            ords = self.members[old]
+            first = ords[0]
+            del ords[bisect.bisect_left(ords, at)]
+            if first == at:
+                self.ranked.remove((old[0], x))
+                if ords:
+                    bisect.insort(self.ranked, (old[0], self.nodes[ords[0]]))
+                else:
+                    del self.members[old]
+        if new is not None:
+            self.cls_of[x] = new
+            ords = self.members.setdefault(new, [])
+            lead = ords[0] if ords else None
+            bisect.insort(ords, at)
+            if ords[0] != lead:
+                if lead is not None:
+                    self.ranked.remove((new[0], self.nodes[lead]))
+                bisect.insort(self.ranked, (new[0], x))
+
+
 _Domains = dict[tuple[str, ...], list[int]]  # a domain's key -> its candidate nodes
 _Layout = tuple[int, tuple[int, ...], tuple[int, ...]]  # group, fixed and domain levels
+# A candidate domain's tightness (instances of the group that fit, free GPUs, first node) and
+# its nodes with room for one worker.
+_Ranked = tuple[tuple[int, int, int], list[int]]
 
 
 @dataclass
@@ -152,6 +199,8 @@ class _Fleet:
     pairs: dict[str, list[int]]
     held: dict[str, set[int]]
     eliminated: dict[str, int]
+    scan: _Scan
+    base: bool
     sigs: list[int] = field(default_factory=list)  # filled on demand, -1 until then
     sig_ids: dict[tuple[object, ...], int] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)  # group indices, placement order
@@ -163,6 +212,13 @@ class _Fleet:
     )
     # (together domain, group, level) -> domain at that level -> the group's nodes with room
     by_rule: dict[tuple[str, int, int], dict[str, list[int]]] = field(default_factory=dict)
+    # Every node whose free count the search changed, in order: a step's ranked domains are
+    # brought up to date from it (only the domains of nodes changed since are ranked again).
+    changed: list[int] = field(default_factory=list)
+    ranked: dict[tuple[object, ...], tuple[int, dict[tuple[str, ...], _Ranked]]] = field(
+        default_factory=dict
+    )
+    hosts: dict[tuple[object, ...], tuple[int, _Classes]] = field(default_factory=dict)
 
     def lvl(self, level: Level) -> int:
         return self.levels.index(level)
@@ -197,10 +253,41 @@ def _key_fn(level: Level) -> Callable[[Node], str]:
     return labelled
 
 
-def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], base: bool) -> _Fleet:
-    """One pass: the shared eligibility stages, each group's SKU and memory, free counts,
-    domain keys (nodes keep the inventory's order, which breaks every tie). `base`: the
-    empty fleet (nothing allocated, nothing held)."""
+@dataclass(frozen=True)
+class _Scan:
+    """What one shape reads from the inventory whatever the gates hold (the costly part of a
+    fleet: a domain key per node and level): the eligible nodes in inventory order, which
+    groups each may serve, their GPUs (all of them, and those no other workload uses), their
+    domain keys and the `together` domains. Shared, read-only, by every fleet built from it."""
+
+    shape: ShapeRequest
+    nodes: list[Node]
+    names: list[str]
+    gpus: list[int]
+    unallocated: list[int]
+    masks: list[int]
+    keys: list[tuple[str, ...]]
+    levels: tuple[Level, ...]
+    pairs: dict[str, list[int]]
+    eliminated: dict[str, int]
+    # Each group's rarity on all GPUs (base) or on those no other workload uses: the same
+    # for every fleet of this scan, whatever gates hold (see _group_counts).
+    rarity: dict[bool, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+def _levels(shape: ShapeRequest) -> tuple[Level, ...]:
+    """The levels a shape's search tells apart. Host keys tell nodes apart only where a rule
+    asks for one host (a connect rule or `together` at host); elsewhere a host-level group's
+    domain is just its node."""
+    groups, pair = shape.group_list, shape.pair_level
+    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
+    in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
+    return tuple(lv for lv in LEVELS if lv in in_play and (lv != "host" or host_matters))
+
+
+def scan(nodes: Sequence[Node], shape: ShapeRequest) -> _Scan:
+    """One pass: the shared eligibility stages, each group's SKU and memory, domain keys
+    (nodes keep the inventory's order, which breaks every tie)."""
     groups = shape.group_list
     want = [(normalise_sku(g.sku) if g.sku else None, g.min_gpu_memory_gib) for g in groups]
     everyone = (1 << len(groups)) - 1
@@ -208,20 +295,11 @@ def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], ba
     want_sku, want_mem = want[0]
     regions, providers, pools = set(shape.regions), set(shape.providers), set(shape.pools)
     removed = dict.fromkeys(STAGES[:6], 0)
-    pair = shape.pair_level
-    # Host keys tell nodes apart only where a rule asks for one host (a connect rule or
-    # `together` at host); elsewhere a host-level group's domain is just its node.
-    host_matters = "host" in {c.level for c in shape.connect} or pair == "host"
-    in_play = {pair, *(g.level for g in groups), *(c.level for c in shape.connect)}
-    levels = tuple(lv for lv in LEVELS if lv in in_play and (lv != "host" or host_matters))
+    levels = _levels(shape)
     fns = [_key_fn(lv) for lv in levels]
-    pi = levels.index(pair)
+    pi = levels.index(shape.pair_level)
     one_level = len(fns) == 1
-    sig_levels = tuple(range(len(levels)))
-    held_map = {} if base else held_by_node(held)
     out_nodes: list[Node] = []
-    free: list[int] = []
-    usable_of: list[int] = []
     masks: list[int] = []
     keys: list[tuple[str, ...]] = []
     pairs: dict[str, list[int]] = {}
@@ -258,36 +336,119 @@ def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], ba
         if not x.healthy or x.cordoned or x.taints:
             removed["health"] += 1
             continue
-        usable = x.gpus if base else x.gpus - x.allocated_gpus
-        taken = held_map.get(x.name)
-        if taken:
-            usable_free = usable - (
-                len(taken) if max(taken) < usable else len([g for g in taken if g < usable])
-            )
-        else:
-            usable_free = usable
-        free.append(usable_free)
-        usable_of.append(usable)
         k = (fns[0](x),) if one_level else tuple([fn(x) for fn in fns])
         pairs.setdefault(k[pi], []).append(len(out_nodes))
         out_nodes.append(x)
         masks.append(mask)
         keys.append(k)
-    return _Fleet(
+    return _Scan(
         shape,
-        groups,
         out_nodes,
-        free,
-        usable_of,
+        [x.name for x in out_nodes],
+        [x.gpus for x in out_nodes],
+        [x.gpus - x.allocated_gpus for x in out_nodes],
         masks,
         keys,
         levels,
-        sig_levels,
         pairs,
-        held_map,
         removed,
-        sigs=[-1] * len(out_nodes),
     )
+
+
+def _project(s: _Scan, sub: ShapeRequest) -> _Scan:
+    """The scan of a shape with some of `s.shape`'s groups and rules (same `together`), read
+    from `s` instead of the inventory: the same nodes, masks and keys a fresh scan gives.
+    Only `eliminated` stays the full shape's (what the groups left out would not have)."""
+    levels = _levels(sub)
+    at = [s.levels.index(lv) for lv in levels]
+    pi = levels.index(sub.pair_level)
+    roles = [g.role for g in s.shape.group_list]
+    bits = [(1 << roles.index(g.role), 1 << j) for j, g in enumerate(sub.group_list)]
+    remap = {m: sum(new for old, new in bits if m & old) for m in set(s.masks)}
+    if all(remap.values()):  # every node stays: only the masks, and maybe the keys, change
+        if at == list(range(len(s.levels))):
+            same_keys, same_pairs = s.keys, s.pairs
+        else:
+            same_keys, same_pairs = [tuple([k[j] for j in at]) for k in s.keys], {}
+            for i, k in enumerate(same_keys):
+                same_pairs.setdefault(k[pi], []).append(i)
+        return _Scan(
+            sub,
+            s.nodes,
+            s.names,
+            s.gpus,
+            s.unallocated,
+            [remap[m] for m in s.masks],
+            same_keys,
+            levels,
+            same_pairs,
+            dict(s.eliminated),
+        )
+    nodes: list[Node] = []
+    masks: list[int] = []
+    keys: list[tuple[str, ...]] = []
+    pairs: dict[str, list[int]] = {}
+    kept: list[int] = []
+    for i, m in enumerate(s.masks):
+        mask = remap[m]
+        if not mask:
+            continue
+        k = tuple([s.keys[i][j] for j in at])
+        pairs.setdefault(k[pi], []).append(len(nodes))
+        nodes.append(s.nodes[i])
+        masks.append(mask)
+        keys.append(k)
+        kept.append(i)
+    return _Scan(
+        sub,
+        nodes,
+        [s.names[i] for i in kept],
+        [s.gpus[i] for i in kept],
+        [s.unallocated[i] for i in kept],
+        masks,
+        keys,
+        levels,
+        pairs,
+        dict(s.eliminated),
+    )
+
+
+def fleet(s: _Scan, held: Iterable[GpuKey], base: bool) -> _Fleet:
+    """The scan's nodes with their free counts: `base` is the empty fleet (nothing allocated,
+    nothing held); otherwise what other workloads and these held GPUs leave."""
+    usable_of = s.gpus if base else s.unallocated
+    held_map = {} if base else held_by_node(held)
+    free = list(usable_of)
+    if held_map:
+        for i, name in enumerate(s.names):
+            taken = held_map.get(name)
+            if taken:
+                usable = usable_of[i]
+                free[i] = usable - (
+                    len(taken) if max(taken) < usable else len([g for g in taken if g < usable])
+                )
+    return _Fleet(
+        s.shape,
+        s.shape.group_list,
+        s.nodes,
+        free,
+        list(usable_of),
+        s.masks,
+        s.keys,
+        s.levels,
+        tuple(range(len(s.levels))),
+        s.pairs,
+        held_map,
+        s.eliminated,
+        scan=s,
+        base=base,
+        sigs=[-1] * len(s.nodes),
+    )
+
+
+def build(nodes: Sequence[Node], shape: ShapeRequest, held: Iterable[GpuKey], base: bool) -> _Fleet:
+    """`scan`, then `fleet`: the nodes of a shape with their free counts."""
+    return fleet(scan(nodes, shape), held, base)
 
 
 # -- counting ------------------------------------------------------------------------------------
@@ -334,16 +495,21 @@ def _group_counts(f: _Fleet) -> None:
     order is the same for every allocation from this inventory), then most GPUs, most nodes,
     the order written."""
     width = range(len(f.groups))
-    rare = [[0, 0] for _ in width]
+    rare = f.scan.rarity.get(f.base)
+    if rare is None:
+        tally = [[0, 0] for _ in width]
+        for members in f.pairs.values():
+            for g in width:
+                d, c = _instances(f, members, g, f.usable)
+                tally[g][0] += d
+                tally[g][1] += c
+        rare = f.scan.rarity[f.base] = [(d, c) for d, c in tally]
     for p, members in f.pairs.items():
         doms, inst = [], []
         for g in width:
             d, c = _instances(f, members, g)
             doms.append(d)
             inst.append(c)
-            d, c = _instances(f, members, g, f.usable)
-            rare[g][0] += d
-            rare[g][1] += c
         f.stats[p] = (doms, inst)
     f.order = sorted(width, key=lambda g: (*rare[g], -f.groups[g].gpus, -f.groups[g].nodes, g))
     f.plan = _Plan.of(f)
@@ -558,47 +724,91 @@ class _Search:
             pass
         return False
 
-    def _options(self, step: _Step, doms: _Domains) -> Iterator[list[int]]:
+    def _options(self, step: _Step, doms: _Domains, fixed: tuple[str, ...]) -> Iterator[list[int]]:
         """Node sets for this step, best fit first: candidate domains tightest first, and in
         each the ways of drawing from its classes of interchangeable nodes. Charges the
         budget one unit per candidate node examined."""
-        f, gpn, n = self.f, step.gpn, step.nodes
-        free = f.free
+        n = step.nodes
         if step.host:
             # Every node is a domain of its own: one try per class of interchangeable nodes,
             # the tightest first.
-            seen: dict[tuple[int, int], int] = {}
-            sigs, sig = f.sigs, f.sig
-            for xs in doms.values():
-                self._charge(len(xs))
-                for x in xs:
-                    fx = free[x]
-                    if fx >= gpn:
-                        seen.setdefault((fx, sigs[x] if sigs[x] >= 0 else sig(x)), x)
-            for x in sorted(seen.values(), key=lambda x: (free[x], x)):
+            self._charge(sum([len(xs) for xs in doms.values()]))
+            for x in self._hosts(step, doms, fixed):
                 yield [x]
             return
-        options = []
         self._charge(len(doms))
-        for all_xs in doms.values():
-            if len(all_xs) >= n:
-                xs = [x for x in all_xs if free[x] >= gpn]
-                if len(xs) >= n:
-                    options.append(xs)
-        if len(options) > 1:
-            # The tightest domain first: fewest instances of the group fit, fewest free GPUs.
-            def tightness(xs: list[int]) -> tuple[int, int, int]:
-                slots = [free[x] // gpn for x in xs]
-                fits = sum(slots) if n == 1 else engine_capacity(slots, n)
-                return (fits, sum([free[x] for x in xs]), xs[0])
-
-            options.sort(key=tightness)
+        ranked = self._ranked(step, doms, fixed)
+        options = (
+            [xs for _, xs in sorted(ranked.values())]
+            if len(ranked) > 1
+            else [xs for _, xs in ranked.values()]
+        )
         for xs in options:
             self._charge(len(xs))
             if self.width:
                 yield from itertools.islice(self._node_sets(xs, n), self.width)
             else:
                 yield from self._node_sets(xs, n)
+
+    def _hosts(self, step: _Step, doms: _Domains, fixed: tuple[str, ...]) -> list[int]:
+        """A host-level step's candidates: the first node (in the candidates' order) of each
+        class of interchangeable nodes with room (same free GPUs, same signature), tightest
+        first. Kept across searches like `_ranked`: only nodes changed since are moved."""
+        f, gpn = self.f, step.gpn
+        free, sig = f.free, f.sig
+        key = (self.pair, step.layout, gpn, fixed)
+        got = f.hosts.get(key)
+        if got is None:
+            st = _Classes([x for xs in doms.values() for x in xs])
+            for x in st.nodes:
+                if free[x] >= gpn:
+                    st.cls_of[x] = c = (free[x], sig(x))
+                    st.members.setdefault(c, []).append(st.order[x])
+            st.ranked = sorted((c[0], st.nodes[ords[0]]) for c, ords in st.members.items())
+        else:
+            seen, st = got
+            for x in {x for x in f.changed[seen:] if x in st.order}:
+                st.move(x, (free[x], sig(x)) if free[x] >= gpn else None)
+        f.hosts[key] = (len(f.changed), st)
+        return [x for _, x in st.ranked]
+
+    def _ranked(
+        self, step: _Step, doms: _Domains, fixed: tuple[str, ...]
+    ) -> dict[tuple[str, ...], _Ranked]:
+        """The step's candidate domains with room for the group, each with its tightness
+        (fewest instances of the group fit, fewest free GPUs: the tightest is tried first).
+        Kept per domain and layout across searches: only the domains of nodes whose free
+        counts changed since the last call are ranked again (on a cluster-wide `together`
+        domain a step has hundreds of candidates and a gate changes a handful of nodes)."""
+        f, gpn, n = self.f, step.gpn, step.nodes
+        free = f.free
+
+        def rank(all_xs: list[int]) -> _Ranked | None:
+            if len(all_xs) < n:
+                return None
+            xs = [x for x in all_xs if free[x] >= gpn]
+            if len(xs) < n:
+                return None
+            slots = [free[x] // gpn for x in xs]
+            fits = sum(slots) if n == 1 else engine_capacity(slots, n)
+            return (fits, sum([free[x] for x in xs]), xs[0]), xs
+
+        key = (self.pair, step.layout, step.gpn, step.nodes, fixed)
+        got = f.ranked.get(key)
+        if got is None:
+            out = {dk: r for dk, all_xs in doms.items() if (r := rank(all_xs)) is not None}
+        else:
+            seen, out = got
+            dl, keys = step.domain_levels, f.keys
+            for dk in {tuple([keys[x][j] for j in dl]) for x in f.changed[seen:]}:
+                all_xs = doms.get(dk)
+                r = rank(all_xs) if all_xs is not None else None
+                if r is None:
+                    out.pop(dk, None)
+                else:
+                    out[dk] = r
+        f.ranked[key] = (len(f.changed), out)
+        return out
 
     def _charge(self, units: int) -> None:
         self.budget -= units
@@ -611,12 +821,14 @@ class _Search:
         f, step = self.f, steps[i]
         r, gpn = step.engine, step.gpn
         mine = values[r]
-        doms = self._bucket(step).get(tuple([mine[c] for c in step.fixed]), {})
-        free, keys = f.free, f.keys
-        for chosen in self._options(step, doms):
+        fixed = tuple([mine[c] for c in step.fixed])
+        doms = self._bucket(step).get(fixed, {})
+        free, keys, changed = f.free, f.keys, f.changed
+        for chosen in self._options(step, doms, fixed):
             self._charge(1)
             for x in chosen:
                 free[x] -= gpn
+            changed.extend(chosen)
             if step.unfixed:
                 lead = keys[chosen[0]]
                 for c, li in zip(step.unfixed, step.unfixed_levels, strict=True):
@@ -628,6 +840,7 @@ class _Search:
                 del mine[c]
             for x in chosen:
                 free[x] += gpn
+            changed.extend(chosen)
         return False
 
     def _peers_fit(self, step: _Step, lead: tuple[str, ...]) -> bool:
@@ -782,7 +995,7 @@ def allocate_groups(
         s = _Search(f, p)
         if s.run():
             return _placement(f, s, p)
-    return _diagnose(nodes, shape, held, f)
+    return _diagnose(shape, held, f)
 
 
 def _placement(f: _Fleet, s: _Search, p: str) -> Placement:
@@ -827,10 +1040,8 @@ def _ineligible(nodes: Sequence[Node], shape: ShapeRequest, g: GroupRequest) -> 
     return Blocked(stage, f"{g.role} group: {msg}", eliminated, RETRYABLE[stage])
 
 
-def _fits_anywhere(
-    nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], base: bool, headroom: bool
-) -> bool:
-    f = build(nodes, shape, held, base)
+def _fits_anywhere(s: _Scan, held: set[GpuKey], base: bool, headroom: bool) -> bool:
+    f = fleet(s, held, base)
     _group_counts(f)
     return any(_bound(f, p, headroom) and _Search(f, p).run() for p in sorted(f.pairs))
 
@@ -863,13 +1074,16 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _topology_message(
-    nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], order: Sequence[str]
-) -> str:
+def _topology_message(whole: _Scan, held: set[GpuKey], order: Sequence[str]) -> str:
     """Name the group and the layer that fails: add groups in placement order; the first that
     does not fit beside the ones before it is the one, and its own level, then its connect
     rules, then the competition for GPUs is the layer."""
-    free_fleet = build(nodes, shape, held, base=False)
+    shape = whole.shape
+    free_fleet = fleet(whole, held, base=False)
+
+    def fits(sub: ShapeRequest) -> bool:
+        return _fits_anywhere(_project(whole, sub), held, False, False)
+
     by_role = {g.role: g for g in shape.group_list}
     t, roles = shape.pair_level, len(shape.roles)
     for k in range(1, len(order) + 1):
@@ -877,10 +1091,10 @@ def _topology_message(
         role = prefix[-1]
         g = by_role[role]
         rules = _restricted(shape, prefix)
-        if _fits_anywhere(nodes, _sub_shape(shape, prefix, rules), held, False, False):
+        if fits(_sub_shape(shape, prefix, rules)):
             continue
         need = f"{_plural(g.nodes, 'node')} with {g.gpus_per_node} free GPUs"
-        if not _fits_anywhere(nodes, _sub_shape(shape, [role], []), held, False, False):
+        if not fits(_sub_shape(shape, [role], [])):
             most = _largest(free_fleet, g, g.level, ())
             if most < g.nodes:
                 return (
@@ -892,11 +1106,9 @@ def _topology_message(
             )
         mine = [c for c in rules if role in c.groups]
         others = [c for c in rules if role not in c.groups]
-        if _fits_anywhere(nodes, _sub_shape(shape, prefix, others), held, False, False):
+        if fits(_sub_shape(shape, prefix, others)):
             for rule in mine:
-                if not _fits_anywhere(
-                    nodes, _sub_shape(shape, prefix, [*others, rule]), held, False, False
-                ):
+                if not fits(_sub_shape(shape, prefix, [*others, rule])):
                     peers = [n for n in rule.groups if n != role]
                     names = " and ".join(peers)
                     most = _largest(free_fleet, g, rule.level, [by_role[n] for n in peers])
@@ -939,16 +1151,17 @@ def _largest(f: _Fleet, g: GroupRequest, level: Level, peers: Sequence[GroupRequ
     return best
 
 
-def _diagnose(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], f: _Fleet) -> Blocked:
+def _diagnose(shape: ShapeRequest, held: set[GpuKey], f: _Fleet) -> Blocked:
     """Nothing fits: the first later stage that explains it, relaxing one layer at a time (no
     leases, then no headroom rule, then the groups one by one)."""
     roles = len(shape.roles)
     fits = _sorted_fits(_fit(f, p, 0) for p in f.pairs)
     out = dict(f.eliminated)
-    no_leases = build(nodes, shape, (), base=False)
+    whole = f.scan
+    no_leases = fleet(whole, (), base=False)
     smallest = min(g.gpus_per_node for g in shape.group_list)
     out["free_capacity"] = sum(1 for v in no_leases.free if v < smallest)
-    empty = build(nodes, shape, (), base=True)
+    empty = fleet(whole, (), base=True)
     for g in shape.group_list:
         bit = 1 << _index(f, g.role)
         have = sum(v for v, m in zip(no_leases.free, no_leases.mask, strict=True) if m & bit)
@@ -972,17 +1185,17 @@ def _diagnose(nodes: Sequence[Node], shape: ShapeRequest, held: set[GpuKey], f: 
             sum(empty.free) >= shape.gpus_per_gate,
             fits,
         )
-    if not _fits_anywhere(nodes, shape, set(), False, headroom=False):
+    if not _fits_anywhere(whole, set(), False, headroom=False):
         out["topology"] = len(f.nodes)
-        possible = _fits_anywhere(nodes, shape, set(), True, headroom=False)
+        possible = _fits_anywhere(whole, set(), True, headroom=False)
         order = [shape.group_list[g].role for g in f.order]
-        msg = _topology_message(nodes, shape, set(), order)
+        msg = _topology_message(whole, set(), order)
         if not possible:
             level = shape.pair_level
             never = f"no {level} domain of this fleet" if level != "any" else "this fleet"
             msg = f"{never} can never hold this shape: {msg}"
         return Blocked("topology", msg, out, possible, fits)
-    if not _fits_anywhere(nodes, shape, set(), False, headroom=True):
+    if not _fits_anywhere(whole, set(), False, headroom=True):
         out["transition_headroom"] = len(f.nodes)
         return Blocked(
             "transition_headroom",
