@@ -26,8 +26,8 @@ fixes a connect rule's domain, each group of that engine still to place under th
 have room there, or the choice is left at once (a forward check: chronological backtracking
 would otherwise retry every later choice under a domain that can never work). A domain is
 searched only when cheap upper bounds say it may hold a gate: each group alone (Kueue's
-count), each connect rule's domains, free GPUs, workers of each size per node, and the
-headroom rule.
+count), each connect rule's domains (each group alone there, and all of them on its free
+GPUs), free GPUs, workers of each size per node, and the headroom rule.
 
 Bound. One search (one gate in one `together` domain) may always finish one straight descent
 (one node set per instance), and on top of that does at most SEARCH_BUDGET (10,000) units of
@@ -489,8 +489,7 @@ def _instances(
 
 
 def _group_counts(f: _Fleet) -> None:
-    """Each group alone in each `together` domain now (for the bounds and the report), and
-    the placement order: most constrained in the inventory first (fewest domains that hold
+    """The placement order: most constrained in the inventory first (fewest domains that hold
     one, fewest instances, on the GPUs no other workload uses, whatever gates hold: so the
     order is the same for every allocation from this inventory), then most GPUs, most nodes,
     the order written."""
@@ -504,15 +503,19 @@ def _group_counts(f: _Fleet) -> None:
                 tally[g][0] += d
                 tally[g][1] += c
         rare = f.scan.rarity[f.base] = [(d, c) for d, c in tally]
-    for p, members in f.pairs.items():
-        doms, inst = [], []
-        for g in width:
-            d, c = _instances(f, members, g)
-            doms.append(d)
-            inst.append(c)
-        f.stats[p] = (doms, inst)
     f.order = sorted(width, key=lambda g: (*rare[g], -f.groups[g].gpus, -f.groups[g].nodes, g))
     f.plan = _Plan.of(f)
+
+
+def _stats(f: _Fleet, p: str) -> tuple[list[int], list[int]]:
+    """Each group alone in `together` domain p: (domains of its level holding one, instances).
+    Read when p is first bounded, before any search in p moves its free counts."""
+    got = f.stats.get(p)
+    if got is None:
+        members = f.pairs[p]
+        counts = [_instances(f, members, g) for g in range(len(f.groups))]
+        got = f.stats[p] = ([d for d, _ in counts], [c for _, c in counts])
+    return got
 
 
 def _bound(f: _Fleet, p: str, headroom: bool) -> int:
@@ -523,7 +526,7 @@ def _bound(f: _Fleet, p: str, headroom: bool) -> int:
     ub = total // per_gate
     if headroom and shape.headroom_gpus:
         ub = min(ub, max(0, total - shape.headroom_gpus) // per_gate)
-    ub = min([ub, *(c // roles for c in f.stats[p][1])])
+    ub = min([ub, *(c // roles for c in _stats(f, p)[1])])
     if ub == 0:
         return 0
     # Workers that need at least t GPUs of one node each, against what the nodes can give.
@@ -546,7 +549,17 @@ def _bound(f: _Fleet, p: str, headroom: bool) -> int:
         for i in members:
             by.setdefault(f.keys[i][li], []).append(i)
         idx = [_index(f, r) for r in rule.groups]
-        engines = sum(min(_instances(f, nodes, g)[1] for g in idx) for nodes in by.values())
+        # In each of the rule's domains: each group alone, and all of them on its free GPUs
+        # (one engine's groups under the rule share the domain, on disjoint GPUs).
+        bits = sum(1 << g for g in idx)
+        need = sum(f.groups[g].gpus for g in idx)
+        engines = sum(
+            min(
+                sum(free[i] for i in nodes if f.mask[i] & bits) // need,
+                *(_instances(f, nodes, g)[1] for g in idx),
+            )
+            for nodes in by.values()
+        )
         ub = min(ub, engines // roles)
         if ub == 0:
             return 0
@@ -643,9 +656,11 @@ class _Search:
     budget: int = 0
     chosen: list[list[int]] = field(default_factory=list)
     width: int = 0  # node sets tried per domain (0: all of them)
+    keep: bool = False  # keep candidates across searches (large domains; see _ranked)
 
     def __post_init__(self) -> None:
         assert self.f.plan is not None
+        self.keep = len(self.f.pairs[self.pair]) > PRUNE_FROM
         n = len(self.f.plan.steps)
         self.chosen = [[] for _ in range(n)]
         # One straight descent (each step examines at most every node and every domain of
@@ -732,18 +747,12 @@ class _Search:
         if step.host:
             # Every node is a domain of its own: one try per class of interchangeable nodes,
             # the tightest first.
-            self._charge(sum([len(xs) for xs in doms.values()]))
+            self._charge(sum(map(len, doms.values())))
             for x in self._hosts(step, doms, fixed):
                 yield [x]
             return
         self._charge(len(doms))
-        ranked = self._ranked(step, doms, fixed)
-        options = (
-            [xs for _, xs in sorted(ranked.values())]
-            if len(ranked) > 1
-            else [xs for _, xs in ranked.values()]
-        )
-        for xs in options:
+        for xs in self._ranked(step, doms, fixed):
             self._charge(len(xs))
             if self.width:
                 yield from itertools.islice(self._node_sets(xs, n), self.width)
@@ -756,6 +765,15 @@ class _Search:
         first. Kept across searches like `_ranked`: only nodes changed since are moved."""
         f, gpn = self.f, step.gpn
         free, sig = f.free, f.sig
+        if not self.keep:  # a small domain: a fresh look costs less than keeping one
+            firsts: dict[tuple[int, int], int] = {}
+            sigs = f.sigs
+            for xs in doms.values():
+                for x in xs:
+                    fx = free[x]
+                    if fx >= gpn:
+                        firsts.setdefault((fx, sigs[x] if sigs[x] >= 0 else sig(x)), x)
+            return sorted(firsts.values(), key=lambda x: (free[x], x))
         key = (self.pair, step.layout, gpn, fixed)
         got = f.hosts.get(key)
         if got is None:
@@ -772,43 +790,47 @@ class _Search:
         f.hosts[key] = (len(f.changed), st)
         return [x for _, x in st.ranked]
 
-    def _ranked(
-        self, step: _Step, doms: _Domains, fixed: tuple[str, ...]
-    ) -> dict[tuple[str, ...], _Ranked]:
-        """The step's candidate domains with room for the group, each with its tightness
-        (fewest instances of the group fit, fewest free GPUs: the tightest is tried first).
-        Kept per domain and layout across searches: only the domains of nodes whose free
-        counts changed since the last call are ranked again (on a cluster-wide `together`
-        domain a step has hundreds of candidates and a gate changes a handful of nodes)."""
+    def _ranked(self, step: _Step, doms: _Domains, fixed: tuple[str, ...]) -> list[list[int]]:
+        """The step's candidate domains with room for the group (their nodes with room for a
+        worker), the tightest first: fewest instances of the group fit, fewest free GPUs.
+        On a large `together` domain (hundreds of candidates, a gate changes a handful of
+        nodes) the ranking is kept per domain and layout across searches: only the domains
+        of nodes whose free counts changed since the last call are ranked again."""
         f, gpn, n = self.f, step.gpn, step.nodes
         free = f.free
 
-        def rank(all_xs: list[int]) -> _Ranked | None:
+        def tightness(xs: list[int]) -> tuple[int, int, int]:
+            slots = [free[x] // gpn for x in xs]
+            fits = sum(slots) if n == 1 else engine_capacity(slots, n)
+            return (fits, sum([free[x] for x in xs]), xs[0])
+
+        def with_room(all_xs: list[int]) -> list[int] | None:
             if len(all_xs) < n:
                 return None
             xs = [x for x in all_xs if free[x] >= gpn]
-            if len(xs) < n:
-                return None
-            slots = [free[x] // gpn for x in xs]
-            fits = sum(slots) if n == 1 else engine_capacity(slots, n)
-            return (fits, sum([free[x] for x in xs]), xs[0]), xs
+            return xs if len(xs) >= n else None
 
+        if not self.keep:  # a small domain: a fresh look costs less than keeping one
+            options = [xs for all_xs in doms.values() if (xs := with_room(all_xs))]
+            if len(options) > 1:
+                options.sort(key=tightness)
+            return options
         key = (self.pair, step.layout, step.gpn, step.nodes, fixed)
         got = f.ranked.get(key)
         if got is None:
-            out = {dk: r for dk, all_xs in doms.items() if (r := rank(all_xs)) is not None}
+            out = {dk: (tightness(xs), xs) for dk, a in doms.items() if (xs := with_room(a))}
         else:
             seen, out = got
             dl, keys = step.domain_levels, f.keys
             for dk in {tuple([keys[x][j] for j in dl]) for x in f.changed[seen:]}:
                 all_xs = doms.get(dk)
-                r = rank(all_xs) if all_xs is not None else None
-                if r is None:
+                xs = with_room(all_xs) if all_xs is not None else None
+                if xs is None:
                     out.pop(dk, None)
                 else:
-                    out[dk] = r
+                    out[dk] = (tightness(xs), xs)
         f.ranked[key] = (len(f.changed), out)
-        return out
+        return [xs for _, xs in sorted(out.values())]
 
     def _charge(self, units: int) -> None:
         self.budget -= units
@@ -823,12 +845,13 @@ class _Search:
         mine = values[r]
         fixed = tuple([mine[c] for c in step.fixed])
         doms = self._bucket(step).get(fixed, {})
-        free, keys, changed = f.free, f.keys, f.changed
+        free, keys, changed, keep = f.free, f.keys, f.changed, self.keep
         for chosen in self._options(step, doms, fixed):
             self._charge(1)
             for x in chosen:
                 free[x] -= gpn
-            changed.extend(chosen)
+            if keep:
+                changed.extend(chosen)
             if step.unfixed:
                 lead = keys[chosen[0]]
                 for c, li in zip(step.unfixed, step.unfixed_levels, strict=True):
@@ -840,7 +863,8 @@ class _Search:
                 del mine[c]
             for x in chosen:
                 free[x] += gpn
-            changed.extend(chosen)
+            if keep:
+                changed.extend(chosen)
         return False
 
     def _peers_fit(self, step: _Step, lead: tuple[str, ...]) -> bool:
@@ -942,6 +966,8 @@ def _sorted_fits(found: Iterable[DomainFit]) -> tuple[DomainFit, ...]:
 
 
 def _group_fits(f: _Fleet) -> tuple[GroupFit, ...]:
+    """Each group alone across the fleet (before anything is placed)."""
+    stats = [_stats(f, p) for p in f.pairs]
     out = []
     for g in f.order:
         bit = 1 << g
@@ -951,8 +977,8 @@ def _group_fits(f: _Fleet) -> tuple[GroupFit, ...]:
                 f.groups[g].role,
                 len(nodes),
                 sum(f.free[i] for i in nodes),
-                sum(s[0][g] for s in f.stats.values()),
-                sum(s[1][g] for s in f.stats.values()),
+                sum(s[0][g] for s in stats),
+                sum(s[1][g] for s in stats),
             )
         )
     return tuple(out)
