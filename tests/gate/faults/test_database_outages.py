@@ -154,8 +154,10 @@ def _start_gate(
     settings: Settings,
     receiver: Receiver,
     liveness: ProofOfLife | None = None,
+    requests: int = 400,
 ) -> Gate:
-    spec = tiny_spec(tag, name="outage", rate=10, requests=400)
+    """A gate of `requests` at 10/s (400: 40 s, longer than any outage here lasts)."""
+    spec = tiny_spec(tag, name="outage", rate=10, requests=requests)
     run, created = store.create_gate(
         factory, spec, source="test", callback={"url": f"{receiver.url}{STATUS_PATH}"}
     )
@@ -225,7 +227,7 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     heartbeats and phases are written once the database is back, it decides, and releases."""
     settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=20.0)
     factory = _factory(settings)
-    gate = _start_gate(factory, tag, settings, receiver)
+    gate = _start_gate(factory, tag, settings, receiver, requests=200)  # 20 s: 16 s after it
     with BookingWatch(find_processes, tag, factory) as watch:
         wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
         postgres.stop()
@@ -353,7 +355,8 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
     settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=30.0, lost_after_s=4.0)
     factory = _factory(settings)
     broker = BrokerLiveness(redis_url, settings.lost_after_s)
-    gate = _start_gate(factory, tag, settings, receiver, liveness=broker)
+    # 30 s of load: still measuring when the reaper looks, about 12 s into it.
+    gate = _start_gate(factory, tag, settings, receiver, liveness=broker, requests=300)
     reaper = Reaper(settings, factory, liveness=broker)
     watch = BookingWatch(find_processes, tag, factory).start()
     try:
