@@ -41,7 +41,14 @@ cluster-wide `together`.
 
 Capacity. In each domain, gates are placed one after another by that same search, up to the
 domain's bound: every gate counted is a placement the allocator makes, and allocating again and
-again grants exactly that many.
+again grants exactly that many. In a `together` domain of more than PRUNE_FROM nodes the
+searches of one count share each step's ranked candidates (domains by tightness, classes of
+hosts), updated from the nodes whose free counts changed since the last look instead of
+rebuilt: a gate changes a handful of the hundreds of candidates a cluster-wide step has.
+
+Blocked. The answer relaxes one layer at a time (no leases, no headroom, the groups one by
+one in placement order, then each connect rule); every relaxed shape reads a projection of
+the one scan of the inventory rather than scanning it again.
 
 No I/O: the inventory, the shape and the GPUs others hold come in; a Placement, a Capacity or a
 Blocked goes out.
