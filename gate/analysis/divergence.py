@@ -315,7 +315,7 @@ def _check(
     )
     # Undecided is a lack of evidence (the reference failed a probe, too few prompts for the
     # budget, no budget at all), never a finding against the candidate: only a failure holds.
-    return dataclasses.replace(check, required=False) if decision == "inconclusive" else check
+    return dataclasses.replace(check, required=False) if decision == "undecided" else check
 
 
 def _answered_check(failures: Sequence[tuple[str, str]], compared: int) -> Check | None:
@@ -339,7 +339,7 @@ def _answered_check(failures: Sequence[tuple[str, str]], compared: int) -> Check
         )
     return _check(
         "answered",
-        "inconclusive",
+        "undecided",
         f"The reference failed {len(ref)} correctness request(s) (first: {ref[0][:200]}), so "
         "those prompts could not be compared.",
         reference=float(len(ref)),
@@ -484,7 +484,7 @@ def _margin_check(
     if alpha is None:
         return _check(
             "greedy.margin",
-            "inconclusive",
+            "undecided",
             f"{told}; alpha_split gives correctness no budget, so it is not tested.",
             float(b_e),
             float(b_c),
@@ -525,7 +525,7 @@ def _mw_check(
     if env_raw.size == 0:
         return _check(
             cid,
-            "inconclusive",
+            "undecided",
             f"{what}: no envelope (reference against itself) was given, so there is no "
             "threshold to compare with.",
             samples=samples,
@@ -539,7 +539,7 @@ def _mw_check(
     if alpha is None:
         return _check(
             cid,
-            "inconclusive",
+            "undecided",
             f"{told}; alpha_split gives correctness no budget, so it is not tested.",
             med_e,
             med_c,
@@ -548,7 +548,7 @@ def _mw_check(
     if _min_pvalue(cand.size, env_raw.size) > alpha:
         return _check(
             cid,
-            "inconclusive",
+            "undecided",
             f"{told}; too few prompts ({cand.size} and {env_raw.size}) to reach alpha "
             f"{alpha:.2g} with a rank test.",
             med_e,

@@ -105,7 +105,7 @@ def _phase_check(
             decision = "pass"
             message = f"{told}, within the {limit:.1f} s allowed ({rule})."
         else:
-            decision = "inconclusive"
+            decision = "undecided"
             message = (
                 f"{told}, above the {limit:.1f} s allowed ({rule}) but not significantly "
                 f"(p={p:.2g}, alpha {alpha:.2g}); more launches would settle it."

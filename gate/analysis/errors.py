@@ -216,7 +216,7 @@ def error_check(
         empty = "the candidate" if cand.requests == 0 else "the reference"
         return [
             check(
-                "inconclusive",
+                "undecided",
                 f"Errors in {s.name} cannot be compared: {empty} served no requests.",
             )
         ]
@@ -247,7 +247,7 @@ def error_check(
         if planned is not None:
             return [
                 check(
-                    "inconclusive",
+                    "undecided",
                     f"Errors in {s.name} so far: {counts}; {test}; no evidence yet, and the "
                     "count test decides only on evidence or at the planned end.",
                     (frac_r, frac_c),
@@ -261,7 +261,7 @@ def error_check(
             # nor shown kept. Undecided, and like an undecided latency check it holds only on
             # evidence; the verdict keeps it in view.
             undecided = check(
-                "inconclusive",
+                "undecided",
                 f"Errors in {s.name}: {counts}; {test}; the candidate's error rate {frac_c:.2%} "
                 f"is above the {ceiling:.2%} ceiling but not with confidence at "
                 f"{cand.requests} requests (alpha {ceiling_alpha:.2g}).",
@@ -310,7 +310,7 @@ def _environment_check(s: ScenarioSamples, ref: ArmSamples, ceiling: float) -> C
         ENVIRONMENT,
         "errors",
         "environment",
-        "inconclusive",
+        "undecided",
         f"The reference fails {frac:.1%} of requests in {s.name} ({kinds}), above the "
         f"{ceiling:.2%} ceiling with confidence: the test bed, not the candidate, is "
         "unhealthy, so the gate cannot judge the candidate's errors here.",
@@ -344,7 +344,7 @@ def _kind_checks(
         more = n_c / s.candidate.requests > n_r / s.reference.requests
         failed = p <= alpha and more
         verdict = "more than the reference can explain" if failed else "no evidence of more"
-        decision: Decision = "fail" if failed else "pass" if final else "inconclusive"
+        decision: Decision = "fail" if failed else "pass" if final else "undecided"
         out.append(
             statistic_check(
                 f"{s.name}.errors.{kind}",

@@ -69,7 +69,7 @@ def _coverage_check() -> Check:
         "latency.coverage",
         "latency",
         "latency",
-        "inconclusive",
+        "undecided",
         "No latency check could be compared in any scenario (each needs 3 blocks of paired "
         "requests), so there is no evidence that the candidate is as fast as the reference.",
     )

@@ -86,7 +86,7 @@ def _no_data_check(s: ScenarioSamples, pc: PlannedCheck, policy: Policy) -> Chec
     return ratio_check(
         pc.id,
         pc.metric,
-        "inconclusive",
+        "undecided",
         f"{pc.label} in {s.name} cannot be compared: {why}.",
         scenario=s.name,
         quantile=pc.q,
@@ -133,7 +133,7 @@ def _decide(
         return ratio_check(
             pc.id,
             metric,
-            "inconclusive",
+            "undecided",
             f"{label} cannot be compared: {pairs} paired requests make {bt.blocks} blocks of "
             f"{pc.block}, and the paired test needs {MIN_BLOCKS} ({MIN_BLOCKS * pc.block} "
             "requests per engine; raise the scenario's requests).",
@@ -162,7 +162,7 @@ def _decide(
             f"(threshold {fmt_ratio(threshold, hi)})."
         )
     else:
-        decision = "inconclusive"
+        decision = "undecided"
         what = "the tail" if q is None else quantile_key(q)
         head = (
             f"{label} is undecided: {fmt_ratio(ratio)} the reference, and the {interval_s} "

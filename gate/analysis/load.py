@@ -214,7 +214,7 @@ def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[st
             cid,
             "peak",
             "goodput",
-            "inconclusive",
+            "undecided",
             f"Goodput in {phase.name} cannot be compared: no requests in one arm.",
             scenario=phase.name,
             threshold=-tol,
@@ -235,7 +235,7 @@ def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[st
         decision = "pass"
         message = f"{told}: within the allowed loss of {100.0 * tol:.1f} points."
     else:
-        decision = "inconclusive"
+        decision = "undecided"
         message = (
             f"{told}: the interval includes the allowed loss of {100.0 * tol:.1f} points; "
             "more requests at peak would settle it."
@@ -307,7 +307,7 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
             cid,
             "overload",
             "collapse",
-            "inconclusive",
+            "undecided",
             f"Overload in {phase.name} cannot be judged: no request was sent in its window.",
             scenario=phase.name,
             threshold=tol,
@@ -335,7 +335,7 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
         decision = "pass"
         message = f"{told}: within the {100.0 * tol:.1f}-point tolerance."
     else:
-        decision = "inconclusive"
+        decision = "undecided"
         message = (
             f"{told}: the interval includes the {100.0 * tol:.1f}-point tolerance; a longer "
             "overload would settle it."
@@ -398,13 +398,13 @@ def recovery_check(phase: OverloadPhase, policy: Policy) -> Check:
     limit = None if t_r is None else (1.0 + lp.recovery_tolerance) * t_r + lp.recovery_slack_s
     decision: Decision
     if level_r is None or level_c is None:
-        decision = "inconclusive"
+        decision = "undecided"
         message = (
             f"Recovery in {phase.name} cannot be judged: an engine has no successful request "
             "before the overload to recover to."
         )
     elif t_r is None and t_c is None:
-        decision = "inconclusive"
+        decision = "undecided"
         message = (
             f"Neither engine's TTFT p50 in {phase.name} returned within "
             f"{100.0 * lp.recovery_band:.0f}% of its pre-overload level before the phase ended; "

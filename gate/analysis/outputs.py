@@ -282,7 +282,7 @@ def mirrored_output_checks(
         )
         decision: Decision
         if hoeffding_p([(1, 1)] * len(o.blocks), p0) > dp.gross_alpha:
-            decision = "inconclusive"
+            decision = "undecided"
             message = (
                 f"{told}: {len(o.blocks)} block(s) of consecutive requests, too few to reach "
                 f"alpha {dp.gross_alpha:g} even if every pair parted early (about "

@@ -46,7 +46,7 @@ __all__ = ["Look", "SequentialJudge"]
 def _extends(c: Check) -> bool:
     """An undecided required check that more samples could settle (an unhealthy test bed,
     `gate.environment`, is not one)."""
-    return c.decision == "inconclusive" and c.required and c.metric != "environment"
+    return c.decision == "undecided" and c.required and c.metric != "environment"
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Look:
 
     samples: requests per arm seen (reference, candidate); planned: the scenario's planned
     size; limit: the most it may run (planned, or more when it may extend); checks: every check
-    as it stands (an undecided one reads "inconclusive"); decided: ids of the checks whose
+    as it stands (an undecided one reads "undecided"); decided: ids of the checks whose
     decision is final; extending: past the planned size because a check is undecided.
     """
 
@@ -140,7 +140,7 @@ class SequentialJudge:
                 f"at {n}."
             )
         final = final and not extending
-        decided = frozenset(c.id for c in checks if final or c.decision != "inconclusive")
+        decided = frozenset(c.id for c in checks if final or c.decision != "undecided")
         return Look(
             scenario=scenario,
             samples=(reference.requests, candidate.requests),

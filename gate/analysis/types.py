@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gate.core.errors import InvalidSamples
 from gate.core.vocabulary import CheckDecision as Decision
 from gate.core.vocabulary import CheckGroup, GateDecision, Role
 
@@ -30,8 +31,13 @@ __all__ = [
 
 def _frozen_array(name: str, values: object) -> np.ndarray:
     arr = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        first = int(bad[0])
+        raise InvalidSamples(
+            f"{name}[{first}] is {arr[first]!r}: samples must be finite numbers "
+            f"({bad.size} of {arr.size} values are NaN or infinite)"
+        )
     arr.setflags(write=False)
     return arr
 
@@ -232,7 +238,17 @@ class Check:
     correlation_requests: the correlation time of the pairs' log ratios, in requests
         (Geyer's estimate; 1 for independent requests); block_requests: the block length the
         paired test averaged over, fixed by the plan.
+    warning: why this check is in the warning tier, or None: it does not hold the gate, but a
+        continue must say it (a check past its warning threshold, an error rate above the
+        ceiling without confidence, a test bed that looks unhealthy). A continue with
+        warnings reads "continue, with N warnings" on every surface; exit codes and rollout
+        answers stay binary.
     """
+
+    @property
+    def not_shown(self) -> bool:
+        """An undecided check that does not hold: what a continue could not show."""
+        return self.decision == "undecided" and not self.required
 
     id: str
     group: CheckGroup
@@ -253,11 +269,12 @@ class Check:
     detectable: float | None = None
     correlation_requests: float | None = None
     block_requests: int | None = None
+    warning: str | None = None
 
     @property
     def holds(self) -> bool:
         """A failed check holds the gate; an undecided one only when it is required."""
-        return self.decision == "fail" or (self.decision == "inconclusive" and self.required)
+        return self.decision == "fail" or (self.decision == "undecided" and self.required)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: NaN and infinities become None (an unbounded interval end reads as null)."""
@@ -292,6 +309,7 @@ class Check:
             "detectable": _json_float(self.detectable),
             "correlation_requests": _json_float(self.correlation_requests),
             "block_requests": self.block_requests,
+            "warning": self.warning,
         }
 
 
@@ -304,10 +322,22 @@ class Verdict:
     reasons: tuple[Check, ...]
     notes: tuple[str, ...]
 
+    @property
+    def warnings(self) -> tuple[Check, ...]:
+        """Checks in the warning tier that do not hold the gate (Check.warning)."""
+        return tuple(c for c in self.checks if c.warning and not c.holds)
+
+    @property
+    def not_shown(self) -> tuple[Check, ...]:
+        """Undecided checks that do not hold: what a continue did not show."""
+        return tuple(c for c in self.checks if c.not_shown)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "decision": self.decision,
             "checks": [c.to_dict() for c in self.checks],
             "reasons": [c.to_dict() for c in self.reasons],
+            "warnings": [c.to_dict() for c in self.warnings],
+            "not_shown": [c.to_dict() for c in self.not_shown],
             "notes": list(self.notes),
         }

@@ -174,6 +174,14 @@ class ClusterError(GateError):
     code = "cluster_error"
 
 
+class InvalidSamples(GateError, ValueError):
+    """Samples handed to the judge that no statistic can use (NaN or infinite values): names
+    the field and the first bad position, so a bad measurement is found, not averaged."""
+
+    status_code = 422
+    code = "invalid_samples"
+
+
 class DocumentUnreadable(GateError):
     """A stored verdict document that this version's model cannot read (written by another
     version, or edited by hand): the message names the first fields that do not fit."""

@@ -21,7 +21,7 @@ ControllerState = Literal["pending", "running", "complete", "error"]
 
 GateDecision = Literal["continue", "hold"]  # the gate's verdict
 VERDICTS: Final[tuple[GateDecision, ...]] = get_args(GateDecision)
-CheckDecision = Literal["pass", "fail", "inconclusive"]  # one check's
+CheckDecision = Literal["pass", "fail", "undecided"]  # one check's
 
 CheckGroup = Literal[
     "latency",

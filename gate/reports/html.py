@@ -368,7 +368,7 @@ def _glyph_scale(checks: Sequence[Mapping[str, Any]]) -> tuple[float, float] | N
 def _count(checks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {
         d: sum(1 for c in checks if c.get("decision") == d)
-        for d in ("fail", "inconclusive", "pass")
+        for d in ("fail", "undecided", "pass")
     }
 
 
@@ -383,7 +383,7 @@ def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         scale = _glyph_scale(rows) if g == "latency" else None
         counts = {
             d: sum(1 for c in rows if c.get("decision") == d)
-            for d in ("fail", "inconclusive", "pass")
+            for d in ("fail", "undecided", "pass")
         }
         out.append(
             {
@@ -391,7 +391,7 @@ def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "title": GROUPS.get(g, g.capitalize()),
                 "rows": [_check_row(c, scale) for c in rows],
                 "counts": counts,
-                "open": g in ALWAYS_OPEN or counts["fail"] + counts["inconclusive"] > 0,
+                "open": g in ALWAYS_OPEN or counts["fail"] + counts["undecided"] > 0,
                 "glyphs": scale is not None,
             }
         )
@@ -407,9 +407,9 @@ def _headline(doc: Mapping[str, Any], counts: Mapping[str, int]) -> str:
     # An undecided latency or tail check that is not required does not hold the gate: it is
     # counted apart, as what this gate could not show.
     open_ = sum(
-        1 for c in checks if c.get("decision") == "inconclusive" and c.get("required") is False
+        1 for c in checks if c.get("decision") == "undecided" and c.get("required") is False
     )
-    undecided = counts["inconclusive"] - open_
+    undecided = counts["undecided"] - open_
     if doc.get("verdict") == "continue":
         if open_:
             return (
@@ -825,7 +825,7 @@ def report_context(
     checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
     counts = {
         d: sum(1 for c in checks if c.get("decision") == d)
-        for d in ("fail", "inconclusive", "pass")
+        for d in ("fail", "undecided", "pass")
     }
     engines = doc.get("engines") or {}
     phases = _lifecycles(engines)

@@ -118,7 +118,7 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
         table = Table(title="checks", title_justify="left", show_lines=False)
         for col in ("check", "decision", "ratio", "interval", "threshold", "samples"):
             table.add_column(col, justify="right" if col not in ("check", "decision") else "left")
-        colors = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+        colors = {"pass": "green", "fail": "red", "undecided": "yellow"}
         for c in doc.checks:
             table.add_row(
                 c.id,

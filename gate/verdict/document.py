@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gate.core.errors import DocumentUnreadable
 from gate.core.vocabulary import CheckDecision, FinishedState, GateDecision, Role
@@ -68,6 +68,20 @@ class CheckDoc(_Doc):
     block_requests: int | None = Field(
         None, description="requests per block of the paired test, fixed by the plan"
     )
+    warning: str | None = Field(
+        None,
+        description=(
+            "why this check is in the warning tier (it does not hold the gate, but a continue "
+            "says it): past its warning threshold, an error rate above the ceiling without "
+            "confidence, a test bed that looks unhealthy"
+        ),
+    )
+
+    @field_validator("decision", mode="before")
+    @classmethod
+    def _legacy_decision(cls, v: object) -> object:
+        """Documents stored before judge v3 spell an undecided check 'inconclusive'."""
+        return "undecided" if v == "inconclusive" else v
 
 
 class ReasonDoc(_Doc):

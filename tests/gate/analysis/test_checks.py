@@ -67,7 +67,7 @@ def test_statistic_check_fills_interval_and_alpha() -> None:
     assert check.ratio is not None and math.isclose(check.ratio, 0.8 / 0.9)
     assert (check.interval, check.threshold, check.alpha) == ((-0.02, 0.01), -0.05, 0.01)
     assert unset(check) == {"quantile", "estimate_interval", *PAIRED}
-    bare = statistic_check("s.errors", "errors", "errors", "inconclusive", "Empty.")
+    bare = statistic_check("s.errors", "errors", "errors", "undecided", "Empty.")
     assert unset(bare) == {"scenario", "estimate_interval", *STATS, *PAIRED}
     assert bare.holds, "an undecided error check holds: it is required"
 
@@ -76,7 +76,7 @@ def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
     check = ratio_check(
         "s.ttft.p99",
         "ttft",
-        "inconclusive",
+        "undecided",
         "No samples.",
         scenario="s",
         quantile=0.99,
@@ -102,7 +102,7 @@ def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
     optional = ratio_check(
         "s.ttft.p90",
         "ttft",
-        "inconclusive",
+        "undecided",
         "Undecided.",
         scenario="s",
         threshold=1.1,
@@ -141,7 +141,7 @@ def test_helper_built_checks_equal_the_ones_spelled_out_in_full() -> None:
         ratio=math.inf,
         interval=(0.9, math.inf),
         threshold=1.1,
-        decision="inconclusive",
+        decision="undecided",
         samples=(50, 60),
         alpha=0.002,
         message="Undecided.",
@@ -150,7 +150,7 @@ def test_helper_built_checks_equal_the_ones_spelled_out_in_full() -> None:
     built = ratio_check(
         "s.ttft.p99",
         "ttft",
-        "inconclusive",
+        "undecided",
         "Undecided.",
         scenario="s",
         quantile=0.99,

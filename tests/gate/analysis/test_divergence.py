@@ -113,12 +113,12 @@ def test_without_envelope_or_budget_or_prompts_the_tests_are_inconclusive() -> N
     data = sim("same", seed=4, prompts=20)
     no_env = DivergenceSamples(data.teacher, data.greedy)
     got = decisions(no_env)
-    assert got["correctness.teacher.logprob"] == "inconclusive"
+    assert got["correctness.teacher.logprob"] == "undecided"
     assert got["correctness.finite"] == "pass"
     zero = Policy(alpha_split={"latency": 0.5, "errors": 0.5, "correctness": 0.0})
-    assert decisions(data, zero)["correctness.teacher.kl"] == "inconclusive"
+    assert decisions(data, zero)["correctness.teacher.kl"] == "undecided"
     few = sim("same", seed=5, prompts=3)
-    assert decisions(few)["correctness.teacher.top1"] == "inconclusive"
+    assert decisions(few)["correctness.teacher.top1"] == "undecided"
 
 
 def test_divergence_through_the_judge() -> None:
@@ -172,7 +172,7 @@ def test_undecided_correctness_checks_never_hold() -> None:
         update={"alpha_split": {**POLICY.alpha_split, "latency": 0.55, "correctness": 0.0}}
     )
     checks = divergence_checks(data, no_budget, [])
-    undecided = [c for c in checks if c.decision == "inconclusive"]
+    undecided = [c for c in checks if c.decision == "undecided"]
     assert undecided and all(not c.required and not c.holds for c in undecided)
 
 
@@ -195,5 +195,5 @@ def test_unanswered_probes_fail_for_the_candidate_and_void_for_the_reference() -
         ("correctness.answered", "fail")
     ]
     ref_only = DivergenceSamples(failures=[("reference", "no logprobs")])
-    assert decisions(ref_only) == {"correctness.answered": "inconclusive"}
+    assert decisions(ref_only) == {"correctness.answered": "undecided"}
     assert "correctness.answered" not in decisions(data)

@@ -67,7 +67,7 @@ def test_repeated_launches_are_tested() -> None:
     assert decide["slow"].decision == "fail"
     assert decide["slow"].alpha == pytest.approx(POLICY.group_alpha("startup"))
     assert decide["slow"].samples == (4, 4)
-    assert decide["noisy"].decision == "inconclusive"
+    assert decide["noisy"].decision == "undecided"
     assert "more launches" in decide["noisy"].message
     assert decide["fine"].decision == "pass"
     # One launch on one side: the rule, on the other side's median.

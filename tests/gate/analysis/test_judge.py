@@ -127,7 +127,7 @@ def test_error_ceiling_needs_confidence_not_a_point_estimate() -> None:
     rate is: the old rule held it, the judged ceiling does not."""
     verdict = one(arm(1, errors=4), arm(2, errors=5), Policy(max_error_rate=0.01))
     check = by_id(verdict)["steady.errors"]
-    assert check.decision == "inconclusive" and not check.holds
+    assert check.decision == "undecided" and not check.holds
     assert "above the 1.00% ceiling but not with confidence at 300 requests" in check.message
     assert verdict.decision == "continue"
 
@@ -143,7 +143,7 @@ def test_a_reference_above_the_ceiling_is_the_environment_not_the_candidate() ->
     assert verdict.decision == "hold"
     assert [c.id for c in verdict.reasons] == ["gate.environment"]
     env = verdict.reasons[0]
-    assert env.decision == "inconclusive" and env.holds
+    assert env.decision == "undecided" and env.holds
     assert "The reference fails 2.5% of requests in steady (connect 50)" in env.message
     assert "the test bed, not the candidate, is unhealthy" in env.message
     assert by_id(verdict)["steady.errors"].decision == "pass"
@@ -207,9 +207,9 @@ def test_empty_candidate_arm_is_inconclusive() -> None:
     verdict = one(arm(1), empty)
     assert verdict.decision == "hold"
     ids = {c.id: c for c in verdict.reasons}
-    assert ids["steady.ttft.p50"].decision == "inconclusive"
+    assert ids["steady.ttft.p50"].decision == "undecided"
     assert "candidate has no samples" in ids["steady.ttft.p50"].message
-    assert ids["steady.errors"].decision == "inconclusive"
+    assert ids["steady.errors"].decision == "undecided"
     assert_json_safe(verdict)
 
 
@@ -229,7 +229,7 @@ def test_a_required_check_that_cannot_be_decided_holds() -> None:
     assert verdict.decision == "hold"
     assert [c.id for c in verdict.reasons] == ["steady.ttft.p90"]
     p90 = verdict.reasons[0]
-    assert p90.decision == "inconclusive" and p90.required
+    assert p90.decision == "undecided" and p90.required
     assert p90.interval is not None and p90.interval[0] < p90.threshold < p90.interval[1]  # type: ignore[operator]
     assert "the policy requires it decided, so it holds" in p90.message
     assert_json_safe(verdict)
@@ -251,7 +251,7 @@ def test_undecided_checks_say_what_they_could_detect_and_do_not_hold() -> None:
     verdict = one(tailed(1), tailed(2))
     assert verdict.decision == "continue", [c.message for c in verdict.reasons]
     p90 = by_id(verdict)["steady.ttft.p90"]
-    assert p90.decision == "inconclusive" and not p90.required and not p90.holds
+    assert p90.decision == "undecided" and not p90.required and not p90.holds
     assert p90.detectable is not None and p90.threshold is not None
     assert p90.detectable > p90.threshold
     shown = round((p90.detectable - 1.0) * 100)
@@ -324,7 +324,7 @@ def test_to_dict_replaces_non_finite_numbers() -> None:
         ratio=math.inf,
         interval=(0.0, math.inf),
         threshold=1.15,
-        decision="inconclusive",
+        decision="undecided",
         samples=(1, 2),
         alpha=0.01,
         message="m",
@@ -500,7 +500,7 @@ def test_one_stall_does_not_break_the_ceiling_but_a_steady_rate_above_it_does() 
     ref = with_errors(1, 800, np.array([100, 400]))
     stall = with_errors(2, 800, np.arange(300, 325))
     check = by_id(one(ref, stall))["steady.errors"]
-    assert check.decision == "inconclusive" and not check.holds, check.message
+    assert check.decision == "undecided" and not check.holds, check.message
     assert "above the 1.00% ceiling but not with confidence" in check.message
     spread = with_errors(2, 2_000, np.arange(10, 2_000, 33))  # 61 errors, 3%
     check = by_id(one(with_errors(1, 2_000, np.array([5, 900])), spread))["steady.errors"]

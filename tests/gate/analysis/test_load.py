@@ -69,7 +69,7 @@ def test_goodput_loss_fails_with_both_fractions_in_the_message() -> None:
 
 def test_goodput_with_few_requests_is_inconclusive() -> None:
     check = goodput_check(peak(3, 60, 1.0), POLICY, 0.005, [])
-    assert check.decision == "inconclusive"
+    assert check.decision == "undecided"
     notes: list[str] = []
     p = peak(3, 100, 1.0)
     uneven = PeakPhase("peak", p.reference, p.candidate.head(90), p.slo)

@@ -144,7 +144,7 @@ def test_too_few_pairs_are_inconclusive_not_a_hold() -> None:
     # 13 blocks of 16 cannot reach 0.001 even at a share of 1 (exp(-2 * 13 / 4) = 0.0015);
     # 14 can (exp(-7) = 0.0009).
     (c,) = mirrored_output_checks([outputs([True] * (13 * MIN_BLOCK))], POLICY)
-    assert c.decision == "inconclusive" and not c.holds and "too few" in c.message
+    assert c.decision == "undecided" and not c.holds and "too few" in c.message
     (c,) = mirrored_output_checks([outputs([True] * (14 * MIN_BLOCK))], POLICY)
     assert c.decision == "fail"
 
@@ -218,7 +218,7 @@ def test_the_check_is_consistent_with_its_counts(flags: list[bool]) -> None:
     o = outputs(flags)
     (c,) = mirrored_output_checks([o], POLICY)
     if len(flags) < 14 * MIN_BLOCK:
-        assert c.decision == "inconclusive"
+        assert c.decision == "undecided"
     else:
         assert c.decision in ("pass", "fail")
         # it never holds a scenario whose early share is at or below the threshold

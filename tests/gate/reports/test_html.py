@@ -259,7 +259,7 @@ def test_units_divergence_examples_and_no_script() -> None:
             "id": "o.overload",
             "group": "overload",
             "metric": "collapse",
-            "decision": "inconclusive",
+            "decision": "undecided",
             "reference": 0.0,
             "candidate": 0.01,
             "interval": [-0.066, 0.066],
@@ -339,7 +339,7 @@ def test_the_headline_counts_undecided_checks_that_do_not_hold_apart() -> None:
     doc = _doc()
     undecided = {
         "id": "steady.ttft.p90",
-        "decision": "inconclusive",
+        "decision": "undecided",
         "required": False,
         "threshold": 1.1,
         "samples": [500, 500],

@@ -103,7 +103,7 @@ def test_an_undecidable_check_runs_the_scenario_past_its_plan_then_holds(
     steady = doc["scenarios"][0]
     assert steady["planned_requests"] == 200
     p50 = checks(doc)["steady.ttft.p50"]
-    assert p50["decision"] == "inconclusive"
+    assert p50["decision"] == "undecided"
     assert p50["samples"] == [300, 300]  # planned 200, extended by half
     assert steady["early_stop"] is None  # it used the whole extended schedule
     assert doc["verdict"] == "hold"
@@ -215,7 +215,7 @@ def test_the_default_stage_judges_numerics_against_a_deterministic_reference(
         assert stage and all(c["decision"] == "pass" for c in stage), stage
         # 120 pairs are 7 blocks: too few for the gross rule, which says so and holds nothing
         gross = got["steady.outputs.divergence"]
-        assert gross["decision"] == "inconclusive" and not gross["required"]
+        assert gross["decision"] == "undecided" and not gross["required"]
     else:
         assert got["correctness.teacher.logprob"]["decision"] == "fail"
     assert any("added a short one ('correctness'" in n for n in doc["notes"])
@@ -306,7 +306,7 @@ def test_peak_goodput_and_overload_collapse_hold(tmp_path: Path, tag: str) -> No
     assert got["recovery.overload"]["decision"] == "fail", got["recovery.overload"]["message"]
     # the candidate never recovers; on a busy machine the reference may not settle within its
     # short cool-down either, and then the check is inconclusive: a hold all the same
-    assert got["recovery.recovery"]["decision"] in ("fail", "inconclusive")
+    assert got["recovery.recovery"]["decision"] in ("fail", "undecided")
     assert "collapsed" in got["recovery.overload"]["message"]
     assert {"peak.goodput", "recovery.overload", "recovery.recovery"} <= {
         r["check"] for r in doc["reasons"]
