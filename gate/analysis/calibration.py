@@ -523,8 +523,12 @@ def simulate_gate(
     """Both judges on one simulated gate (module docstring)."""
     rng = np.random.default_rng(seed)
     k = policy.divergence.top_k
-    plan = Plan.build(policy, {"steady": config.limit})
-    gate = _gate(case, config, k, rng, plan.limit("steady"))
+    sized = Plan.build(policy, {"steady": config.limit}, short_ok={"steady"})
+    gate = _gate(case, config, k, rng, sized.limit("steady"))
+    # Blocks in time: the schedule's send offsets are known before the load.
+    plan = Plan.build(
+        policy, {"steady": config.limit}, times={"steady": gate.sent}, short_ok={"steady"}
+    )
     failed, inconclusive, requests, stopped = _ours(gate, plan, policy, config)
     b_held, b_requests = _baseline(gate, config, k)
     b_stopped = b_requests if b_held and b_requests is not None else config.limit

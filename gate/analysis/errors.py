@@ -39,17 +39,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy import stats
 
 from gate.analysis.checks import quotient, rule_check, statistic_check
 from gate.analysis.counts import (
-    block_fractions,
     kind_mixture_pvalues,
-    log_ceiling_capital,
-    log_ceiling_evalue,
 )
+from gate.analysis.paired import MIN_TEST_BLOCKS, Layout, level_test, look_levels
+from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
 from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
 
@@ -92,36 +92,62 @@ def _events(arm: ArmSamples) -> tuple[np.ndarray, list[str]] | None:
 def burst_events(
     times: np.ndarray, kinds: list[str], window_s: float
 ) -> tuple[np.ndarray, list[str]]:
-    """One arm's errors as events: an event opens at an error and takes every error of the
-    arm sent less than `window_s` after that first one (windows do not chain, so errors that
-    never stop are one event per window, not one in all). Each event is at its first error's
-    time, of its kind."""
+    """One arm's errors as episodes: errors that follow each other by less than `window_s`
+    chain into one episode (a bad period of any length, as long as it keeps failing, is one
+    event). Each episode is at its first error's time, of its kind."""
     if times.size == 0 or window_s <= 0.0:
         return times, list(kinds)
     order = np.argsort(times, kind="stable")
     t = times[order]
-    first: list[int] = []
-    opened = -math.inf
-    for i, ti in enumerate(t):
-        if ti - opened >= window_s:
-            first.append(i)
-            opened = float(ti)
-    picked = order[np.asarray(first, np.int64)]
+    starts = np.flatnonzero(np.diff(t, prepend=-math.inf) >= window_s)
+    picked = order[starts]
     return times[picked], [kinds[i] for i in picked]
 
 
 ENVIRONMENT = "gate.environment"
-CEILING_BLOCK = 32  # requests per block of the ceiling test: fixed, like the latency blocks
 
 
-def _ceiling_log_e(arm: ArmSamples, ceiling: float) -> float:
-    """Evidence that this arm fails more than `ceiling` of its requests (counts.py): on the
-    failed fraction of each block of requests when the errors' schedule ids are known (valid
-    under bursts), else on the count (independent errors assumed)."""
-    if arm.error_ids is not None:
-        f = block_fractions(arm.error_ids, arm.first_id, arm.requests, CEILING_BLOCK)
-        return log_ceiling_capital(f, ceiling)
-    return log_ceiling_evalue(arm.error_count, arm.requests, ceiling)
+@dataclass(frozen=True)
+class _Blocks:
+    """The failed fraction of each complete time block of both arms, and the look's levels."""
+
+    ref: np.ndarray
+    cand: np.ndarray
+    alpha: float
+    beta: float
+
+
+def _fractions(arm: ArmSamples, layout: Layout, size: int) -> np.ndarray | None:
+    """The failed fraction of each complete block of the first `size` judged requests (None
+    without the errors' schedule ids: then the count alone is known)."""
+    if arm.error_ids is None:
+        return None
+    m = layout.complete(size)
+    if m == 0:
+        return np.zeros(0)
+    edges = np.asarray(layout.edges[: m + 1])
+    rel = np.asarray(arm.error_ids, np.int64) - arm.first_id
+    which = np.searchsorted(edges, rel, side="right") - 1
+    counts = np.bincount(which[(which >= 0) & (which < m)], minlength=m).astype(np.float64)
+    return np.asarray(counts / np.diff(edges), np.float64)
+
+
+def _ceiling_bounds(
+    arm: ArmSamples, f: np.ndarray | None, alpha: float, beta: float
+) -> tuple[float, float]:
+    """(lower, upper) bounds on this arm's failed share: on its time blocks' failed fractions
+    with the long-run sd (valid when errors come in episodes: a bad period moves a few
+    blocks, and a right-skewed series only makes this one-sided t test conservative), else on
+    the count as independent coins."""
+    if f is not None and f.size >= MIN_TEST_BLOCKS:
+        bt = level_test(f, alpha, beta, detrend=False)
+        return bt.lower, bt.upper
+    n, k = arm.requests, arm.error_count
+    if n == 0:
+        return -math.inf, math.inf
+    lo = float(stats.beta.ppf(alpha, k, n - k + 1)) if k > 0 and alpha > 0 else 0.0
+    hi = float(stats.beta.isf(beta, k + 1, n - k)) if beta > 0 and k < n else 1.0
+    return lo, hi
 
 
 def _error_test(
@@ -172,6 +198,10 @@ def _error_test(
     return result.pvalue, result.kind_pvalues
 
 
+def kinds_failed(kinds: Sequence[Check]) -> bool:
+    return any(c.decision == "fail" for c in kinds)
+
+
 def _kind_weight(policy: Policy) -> float:
     return policy.error_kind_share / (len(policy.error_kinds) + 1)
 
@@ -182,11 +212,15 @@ def error_check(
     policy: Policy,
     notes: list[str],
     planned: int | None = None,
+    layout: Layout | None = None,
+    looks: Sequence[int] | None = None,
 ) -> list[Check]:
     """The scenario's errors check, then one check per error kind when several kinds occurred.
 
     planned: the scenario's planned requests per arm when this is a look before its end (see
-    the module docstring for what a look may decide); None at the end.
+    the module docstring for what a look may decide); None at the end. layout, looks: the
+    plan's time blocks and looks of the scenario (None: one look at the samples held, blocks
+    of equal request counts).
     """
     ref, cand = s.reference, s.candidate
 
@@ -230,12 +264,20 @@ def error_check(
     )
     count_alpha, ceiling_alpha = alpha / 2.0, alpha / 4.0
     ceiling = policy.max_error_rate
-    bar = math.log(1.0 / ceiling_alpha) if ceiling_alpha > 0.0 else math.inf
-    cand_over = _ceiling_log_e(cand, ceiling) >= bar
-    ref_over = _ceiling_log_e(ref, ceiling) >= bar
+    n = min(ref.requests, cand.requests)
+    if layout is None:
+        layout = Layout.build(max(n, 1))
+    size, a_k, b_k = look_levels(
+        n, tuple(looks) if looks else (max(n, 1),), ceiling_alpha, policy.beta
+    )
+    f_r, f_c = _fractions(ref, layout, size), _fractions(cand, layout, size)
+    cand_lo, _ = _ceiling_bounds(cand, f_c, a_k, b_k)
+    ref_lo, _ = _ceiling_bounds(ref, f_r, a_k, b_k)
+    cand_over = cand_lo > ceiling
+    ref_over = ref_lo > ceiling
     environment = _environment_check(s, ref, ceiling) if ref_over else None
     over_ceiling = cand_over and not ref_over
-    # The count test sees events; a hold also needs the candidate's failed share of requests
+    # The count test sees episodes; a hold also needs the candidate's failed share of requests
     # above the reference's, so bursts on the reference never make the candidate look worse
     # (a subset of a valid rejection region is valid).
     significant = p <= count_alpha and frac_c > frac_r
@@ -245,11 +287,47 @@ def error_check(
     test = f"{fmt_p(p)} (alpha {count_alpha:.2g})"
     if not (significant or over_ceiling):
         if planned is not None:
+            # Before the end a clean scenario may stop early when its errors give no evidence
+            # of a regression and the candidate's failed share so far is within
+            # error_tolerance of the reference's and under the ceiling (the point figures:
+            # with errors in episodes, no bound on a difference of fractions gets that narrow
+            # in a few thousand requests). The bound over the time blocks is said when known.
+            shown = None
+            if (
+                f_r is not None
+                and f_c is not None
+                and f_r.size == f_c.size
+                and f_r.size >= MIN_TEST_BLOCKS
+            ):
+                shown = level_test(f_c - f_r, a_k, b_k, detrend=False).upper
+            within = (
+                frac_c <= frac_r + policy.error_tolerance
+                and (frac_c <= ceiling or ref_over)
+                and not kinds_failed(kinds)
+            )
+            if within:
+                bound = f" (at most {shown:+.2%} with confidence)" if shown is not None else ""
+                return [
+                    check(
+                        "pass",
+                        f"Errors in {s.name} so far: {counts}; {test}; no evidence of more "
+                        f"errors, and the candidate fails {frac_c - frac_r:+.2%} of its "
+                        f"requests against the reference{bound}, within the "
+                        f"{policy.error_tolerance:.2%} tolerance and the {ceiling:.2%} ceiling.",
+                        (frac_r, frac_c),
+                        alpha,
+                    ),
+                    *[
+                        replace(k, decision="pass") if k.decision == "undecided" else k
+                        for k in kinds
+                    ],
+                    *extra,
+                ]
             return [
                 check(
                     "undecided",
-                    f"Errors in {s.name} so far: {counts}; {test}; no evidence yet, and the "
-                    "count test decides only on evidence or at the planned end.",
+                    f"Errors in {s.name} so far: {counts}; {test}; no evidence yet of more "
+                    "errors, and not yet shown within tolerance.",
                     (frac_r, frac_c),
                     alpha,
                 ),
@@ -268,7 +346,14 @@ def error_check(
                 (frac_r, frac_c),
                 alpha,
             )
-            return [replace(undecided, required=False), *kinds, *extra]
+            both = (
+                " (the reference's too: the test bed may be unhealthy)" if frac_r > ceiling else ""
+            )
+            warning = (
+                f"the candidate fails {frac_c:.2%} of requests in {s.name}, above the "
+                f"{ceiling:.2%} ceiling, not with confidence{both}"
+            )
+            return [replace(undecided, required=False, warning=warning), *kinds, *extra]
         rate = (
             f"an error rate of {frac_c:.2%}, within the {ceiling:.2%} ceiling"
             if not ref_over
@@ -375,9 +460,11 @@ def error_checks(
     notes: list[str],
     alpha: float | None = None,
     planned: Mapping[str, int] | None = None,
+    plan: Plan | None = None,
 ) -> list[Check]:
     """Errors of every scenario; alpha per scenario defaults to an even split of the budget
-    over the comparable scenarios (the one-shot judge); a plan gives it instead."""
+    over the comparable scenarios (the one-shot judge); a plan gives it, its time blocks and
+    its looks instead."""
     if alpha is None:
         comparable = sum(1 for s in scenarios if s.reference.requests and s.candidate.requests)
         alpha = policy.group_alpha("errors") / comparable if comparable else 0.0
@@ -385,7 +472,10 @@ def error_checks(
     environment: list[Check] = []
     for s in scenarios:
         limit = None if planned is None else planned.get(s.name)
-        for c in error_check(s, alpha, policy, notes, limit):
+        layout = looks = None
+        if plan is not None and s.name in plan.requests:
+            layout, looks = plan.layout(s.name), plan.look_sizes(s.name)
+        for c in error_check(s, alpha, policy, notes, limit, layout, looks):
             (environment if c.id == ENVIRONMENT else out).append(c)
     if len(environment) == 1:
         out.append(environment[0])

@@ -117,7 +117,9 @@ def judge(
                     "undecided at the planned size."
                 )
         checks.extend(planned_latency_checks(scenarios, plan, notes))
-        checks.extend(error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None))
+        checks.extend(
+            error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None, plan=plan)
+        )
     if not any(c.group == "latency" for c in checks):
         checks.insert(0, _coverage_check())
     checks.extend(outputs_checks(scenarios))

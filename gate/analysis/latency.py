@@ -1,49 +1,60 @@
-"""Latency checks: scenario x metric (TTFT, ITL, E2E) x (quantile, tail), paired and blocked.
+"""Latency checks: scenario x metric (TTFT, ITL, E2E) x (quantiles, tail, window, creep), paired
+and blocked in time (judge v3).
 
 Each check compares the two engines request by request (paired.py): the samples are joined by
-schedule id, cut into blocks fixed by the plan, reduced to one log ratio per block and tested
-with an anytime-valid t test against log(1 + tolerance):
+schedule id, cut into the plan's time blocks, reduced to one statistic per block, and tested
+one-sided at the alpha and beta the plan spends at this look:
 
-    fail          the whole interval lies above the threshold: evidence of a regression;
-    pass          the whole interval lies below it;
-    inconclusive  neither. It holds the gate only when the policy `require`s the check;
-                  otherwise the gate reports it with the smallest regression it could have
-                  detected at its size ("could detect p90 >= +11%") and decides on the rest.
+    quantile  p50: the trimmed mean of each block's paired log ratios; p90 and others: the log
+              ratio of block quantiles; both against log(1 + tolerance);
+    tail      exceedances over the pooled slow tail, the candidate deflated by its tolerance
+              (tails.py): a few percent of requests slowing;
+    window    the slowest run of consecutive blocks (windows.py): a stall, a slow quarter;
+    creep     a line through the blocks, judged where it ends (windows.py).
 
-Holding on evidence only is what lets identical engines continue at the sizes people run: at
-1,000 requests a p90 cannot be pinned to within 10% on a busy engine, and a gate that holds
-every candidate it cannot tell apart from the reference is switched off by its users. What the
-gate could not show is never hidden: it is a check in the verdict, with its interval.
+and decides
+
+    fail       the lower bound (at the look's alpha) lies above the threshold: a regression;
+    pass       the upper bound (at the look's beta) lies below it: shown within tolerance;
+    undecided  neither. It holds the gate only when the policy `require`s the check;
+               otherwise a continue lists it as not shown, with what the gate could detect,
+               and one whose estimate is past its threshold is a warning.
 
 Two ways to ask: under a `Plan` (plan.py), at any prefix, as the gate looks while the load
-runs; or once, at a scenario's end, with a plan built from the sizes held (one look, valid for
-that look).
+runs; or once, at a scenario's end, with a plan built from the sizes held (one look).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
-from scipy import stats
 
 from gate.analysis.checks import ratio_check
 from gate.analysis.estimates import hd_quantile
 from gate.analysis.paired import (
-    MIN_BLOCKS,
+    MIN_TEST_BLOCKS,
     BlockTest,
-    block_stats,
-    block_test,
+    Layout,
+    block_quantiles,
+    block_trimmed_means,
     correlation_time,
     detectable_shift,
     join,
+    level_test,
+    look_levels,
 )
 from gate.analysis.plan import METRIC_LABEL, Plan, PlannedCheck, tolerance_of
-from gate.analysis.policy import Policy, quantile_key
+from gate.analysis.policy import Policy
+from gate.analysis.tails import LEVELS, TailScale
 from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
+from gate.analysis.windows import creep_test, window_test
 
 __all__ = ["fmt_ratio", "latency_checks", "planned_latency_checks", "slowest_mean"]
+
+GROSS = 2.0  # an undecided estimate this many times its threshold is named in the warning
 
 
 def fmt_ratio(x: float, other: float | None = None) -> str:
@@ -90,119 +101,342 @@ def _no_data_check(s: ScenarioSamples, pc: PlannedCheck, policy: Policy) -> Chec
         f"{pc.label} in {s.name} cannot be compared: {why}.",
         scenario=s.name,
         quantile=pc.q,
-        threshold=1.0 + tolerance_of(policy, pc.q),
+        threshold=1.0 + tolerance_of(policy, pc.q, pc.kind),
         samples=(ref_n, cand_n),
-        block_requests=pc.block,
     )
 
 
-def _decide(
-    s: ScenarioSamples,
-    pc: PlannedCheck,
-    policy: Policy,
-    bt: BlockTest,
-    pairs: int,
-    tau: float,
-    final: bool,
-) -> Check:
-    metric, q = pc.metric, pc.q
-    ref_all, cand_all = s.reference.metric(metric), s.candidate.metric(metric)
-    tol = tolerance_of(policy, q)
-    theta = math.log1p(tol)
-    threshold = 1.0 + tol
-    label = f"{pc.label} in {s.name}"
-    share = 1.0 - policy.tail.start
-    est_r = hd_quantile(ref_all, q) if q is not None else slowest_mean(ref_all, share)
-    est_c = hd_quantile(cand_all, q) if q is not None else slowest_mean(cand_all, share)
-    common = {
-        "scenario": s.name,
-        "quantile": q,
-        "reference": est_r,
-        "candidate": est_c,
-        "threshold": threshold,
-        "samples": (int(ref_all.size), int(cand_all.size)),
+class _Look:
+    """One scenario x metric at one look: the joined pairs of the look's prefix, by block."""
+
+    def __init__(self, s: ScenarioSamples, metric: str, plan: Plan, final: bool) -> None:
+        self.s, self.metric, self.plan, self.final = s, metric, plan, final
+        policy = plan.policy
+        self.layout: Layout = plan.layout(s.name)
+        looks = plan.look_sizes(s.name)
+        n = min(s.reference.requests, s.candidate.requests)
+        self.size, _, _ = look_levels(n, looks, 1.0, 1.0)
+        self.looks = looks
+        ref_all, cand_all = s.reference.metric(metric), s.candidate.metric(metric)
+        self.ref_all, self.cand_all = ref_all, cand_all
+        ref, cand, ids = join(
+            ref_all, _ids(s.reference, metric), cand_all, _ids(s.candidate, metric)
+        )
+        rel = ids - int(s.reference.first_id)
+        keep = rel < self.size
+        self.m = self.layout.complete(self.size)
+        block = self.layout.index(rel[keep])
+        inside = block < self.m
+        self.ref, self.cand = ref[keep][inside], cand[keep][inside]
+        self.block = block[inside]
+        self.pairs = int(self.ref.size)
+        self.policy = policy
+        self._p50: np.ndarray | None = None
+
+    def levels(self, pc: PlannedCheck) -> tuple[float, float]:
+        _, a, b = look_levels(self.size, self.looks, pc.alpha, pc.beta)
+        return a, b
+
+    def p50_blocks(self) -> np.ndarray:
+        if self._p50 is None:
+            x = block_trimmed_means(self.ref, self.cand, self.block, self.m)
+            self._p50 = x[~np.isnan(x)]
+        return self._p50
+
+    def per_block(self) -> int:
+        return max(1, round(self.pairs / max(self.m, 1)))
+
+
+def _estimates(lk: _Look, pc: PlannedCheck) -> tuple[float | None, float | None]:
+    ra, ca = lk.ref_all, lk.cand_all
+    if not ra.size or not ca.size:
+        return None, None
+    if pc.q is not None:
+        return hd_quantile(ra, pc.q), hd_quantile(ca, pc.q)
+    if pc.kind == "tail":
+        share = LEVELS[1]
+        return slowest_mean(ra, share), slowest_mean(ca, share)
+    return hd_quantile(ra, 0.5), hd_quantile(ca, 0.5)
+
+
+def _common(lk: _Look, pc: PlannedCheck, bt_phi: float | None) -> dict[str, object]:
+    ref_est, cand_est = _estimates(lk, pc)
+    corr = None
+    if bt_phi is not None:
+        corr = correlation_time(bt_phi) * lk.per_block()
+    return {
+        "scenario": lk.s.name,
+        "quantile": pc.q,
+        "reference": ref_est,
+        "candidate": cand_est,
+        "threshold": 1.0 + tolerance_of(lk.policy, pc.q, pc.kind),
+        "samples": (int(lk.ref_all.size), int(lk.cand_all.size)),
         "alpha": pc.alpha,
         "required": pc.required,
-        "correlation_requests": None if math.isnan(tau) else tau,
-        "block_requests": pc.block,
+        "correlation_requests": corr,
+        "block_requests": lk.per_block(),
     }
-    if bt.blocks < MIN_BLOCKS:
-        # Nothing of this metric can be compared: its first check holds (a scenario the spec
-        # asked for is never silently skipped), its others only say so.
-        common["required"] = pc.required or pc.q == policy.checked_quantiles[0]
-        return ratio_check(
-            pc.id,
-            metric,
-            "undecided",
-            f"{label} cannot be compared: {pairs} paired requests make {bt.blocks} blocks of "
-            f"{pc.block}, and the paired test needs {MIN_BLOCKS} ({MIN_BLOCKS * pc.block} "
-            "requests per engine; raise the scenario's requests).",
-            ratio=est_c / est_r if est_r > 0.0 else None,
-            **common,  # type: ignore[arg-type]
+
+
+def _too_few(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
+    common = _common(lk, pc, None)
+    # Nothing of this metric can be compared: its first check holds (a scenario the spec
+    # asked for is never silently skipped) at the end, its others only say so.
+    common["required"] = pc.required or (first and lk.final)
+    label = f"{pc.label} in {lk.s.name}"
+    if lk.final:
+        msg = (
+            f"{label} cannot be compared: {lk.pairs} paired requests make {lk.m} complete "
+            f"blocks ({lk.layout.describe()} planned), and the paired checks need "
+            f"{MIN_TEST_BLOCKS} (raise the scenario's requests)."
         )
+    else:
+        msg = f"{label}: {lk.m} blocks so far; the paired checks start at {MIN_TEST_BLOCKS}."
+    ref_est, cand_est = common["reference"], common["candidate"]
+    ratio = (
+        cand_est / ref_est
+        if isinstance(ref_est, float) and isinstance(cand_est, float) and ref_est > 0
+        else None
+    )
+    return ratio_check(pc.id, pc.metric, "undecided", msg, ratio=ratio, **common)  # type: ignore[arg-type]
+
+
+def _decision(lower: float, upper: float, theta: float) -> Decision:
+    if lower > theta:
+        return "fail"
+    if upper < theta:
+        return "pass"
+    return "undecided"
+
+
+def _undecided_text(lk: _Look, pc: PlannedCheck, head: str, detectable: float | None) -> str:
+    if not lk.final:
+        return f"{head}; more samples may settle it."
+    what = pc.label.split(" ", 1)[1]
+    could = (
+        f" (at {lk.m} blocks it could detect {what} >= {fmt_shift(detectable)})"
+        if detectable is not None and math.isfinite(detectable)
+        else ""
+    )
+    if pc.required:
+        return f"{head}; the policy requires it decided, so it holds{could}."
+    return f"{head}: no regression was shown, and none within tolerance either{could}."
+
+
+def _warn(check: Check, lk: _Look) -> Check:
+    """An undecided check whose estimate is past its threshold is a warning at the end."""
+    if check.decision != "undecided" or check.ratio is None or check.threshold is None:
+        return check
+    if not lk.final or check.holds or not check.ratio > check.threshold:
+        return check
+    gross = check.ratio >= GROSS * check.threshold
+    why = (
+        f"{check.id} is {fmt_ratio(check.ratio)} the reference, past its "
+        f"{fmt_ratio(check.threshold)} threshold"
+        + (" by far" if gross else "")
+        + f" but not with confidence at {lk.pairs} paired requests"
+    )
+    return replace(check, warning=why)
+
+
+def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
+    alpha, beta = lk.levels(pc)
+    if pc.q == 0.5:
+        x = lk.p50_blocks()
+    else:
+        assert pc.q is not None
+        x = block_quantiles(lk.ref, lk.cand, lk.block, lk.m, pc.q)
+        x = x[~np.isnan(x)]
+    if x.size < MIN_TEST_BLOCKS:
+        return _too_few(lk, pc, first)
+    bt: BlockTest = level_test(x, alpha, beta)
+    tol = tolerance_of(lk.policy, pc.q, pc.kind)
+    theta = math.log1p(tol)
+    threshold = 1.0 + tol
+    label = f"{pc.label} in {lk.s.name}"
     ratio = math.exp(bt.mean)
     lo, hi = math.exp(bt.lower), math.exp(bt.upper)
-    t95 = float(stats.t.ppf(0.975, bt.blocks - 1))
-    half = t95 * bt.sd / math.sqrt(bt.blocks)
-    estimate = (math.exp(bt.mean - half), math.exp(bt.mean + half))
-    detectable = math.exp(theta + detectable_shift(bt.blocks, bt.sd, pc.alpha, pc.g))
+    decision = _decision(bt.lower, bt.upper, theta)
+    per = "request for request" if pc.q == 0.5 else "block for block"
     interval_s = f"interval {fmt_ratio(lo)}-{fmt_ratio(hi)}"
-    per = "request for request" if q == 0.5 else "block for block"
-    decision: Decision
-    if bt.lower > theta:
-        decision = "fail"
+    final_a = look_levels(lk.looks[-1], lk.looks, pc.alpha, pc.beta)[1]
+    detectable = math.exp(theta + detectable_shift(bt.blocks, bt.sd, final_a, bt.df))
+    if decision == "fail":
         message = (
-            f"{label} is {fmt_ratio(ratio)} the reference, {per} ({interval_s}), "
-            f"above the {fmt_ratio(threshold, lo)} threshold."
+            f"{label} is {fmt_ratio(ratio)} the reference, {per} ({interval_s}), above the "
+            f"{fmt_ratio(threshold, lo)} threshold."
         )
-    elif bt.upper < theta:
-        decision = "pass"
+    elif decision == "pass":
         message = (
             f"{label} is within tolerance: at most {fmt_ratio(hi, threshold)} the reference "
             f"(threshold {fmt_ratio(threshold, hi)})."
         )
     else:
-        decision = "undecided"
-        what = "the tail" if q is None else quantile_key(q)
         head = (
             f"{label} is undecided: {fmt_ratio(ratio)} the reference, and the {interval_s} "
             f"includes the {fmt_ratio(threshold)} threshold"
         )
-        if not final:
-            message = f"{head}; more samples may settle it."
-        elif not math.isfinite(detectable):
-            message = (
-                f"{head}: no regression was shown, and {bt.blocks} blocks of {pc.block} are too "
-                "few for this test to reject anything at its alpha"
-                + ("; the policy requires it decided, so it holds." if pc.required else ".")
-            )
-        elif pc.required:
-            message = (
-                f"{head}; the policy requires it decided, so it holds (at {bt.blocks} blocks "
-                f"of {pc.block} it could detect {what} >= {fmt_shift(detectable)})."
-            )
-        else:
-            message = (
-                f"{head}: no regression was shown, and at this size the gate could detect "
-                f"{what} >= {fmt_shift(detectable)}."
-            )
-    if math.isfinite(tau) and tau > pc.block:
-        message += (
-            f" Requests correlate over about {tau:.0f} requests, longer than the blocks of "
-            f"{pc.block}: the test's variance counts two lags of the blocks' covariance for "
-            "it, and much longer correlations are beyond what that corrects."
-        )
-    return ratio_check(
+        message = _undecided_text(lk, pc, head, detectable)
+    message += _drift_text(lk, bt.phi)
+    check = ratio_check(
         pc.id,
-        metric,
+        pc.metric,
         decision,
         message,
         ratio=ratio,
         interval=(lo, hi),
-        estimate_interval=estimate,
+        estimate_interval=(math.exp(bt.estimate[0]), math.exp(bt.estimate[1])),
         detectable=detectable,
-        **common,  # type: ignore[arg-type]
+        **_common(lk, pc, bt.phi),  # type: ignore[arg-type]
     )
+    return _warn(check, lk)
+
+
+def _drift_text(lk: _Look, phi: float) -> str:
+    """A note when neighbouring blocks correlate: the test widened for it (say by how much)."""
+    if phi < 0.3 or lk.layout.block_s is None:
+        return ""
+    span = correlation_time(phi) * lk.layout.block_s
+    return (
+        f" The engines drift apart over about {span:.0f} s (neighbouring blocks correlate "
+        f"{phi:.2f}); the interval is widened {math.sqrt((1 + phi) / (1 - phi)):.1f}x for it."
+    )
+
+
+def _tail_check(lk: _Look, pc: PlannedCheck) -> Check:
+    alpha, beta = lk.levels(pc)
+    if lk.m < MIN_TEST_BLOCKS:
+        return _too_few(lk, pc, False)
+    tol = tolerance_of(lk.policy, None, "tail")
+    threshold = 1.0 + tol
+    ts = TailScale(lk.ref, lk.cand, lk.block, lk.m, alpha, beta)
+    at = ts.test(threshold)
+    if at.blocks < MIN_TEST_BLOCKS:
+        return _too_few(lk, pc, False)
+    decision = _decision(at.lower, at.upper, 0.0)
+    est, lo, hi = ts.interval()
+    label = f"{pc.label} in {lk.s.name}"
+    interval_s = f"interval {fmt_ratio(lo)}-{fmt_ratio(hi)}"
+    if decision == "fail":
+        message = (
+            f"{label}: more of the candidate's requests are in the slow tail than its "
+            f"{fmt_ratio(threshold)} tolerance allows; its tail is {fmt_ratio(est)} the "
+            f"reference's ({interval_s}), counting exceedances of the slowest 10% to 1%."
+        )
+    elif decision == "pass":
+        message = (
+            f"{label} is within tolerance: the candidate's slow tail is at most "
+            f"{fmt_ratio(hi, threshold)} the reference's (threshold {fmt_ratio(threshold, hi)})."
+        )
+    else:
+        head = (
+            f"{label} is undecided: the slow tail is {fmt_ratio(est)} the reference's, and "
+            f"the {interval_s} includes the {fmt_ratio(threshold)} threshold"
+        )
+        message = _undecided_text(lk, pc, head, None)
+    check = ratio_check(
+        pc.id,
+        pc.metric,
+        decision,
+        message,
+        ratio=est if math.isfinite(est) and est > 0 else None,
+        interval=(lo, hi),
+        **_common(lk, pc, at.phi),  # type: ignore[arg-type]
+    )
+    return _warn(check, lk)
+
+
+def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
+    alpha, beta = lk.levels(pc)
+    x = lk.p50_blocks()
+    w = window_test(x, alpha, beta)
+    tol = tolerance_of(lk.policy, None, "window")
+    theta = math.log1p(tol)
+    threshold = 1.0 + tol
+    label = f"{pc.label} in {lk.s.name}"
+    if w.runs == 0:
+        return _too_few(lk, pc, False)
+    decision = _decision(w.lower, w.upper, theta)
+    bs = lk.layout.block_s
+    where = f"blocks {w.start + 1}-{w.start + w.width} of {w.blocks}" + (
+        f" ({w.start * bs:.0f}-{(w.start + w.width) * bs:.0f} s)" if bs else ""
+    )
+    ratio = math.exp(w.mean) if math.isfinite(w.mean) else None
+    if decision == "fail":
+        message = (
+            f"{label}: the candidate was {fmt_ratio(math.exp(w.mean))} the reference, request "
+            f"for request, over {where}, above the {fmt_ratio(threshold)} window threshold "
+            f"(at least {fmt_ratio(math.exp(w.lower))} with confidence): a stall or a slow "
+            "stretch, not a steady shift."
+        )
+    elif decision == "pass":
+        message = (
+            f"{label}: no run of blocks was slower than {fmt_ratio(threshold)} the reference "
+            f"(every run at most {fmt_ratio(math.exp(w.upper))})."
+        )
+    else:
+        head = (
+            f"{label} is undecided: the slowest run, {where}, was "
+            f"{fmt_ratio(math.exp(w.mean))} the reference, not shown below or above the "
+            f"{fmt_ratio(threshold)} window threshold"
+        )
+        message = _undecided_text(lk, pc, head, None)
+    check = ratio_check(
+        pc.id,
+        pc.metric,
+        decision,
+        message,
+        ratio=ratio,
+        interval=(math.exp(w.lower), math.exp(w.upper)),
+        **_common(lk, pc, None),  # type: ignore[arg-type]
+    )
+    return _warn(check, lk)
+
+
+def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
+    alpha, beta = lk.levels(pc)
+    x = lk.p50_blocks()
+    c = creep_test(x, alpha, beta)
+    tol = tolerance_of(lk.policy, None, "creep")
+    theta = math.log1p(tol)
+    threshold = 1.0 + tol
+    label = f"{pc.label} in {lk.s.name}"
+    if not math.isfinite(c.end):
+        return _too_few(lk, pc, False)
+    decision = _decision(c.lower, c.upper, theta)
+    trend = (
+        f"from {fmt_ratio(math.exp(c.start))} to {fmt_ratio(math.exp(c.end))} the reference "
+        f"over {c.blocks} blocks"
+    )
+    interval_s = (
+        f"interval at the end {fmt_ratio(math.exp(c.lower))}-{fmt_ratio(math.exp(c.upper))}"
+    )
+    if decision == "fail":
+        message = (
+            f"{label}: the candidate's paired ratio rose {trend} ({interval_s}), ending above "
+            f"the {fmt_ratio(threshold)} creep threshold: a slowdown that creeps in."
+        )
+    elif decision == "pass":
+        message = (
+            f"{label}: no creep; the paired ratio's trend ends at most "
+            f"{fmt_ratio(math.exp(c.upper))} the reference (threshold {fmt_ratio(threshold)})."
+        )
+    else:
+        head = (
+            f"{label} is undecided: the paired ratio's trend went {trend} ({interval_s}, "
+            f"threshold {fmt_ratio(threshold)})"
+        )
+        message = _undecided_text(lk, pc, head, None)
+    check = ratio_check(
+        pc.id,
+        pc.metric,
+        decision,
+        message,
+        ratio=math.exp(c.end),
+        interval=(math.exp(c.lower), math.exp(c.upper)),
+        **_common(lk, pc, None),  # type: ignore[arg-type]
+    )
+    return _warn(check, lk)
 
 
 def planned_latency_checks(
@@ -211,7 +445,7 @@ def planned_latency_checks(
     notes: list[str],
     final: bool = True,
 ) -> list[Check]:
-    """Every paired quantile and tail check of the plan, at whatever prefix the scenarios hold.
+    """Every paired check of the plan, at whatever prefix the scenarios hold.
 
     final: the scenario has ended (or this is the one-shot judge), so an undecided check says
     what it could have detected; before, it is simply not decided yet.
@@ -235,22 +469,53 @@ def planned_latency_checks(
             if not ref_all.size or not cand_all.size:
                 checks.extend(_no_data_check(s, pc, policy) for pc in mine)
                 continue
-            ref, cand, _ = join(
-                ref_all, _ids(s.reference, metric), cand_all, _ids(s.candidate, metric)
-            )
-            tau = correlation_time(np.log(np.maximum(cand, 1e-9) / np.maximum(ref, 1e-9)))
+            lk = _Look(s, metric, plan, final)
+            first_q = True
             for pc in mine:
-                x = block_stats(ref, cand, pc.block, pc.q, policy.tail.start, policy.tail.top)
-                bt = block_test(x, pc.alpha, pc.g)
-                checks.append(_decide(s, pc, policy, bt, int(ref.size), tau, final))
+                if pc.kind == "quantile":
+                    checks.append(_quantile_check(lk, pc, first_q))
+                    first_q = False
+                elif pc.kind == "tail":
+                    checks.append(_tail_check(lk, pc))
+                elif pc.kind == "window":
+                    checks.append(_window_check(lk, pc))
+                else:
+                    checks.append(_creep_check(lk, pc))
     return checks
 
 
 def latency_checks(
     scenarios: Sequence[ScenarioSamples], policy: Policy, notes: list[str]
 ) -> list[Check]:
-    """The one-shot judge: each scenario seen once, at its end, under a plan of its size."""
+    """The one-shot judge: each scenario seen once, at its end, under a plan of its size
+    (blocks in time from the samples' send offsets where both arms have them)."""
     sizes = {s.name: max(1, min(s.reference.requests, s.candidate.requests)) for s in scenarios}
     if not sizes:
         return []
-    return planned_latency_checks(scenarios, Plan.build(policy, sizes), notes)
+    times: dict[str, np.ndarray] = {}
+    for s in scenarios:
+        t = _send_times(s)
+        if t is not None:
+            times[s.name] = t
+    plan = Plan.build(policy, sizes, times=times, short_ok=set(sizes))
+    return planned_latency_checks(scenarios, plan, notes)
+
+
+def _send_times(s: ScenarioSamples) -> np.ndarray | None:
+    """Each judged request's send offset, by id, from whichever arm saw it (None if unknown)."""
+    n = max(1, min(s.reference.requests, s.candidate.requests))
+    out = np.full(n, np.nan)
+    for arm in (s.reference, s.candidate):
+        for metric, offsets in arm.offsets_s.items():
+            ids = arm.ids.get(metric)
+            if ids is None:
+                continue
+            rel = np.asarray(ids) - arm.first_id
+            ok = (rel >= 0) & (rel < n)
+            out[rel[ok]] = offsets[ok]
+    if np.isnan(out).mean() > 0.5:
+        return None
+    # Requests no arm measured (errors on both) take their neighbours' times.
+    idx = np.arange(n)
+    good = ~np.isnan(out)
+    return np.asarray(np.interp(idx, idx[good], out[good]), np.float64)

@@ -1,45 +1,49 @@
-"""Paired, blocked, anytime-valid comparison of two engines' latencies.
+"""Paired comparison of two engines' latencies over blocks in time (judge v3, issue 28).
 
 References:
-    T. L. Lai, "On confidence sequences", Annals of Statistics 4(2), 1976.
-    M. F. Perez-Ortiz, T. Lardy, R. de Heide and P. Grunwald, "E-statistics, group invariance
-    and anytime valid testing", Annals of Statistics 52(4), 2024.
-    E. Kunsch, "The jackknife and the bootstrap for general stationary observations", Annals
-    of Statistics 17(3), 1989 (blocks of consecutive observations keep their dependence).
-    C. J. Geyer, "Practical Markov chain Monte Carlo", Statistical Science 7(4), 1992
-    (the initial positive sequence estimate of the correlation time).
+    B. Schmeiser, "Batch size effects in the analysis of simulation output", Operations
+    Research 30(3), 1982 (a few long batches, a t statistic with batches - 1 degrees of freedom).
+    D. W. K. Andrews and J. C. Monahan, "An improved heteroskedasticity and autocorrelation
+    consistent covariance matrix estimator", Econometrica 60(4), 1992 (AR(1) prewhitening).
+    S. Kendall, "Note on bias in the estimation of autocorrelation", Biometrika 41, 1954 (the
+    lag-1 estimate is biased low by about (1 + 3 phi) / n).
+    K. K. G. Lan and D. L. DeMets, "Discrete sequential boundaries for clinical trials",
+    Biometrika 70(3), 1983 (alpha spending over planned looks).
 
-Why: the two engines of a gate serve the same mirrored schedule, so request i of the candidate
-and request i of the reference share their prompt, their output length and the load around
-them. Their log ratio cancels all of that; what is left is each engine's own noise, and that
-noise is not independent from request to request: requests that share a batch share its
-latency, and batches follow one another in time. Tests that assume independent requests then
-hold identical engines far more often than their alpha says (issue 17 measured 2.0% instead of
-0.375% for batches of 32).
+Why: the two engines serve one mirrored schedule, so request i of the candidate and request i of
+the reference share their prompt, output length and the load around them; their log ratio
+cancels all of that. What is left is each engine's own noise, and it is not independent from
+request to request: requests share batches, and an engine drifts on its own (thermal, background
+work, batch composition) over seconds to minutes. Judge v2 cut the pairs into blocks of 32
+requests and added two lags of covariance: at 20 requests/s a block was 1.6 s, far shorter than
+a drift, and its test held a candidate exactly at its tolerance 6-20x more often than its alpha.
 
 So the gate:
-    1. joins the two engines' samples by schedule id (an error on one side drops that pair);
-    2. cuts the joined pairs, in schedule order, into blocks of `block_length(planned)`
-       consecutive pairs, a length fixed from the planned size before any sample is seen and
-       at least 32 requests (four batches of 8, one of 32);
-    3. reduces each block to one statistic: the log ratio of the candidate's to the
-       reference's block quantile (p50, p90, ...) or block tail mean (the slowest share);
-       under identical engines every block statistic is symmetric about 0 (the pair is
-       exchangeable), under a regression by a factor k its centre is log k;
-    4. tests the mean of the block statistics with the anytime-valid t test of Lai (1976):
-       the Bayes factor of a normal prior on the standardized effect, mixed over the scale
-       with the right-Haar prior, is an e-process for "the mean is theta, whatever the
-       variance" (Perez-Ortiz et al. 2024), so {theta : BF(theta) < 1/alpha} is a confidence
-       sequence valid at every number of blocks at once, and the gate may look as often as
-       it likes. Its variance is inflated by twice the blocks' lag-1 and lag-2
-       autocovariance when together positive, for what dependence is left between
-       neighbouring blocks (a correlation much longer than a block, which the reported
-       correlation time shows, is beyond what this corrects).
+    1. joins the two engines' samples by schedule id (an error on one side drops that pair;
+       a timeout is a slow value, not a dropped pair: see samples.py);
+    2. cuts the schedule into blocks **in time**, fixed from the schedule's intended send
+       offsets before any sample is seen (`Layout`): `BLOCKS_TARGET` blocks over the planned
+       duration, at least `MIN_BLOCK_S` seconds and `MIN_BLOCK_REQUESTS` requests each;
+    3. reduces each block to one statistic (the trimmed mean of its pairs' log ratios, the
+       log ratio of block quantiles, an exceedance count difference: latency.py, tails.py);
+    4. tests the mean of the block statistics with a **long-run variance**: the variance of
+       the block series after removing a linear trend (so a creeping regression is not read
+       as noise), times (1 + phi) / (1 - phi) for the residuals' lag-1 autocorrelation phi,
+       bias-corrected and capped at `PHI_MAX` (an AR(1) prewhitening: it carries a drift that
+       spans many blocks, which lag-truncated estimates miss), with a t critical value on
+       blocks - 2 degrees of freedom;
+    5. is **one-sided and tuned to the looks the gate takes**: the plan fixes the looks (every
+       `look_every` requests to the limit), and a check spends its alpha over them, alpha x
+       ((n_k / limit)^2 - (n_(k-1) / limit)^2) at look k (a Lan-DeMets spending function of
+       the O'Brien-Fleming kind: little early, most at the planned end). The union bound over
+       the planned looks makes the false-hold rate at most alpha whatever the correlation
+       between looks; a look between two planned sizes judges the last planned prefix, so the
+       looks are fixed before the data. The other side (pass: the candidate is within
+       tolerance) spends `beta` the same way, linearly: a check passes at a look when its
+       upper bound is below the threshold, and a scenario whose checks all pass stops early.
 
-Every block statistic averages a few dozen requests, so it is close to normal even when single
-latencies are heavy-tailed, and neighbouring blocks are close to independent once a block is
-longer than the correlation time (measured here, by Geyer's estimate, and reported). The
-calibration (calibration.py) checks both on engines whose requests share batches.
+The calibration (calibration.py) shows the false-hold rate at the tolerance boundary, not only
+A/A, under engine-specific drift, batches longer than a block, heavy tails and error episodes.
 """
 
 from __future__ import annotations
@@ -53,44 +57,117 @@ import numpy as np
 from scipy import stats
 
 __all__ = [
-    "BLOCKS_MAX",
-    "BLOCK_MIN",
+    "BLOCKS_TARGET",
     "MIN_BLOCKS",
+    "MIN_BLOCK_REQUESTS",
+    "MIN_BLOCK_S",
+    "MIN_TEST_BLOCKS",
     "BlockTest",
-    "block_for",
-    "block_length",
-    "block_stats",
-    "block_test",
+    "Layout",
+    "block_quantiles",
+    "block_trimmed_means",
     "correlation_time",
-    "detectable_shift",
     "join",
+    "level_test",
+    "long_run",
+    "look_levels",
     "planned_shift",
+    "size_to_detect",
     "spread_factor",
-    "t_crit",
-    "tune_g",
+    "t_quantile",
 ]
 
-BLOCK_MIN = 32  # requests per block at least: four batches of 8, one batch of 32
-BLOCKS_MAX = 256  # blocks per planned scenario at most: longer blocks beyond that
-MIN_BLOCKS = 3  # a t statistic needs two degrees of freedom
+BLOCKS_TARGET = 32  # blocks over a scenario's planned duration
+MIN_BLOCK_S = 2.0  # seconds per block at least: a batch and its neighbours, and a short drift
+MIN_BLOCK_REQUESTS = 32  # requests per block at least: a p90 of the block needs ~30
+MIN_BLOCKS = 8  # a plan whose scenario makes fewer blocks than this cannot decide: refused
+MIN_TEST_BLOCKS = 4  # a look tests nothing before this many complete blocks (2 df after a trend)
 TRIM = 0.2  # share trimmed at each end of a block's log ratios for the p50 statistic
-TUNE_BLOCKS = 16  # the t test's prior is tuned to decide best at this many blocks (or fewer)
+PHI_MAX = 0.9  # the largest lag-1 autocorrelation credited: (1 + phi) / (1 - phi) <= 19
+SPEND_POWER = 2.0  # alpha spent by a look at fraction t of the limit: t^2
 POWER_Z = float(stats.norm.ppf(0.8))  # "could detect": with 80% power
 
 
-def block_length(planned: int) -> int:
-    """Requests per block for a scenario of `planned` requests per engine: fixed in advance."""
-    return max(BLOCK_MIN, math.ceil(max(int(planned), 1) / BLOCKS_MAX))
+@dataclass(frozen=True)
+class Layout:
+    """The blocks of one scenario: judged-request ids (0 is the first request after the
+    warm-up) at which each block starts, and where the last one ends.
 
+    edges: increasing, edges[0] = 0, edges[-1] = the limit (the most requests the scenario
+    may run); block k holds ids edges[k] <= id < edges[k + 1]. planned_blocks: blocks in
+    the planned size (the planned size is an edge). block_s: seconds per block (None when
+    the schedule's send offsets were not known and blocks were counted in requests).
+    """
 
-def block_for(planned: int, q: float | None, tail_start: float = 0.95) -> int:
-    """Requests per block of one check: `block_length(planned)`, longer where a block must
-    hold enough of the distribution's end: at least 3 requests beyond a quantile on the far
-    side (p99: 300, p99.9: 3,000) and at least 2 in the tail share (the slowest 5%: 40)."""
-    base = block_length(planned)
-    if q is None:
-        return max(base, math.ceil(2.0 / (1.0 - tail_start) - 1e-9))
-    return max(base, math.ceil(3.0 / min(q, 1.0 - q) - 1e-9))
+    edges: tuple[int, ...]
+    planned_blocks: int
+    block_s: float | None
+
+    @classmethod
+    def build(
+        cls,
+        planned: int,
+        limit: int | None = None,
+        times: Sequence[float] | np.ndarray | None = None,
+    ) -> Layout:
+        """Blocks for `planned` requests (after the warm-up), extended to `limit`.
+
+        times: the schedule's intended send offsets of the judged requests (seconds), at
+        least `planned` of them: blocks in time. Without them: blocks of equal request counts.
+        """
+        planned = max(int(planned), 1)
+        limit = max(int(limit if limit is not None else planned), planned)
+        t = None if times is None else np.asarray(times, np.float64)[:planned]
+        span = float(t[-1] - t[0]) if t is not None and t.size >= 2 else 0.0
+        if t is None or not span > 0.0 or not np.isfinite(t).all():
+            per = max(MIN_BLOCK_REQUESTS, math.ceil(planned / BLOCKS_TARGET))
+            edges = list(range(0, planned, per))
+            block_s = None
+        else:
+            rate = (planned - 1) / span
+            block_s = max(MIN_BLOCK_S, span / BLOCKS_TARGET, MIN_BLOCK_REQUESTS / rate)
+            which = np.floor((t - t[0]) / block_s).astype(np.int64)
+            starts = np.flatnonzero(np.diff(which, prepend=-1) != 0)
+            # Blocks with too few requests (a lull in the arrivals) join the next one.
+            edges = [0]
+            for s in starts[1:].tolist():
+                if s - edges[-1] >= MIN_BLOCK_REQUESTS // 2:
+                    edges.append(int(s))
+            per = max(MIN_BLOCK_REQUESTS, round(block_s * rate))
+        # The last block up to the planned size: joined to the one before when short.
+        if len(edges) > 1 and planned - edges[-1] < max(per // 2, 1):
+            edges.pop()
+        planned_blocks = len(edges)
+        edges.append(planned)
+        # The extension (policy `extend`): blocks of the same mean size.
+        while edges[-1] < limit:
+            nxt = min(edges[-1] + per, limit)
+            if limit - nxt < per // 2:
+                nxt = limit
+            edges.append(nxt)
+        return cls(tuple(edges), planned_blocks, block_s)
+
+    @property
+    def limit(self) -> int:
+        return self.edges[-1]
+
+    def complete(self, upto: int) -> int:
+        """Blocks entirely inside the first `upto` judged requests."""
+        return int(np.searchsorted(np.asarray(self.edges[1:]), upto, side="right"))
+
+    def index(self, ids: np.ndarray) -> np.ndarray:
+        """The block of each judged-request id (ids past the limit get the last block + 1)."""
+        return np.searchsorted(np.asarray(self.edges), ids, side="right") - 1
+
+    def per_block(self) -> float:
+        """Mean requests per block in the planned size."""
+        return self.edges[self.planned_blocks] / max(self.planned_blocks, 1)
+
+    def describe(self) -> str:
+        per = self.per_block()
+        if self.block_s is None:
+            return f"{self.planned_blocks} blocks of about {per:.0f} requests"
+        return f"{self.planned_blocks} blocks of {self.block_s:.3g} s (about {per:.0f} requests)"
 
 
 def join(
@@ -110,148 +187,188 @@ def join(
     return ref[ri], cand[ci], common
 
 
-def _log(x: np.ndarray) -> np.ndarray:
-    return np.asarray(np.log(np.maximum(x, 1e-9)), np.float64)
+def log_ratio(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    return np.asarray(np.log(np.maximum(cand, 1e-9)) - np.log(np.maximum(ref, 1e-9)), np.float64)
 
 
-def block_stats(
-    ref: np.ndarray,
-    cand: np.ndarray,
-    block: int,
-    q: float | None,
-    tail_start: float = 0.95,
-    tail_top: float = 0.995,
+def _groups(block: np.ndarray, m: int) -> list[np.ndarray]:
+    order = np.argsort(block, kind="stable")
+    cuts = np.searchsorted(block[order], np.arange(1, m))
+    return np.split(order, cuts)
+
+
+def block_trimmed_means(ref: np.ndarray, cand: np.ndarray, block: np.ndarray, m: int) -> np.ndarray:
+    """Per block 0..m-1, the 20%-trimmed mean of the pairs' log ratios (NaN for an empty block).
+
+    The centre is paired request by request: the log ratio cancels what the two engines share,
+    and trimming a fifth at each end keeps one queueing spike from moving the block."""
+    x = log_ratio(ref, cand)
+    out = np.full(m, np.nan)
+    for k, idx in enumerate(_groups(block, m)):
+        if idx.size:
+            out[k] = float(stats.trim_mean(x[idx], TRIM))
+    return out
+
+
+def block_quantiles(
+    ref: np.ndarray, cand: np.ndarray, block: np.ndarray, m: int, q: float
 ) -> np.ndarray:
-    """One statistic per complete block of `block` consecutive pairs.
-
-    q 0.5: the trimmed mean of the pairs' log ratios (each request against its own mirror);
-    another q: log(candidate's block q-quantile / reference's). q None: the tail, log of the
-    ratio of the means of each engine's slowest (1 - tail_start) share of the block (at least
-    two requests), each value capped at its own block's `tail_top` quantile.
-    """
-    n = int(min(ref.size, cand.size)) // block
-    if n == 0:
-        return np.zeros(0)
-    r = ref[: n * block].reshape(n, block)
-    c = cand[: n * block].reshape(n, block)
-    if q == 0.5:
-        # The centre is paired request by request: the trimmed mean of the log ratios cancels
-        # what the two engines share (prompt, output length, the load around the request),
-        # and trimming a fifth at each end keeps one queueing spike from moving the block.
-        return np.asarray(stats.trim_mean(_log(c) - _log(r), TRIM, axis=1), np.float64)
-    if q is not None:
-        diff: np.ndarray = _log(np.asarray(np.quantile(c, q, axis=1))) - _log(
-            np.asarray(np.quantile(r, q, axis=1))
-        )
-        return diff
-    m = max(2, math.ceil((1.0 - tail_start) * block))
-
-    def tail_mean(x: np.ndarray) -> np.ndarray:
-        cap = np.quantile(x, tail_top, axis=1, keepdims=True)
-        top = np.sort(np.minimum(x, cap), axis=1)[:, -m:]
-        return np.asarray(top.mean(axis=1), np.float64)
-
-    tail: np.ndarray = _log(tail_mean(c)) - _log(tail_mean(r))
-    return tail
+    """Per block, log(candidate's block q-quantile / reference's)."""
+    out = np.full(m, np.nan)
+    for k, idx in enumerate(_groups(block, m)):
+        if idx.size:
+            out[k] = math.log(max(float(np.quantile(cand[idx], q)), 1e-9)) - math.log(
+                max(float(np.quantile(ref[idx], q)), 1e-9)
+            )
+    return out
 
 
-def t_crit(n: int, alpha: float, g: float) -> float:
-    """The |t| at which the right-Haar Bayes factor of n observations reaches 1/alpha.
+@dataclass(frozen=True)
+class LongRun:
+    """The long-run spread of a block series: sd of the mean per sqrt(block) (`sd`), the
+    credited lag-1 autocorrelation `phi`, degrees of freedom, and the fitted trend."""
 
-    BF = (1 + n g)^(-1/2) [(1 + t^2/v) / (1 + t^2/(v (1 + n g)))]^(n/2), v = n - 1, for a
-    N(0, g) prior on the standardized mean. Solved for t in closed form; inf when even an
-    infinite t would not reach 1/alpha at this n.
-    """
-    if n < 2:
+    mean: float
+    sd: float
+    phi: float
+    df: int
+    slope: float  # per block
+    intercept: float  # the fitted value at block 0
+
+
+def long_run(x: np.ndarray, detrend: bool = True) -> LongRun:
+    """Mean and long-run sd of the block series x (module docstring, step 4)."""
+    x = np.asarray(x, np.float64)
+    m = int(x.size)
+    mean = float(x.mean()) if m else math.nan
+    if m < 3:
+        return LongRun(mean, math.nan, 0.0, 0, 0.0, mean)
+    k = np.arange(m, dtype=np.float64)
+    if detrend:
+        kc = k - k.mean()
+        slope = float(kc @ (x - mean) / (kc @ kc))
+        resid = x - mean - slope * kc
+        p = 2
+    else:
+        slope = 0.0
+        resid = x - mean
+        p = 1
+    df = m - p
+    ss = float(resid @ resid)
+    var = ss / df if df > 0 else math.nan
+    phi = 0.0
+    if ss > 1e-24 and m >= 4:
+        raw = float(resid[1:] @ resid[:-1]) / ss
+        phi = min(max(raw + (1.0 + 3.0 * raw) / m, 0.0), PHI_MAX)
+    sd = math.sqrt(max(var * (1.0 + phi) / (1.0 - phi), 1e-24))
+    intercept = mean - slope * float(k.mean())
+    return LongRun(mean, sd, phi, df, slope, intercept)
+
+
+@lru_cache(maxsize=8192)
+def t_quantile(p: float, df: int) -> float:
+    """The upper p-quantile of Student's t (inf when df < 1 or p <= 0)."""
+    if df < 1 or not p > 0.0:
         return math.inf
-    v = n - 1
-    a = 1.0 + n * g
-    k = (math.sqrt(a) / alpha) ** (2.0 / n)
-    if k >= a:
-        return math.inf
-    u = (k - 1.0) / (1.0 - k / a)
-    return math.sqrt(v * u)
+    return float(stats.t.isf(min(p, 0.5), df))
 
 
-@lru_cache(maxsize=4096)
-def tune_g(blocks: int, alpha: float) -> float:
-    """The prior scale for a scenario planned at `blocks` blocks: the one that makes the
-    boundary tightest at min(blocks, 16). Tuned to the planned end, a long scenario's early
-    looks could decide nothing (at 64 blocks planned the boundary is infinite below 12); tuned
-    to 16 blocks it is finite from 7 on and, at 256 blocks, 5% wider than the tightest: a
-    large regression stops a long gate within its first looks."""
-    blocks = max(min(blocks, TUNE_BLOCKS), MIN_BLOCKS)
-    grid = np.geomspace(1e-3, 1e3, 121)
-    values = [t_crit(blocks, alpha, float(g)) for g in grid]
-    return float(grid[int(np.argmin(values))])
+def look_levels(
+    n: int, looks: Sequence[int], alpha: float, beta: float
+) -> tuple[int, float, float]:
+    """(the planned look at or below n, the hold-side level spent there, the pass-side level).
+
+    looks: the plan's look sizes, increasing, the last one the limit. A look before the first
+    planned size tests nothing (0, 0.0, 0.0)."""
+    i = int(np.searchsorted(np.asarray(looks), n, side="right")) - 1
+    if i < 0:
+        return 0, 0.0, 0.0
+    last = float(looks[-1])
+    t1 = looks[i] / last
+    t0 = looks[i - 1] / last if i > 0 else 0.0
+    a = alpha * (t1**SPEND_POWER - t0**SPEND_POWER)
+    b = beta * (t1 - t0)
+    return int(looks[i]), a, b
 
 
 @dataclass(frozen=True)
 class BlockTest:
-    """The confidence sequence for the mean block statistic at the current number of blocks.
+    """One look's test of the mean block statistic against a threshold (log scale).
 
-    mean, lower, upper: log scale; sd: the blocks' standard deviation, inflated by their lag-1
-    and lag-2 autocovariance when together positive; t: the critical |t| at this number of
-    blocks.
-    """
+    lower: the hold-side bound at the look's alpha (fail when above the threshold); upper:
+    the pass-side bound at the look's beta (pass when below); sd: the long-run sd per block;
+    phi: its credited lag-1 autocorrelation; estimate: a 95% interval for people."""
 
     blocks: int
     mean: float
     sd: float
+    df: int
+    phi: float
     lower: float
     upper: float
-    t: float
+    estimate: tuple[float, float]
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(self.blocks) if self.blocks else math.inf
 
     @property
     def finite(self) -> bool:
         return math.isfinite(self.lower) and math.isfinite(self.upper)
 
 
-def block_test(x: np.ndarray, alpha: float, g: float) -> BlockTest:
-    """The anytime-valid interval for the mean of the block statistics x (module docstring)."""
-    n = int(x.size)
-    if n < MIN_BLOCKS:
-        mean = float(x.mean()) if n else math.nan
-        return BlockTest(n, mean, math.nan, -math.inf, math.inf, math.inf)
-    mean = float(x.mean())
-    dev = x - mean
-    var = float(dev @ dev) / (n - 1)
-    # Neighbouring blocks may still share a slow period: count the first two lags'
-    # autocovariance when together positive (a long-run variance, truncated at lag 2).
-    lags = sum(float(dev[k:] @ dev[:-k]) / (n - 1) for k in (1, 2) if n > k)
-    sd = math.sqrt(max(var + 2.0 * max(lags, 0.0), 1e-24))
-    t = t_crit(n, alpha, g)
-    half = t * sd / math.sqrt(n)
-    return BlockTest(n, mean, sd, mean - half, mean + half, t)
-
-
-def detectable_shift(blocks: int, sd: float, alpha: float, g: float) -> float:
-    """The log shift beyond the threshold a test of `blocks` blocks of this sd finds with 80%
-    power: the boundary plus 0.84 standard errors."""
-    if blocks < MIN_BLOCKS or not math.isfinite(sd):
-        return math.inf
-    t = t_crit(blocks, alpha, g)
-    return (t + POWER_Z) * sd / math.sqrt(blocks)
+def level_test(x: np.ndarray, alpha: float, beta: float, detrend: bool = True) -> BlockTest:
+    """The one-sided bounds for the mean of the block statistics x at levels alpha (lower)
+    and beta (upper)."""
+    x = np.asarray(x, np.float64)
+    m = int(x.size)
+    if m < MIN_TEST_BLOCKS:
+        mean = float(x.mean()) if m else math.nan
+        return BlockTest(m, mean, math.nan, 0, 0.0, -math.inf, math.inf, (-math.inf, math.inf))
+    lr = long_run(x, detrend)
+    se = lr.sd / math.sqrt(m)
+    lo = lr.mean - t_quantile(alpha, lr.df) * se
+    hi = lr.mean + t_quantile(beta, lr.df) * se
+    half = t_quantile(0.025, lr.df) * se
+    return BlockTest(m, lr.mean, lr.sd, lr.df, lr.phi, lo, hi, (lr.mean - half, lr.mean + half))
 
 
 def spread_factor(q: float | None) -> float:
     """Standard deviation of a block statistic per unit of per-request log-ratio noise and
-    per sqrt(block): sqrt(q (1 - q)) / phi(z_q) for a quantile of normal noise; a tail mean
-    of the slowest 5% is about as spread as the p97.5 quantile."""
+    per sqrt(requests in the block): sqrt(q (1 - q)) / phi(z_q) for a quantile of normal
+    noise (the trimmed mean at q = 0.5 is close to the mean: about 1.06); an exceedance
+    statistic of the slowest few percent (tails.py) is about as spread as the p97.5."""
+    if q == 0.5:
+        return 1.06
     p = 0.975 if q is None else q
     z = float(stats.norm.ppf(p))
     return math.sqrt(p * (1.0 - p)) / float(stats.norm.pdf(z))
 
 
+def detectable_shift(blocks: int, sd: float, alpha: float, df: int | None = None) -> float:
+    """The log shift beyond the threshold that a final look at `blocks` blocks of this sd
+    finds with 80% power."""
+    if blocks < MIN_TEST_BLOCKS or not math.isfinite(sd):
+        return math.inf
+    d = blocks - 2 if df is None else df
+    return (t_quantile(alpha, d) + POWER_Z) * sd / math.sqrt(blocks)
+
+
+def final_alpha(looks: Sequence[int], alpha: float) -> float:
+    """What a check spends at its last planned look."""
+    return look_levels(int(looks[-1]), looks, alpha, 0.0)[1] if looks else alpha
+
+
 def planned_shift(
-    planned: int, q: float | None, noise: float, alpha: float, tail_start: float = 0.95
+    layout: Layout, looks: Sequence[int], q: float | None, noise: float, alpha: float
 ) -> float:
-    """The log shift beyond the threshold a check planned at `planned` requests per engine can
-    detect with 80% power, when each pair's log ratio has sd `noise` (a planning assumption)."""
-    block = block_for(planned, q, tail_start)
-    blocks = planned // block
-    sd = noise * spread_factor(q) / math.sqrt(block)
-    return detectable_shift(blocks, sd, alpha, tune_g(blocks, alpha))
+    """The log shift beyond the threshold a check can detect with 80% power at the planned
+    size, when each pair's log ratio has sd `noise` (a planning assumption)."""
+    m = layout.planned_blocks
+    sd = noise * spread_factor(q) / math.sqrt(max(layout.per_block(), 1.0))
+    planned = layout.edges[m]
+    mine = [n for n in looks if n <= planned] or [planned]
+    return detectable_shift(m, sd, final_alpha(mine, alpha))
 
 
 def size_to_detect(
@@ -260,18 +377,21 @@ def size_to_detect(
     noise: float,
     alpha: float,
     tolerance: float,
-    tail_start: float = 0.95,
+    times_per_request: float | None = None,
 ) -> int | None:
     """The smallest planned requests per engine whose check detects a regression of `shift`
-    (relative, e.g. 0.05) with 80% power; None when beyond ten million."""
+    (relative, e.g. 0.05) with 80% power, looked at once at its end; None when beyond ten
+    million. times_per_request: seconds between requests (None: blocks counted in requests)."""
     target = math.log1p(shift) - math.log1p(tolerance)
     if target <= 0.0:
         return None
 
     def shift_at(n: int) -> float:
-        return planned_shift(n, q, noise, alpha, tail_start)
+        times = None if times_per_request is None else np.arange(n) * times_per_request
+        layout = Layout.build(n, n, times)
+        return planned_shift(layout, [n], q, noise, alpha)
 
-    lo = hi = block_for(1, q, tail_start) * MIN_BLOCKS
+    lo = hi = MIN_BLOCK_REQUESTS * MIN_BLOCKS
     while shift_at(hi) > target:
         lo, hi = hi, hi * 2
         if hi > 10_000_000:
@@ -285,29 +405,8 @@ def size_to_detect(
     return hi
 
 
-def correlation_time(x: Sequence[float] | np.ndarray, max_lag: int = 1000) -> float:
-    """Integrated correlation time of a series, in steps (1 for independent values).
-
-    Geyer's initial positive sequence: 1 + 2 sum of autocorrelations, summed over pairs of
-    lags while each pair's sum stays positive. NaN for fewer than 8 values.
-    """
-    a = np.asarray(x, np.float64)
-    n = int(a.size)
-    if n < 8:
-        return math.nan
-    d = a - a.mean()
-    denom = float(d @ d)
-    if denom <= 1e-12 * max(float(a @ a), 1e-300):
-        return 1.0  # constant up to rounding: nothing to correlate
-    lags = min(max_lag, n - 1)
-    size = 1 << (2 * n - 1).bit_length()
-    f = np.fft.rfft(d, size)
-    acov = np.fft.irfft(f * np.conj(f), size)[: lags + 1]
-    rho = acov / denom
-    tau = -1.0
-    for k in range(0, lags - 1, 2):
-        pair = rho[k] + rho[k + 1]
-        if pair <= 0.0:
-            break
-        tau += 2.0 * pair
-    return max(tau, 1.0)
+def correlation_time(phi: float) -> float:
+    """The integrated correlation time, in blocks, of an AR(1) series with lag-1 correlation
+    phi: (1 + phi) / (1 - phi) (1 for independent blocks)."""
+    phi = min(max(phi, 0.0), 0.999)
+    return (1.0 + phi) / (1.0 - phi)

@@ -1,55 +1,81 @@
-"""The plan of a gate's statistical checks, fixed before any sample is seen.
+"""The plan of a gate's statistical checks, fixed before any sample is seen (judge v3).
 
 References:
-    T. L. Lai, "On confidence sequences", Annals of Statistics 4(2), 1976.
-    M. F. Perez-Ortiz, T. Lardy, R. de Heide and P. Grunwald, "E-statistics, group invariance
-    and anytime valid testing", Annals of Statistics 52(4), 2024.
+    K. K. G. Lan and D. L. DeMets, "Discrete sequential boundaries for clinical trials",
+    Biometrika 70(3), 1983.
 
-Why a plan: a confidence sequence is valid at every sample size at once only if nothing about
-it depends on the data: the block length, the prior scale of the t test, the share of alpha
-each check spends and the set of checks that share it. The plan fixes all of them from what
-the gate knows before the load starts, the policy and each scenario's planned requests per
-engine, so the gate may look at growing prefixes as often as it likes and stop on the first
-clear answer, and the final judge, given the same plan and samples, reproduces the last look.
+Why a plan: a test looked at repeatedly is valid only if nothing about it depends on the data:
+the blocks, the looks, the share of alpha each check spends at each look, and the set of
+checks that share it. The plan fixes all of them from what the gate knows before the load
+starts: the policy, each scenario's planned requests per engine and, where the schedule gives
+them, the requests' intended send offsets (blocks in time, paired.Layout).
 
-Per scenario and metric, the plan has one paired check per quantile (auto: p50 and p90) and
-one tail check (paired.py). Every check has the same role at every size: it holds on
-evidence of a regression, and an undecided one holds only when the policy's `require` lists
-it. There is no size at which a check becomes required or is dropped, so the same engines get
-the same kind of verdict at 500 and at 800 requests. The block length is
-`block_length(planned)`; the prior scale is tuned to the planned number of blocks; the alpha is
-the latency budget split evenly over the quantile checks and the tail budget over the tail
-checks. Only a scenario with a required check may run past its plan (policy `extend`).
+Per scenario and metric, the plan has one paired check per quantile (auto: p50 and p90), a
+window check (a slow run of blocks) and a creep check (a rising trend) in the latency budget,
+and a tail check (exceedances over the slow tail) in the tail budget. Every check has the same
+role at every size: it holds on evidence of a regression, and an undecided one holds only when
+the policy's `require` lists it. The looks are every `look_every` requests per engine, plus the
+planned size and the limit (policy `extend`); each check spends its alpha over them
+(paired.look_levels), so the judge at the end, given the same plan and samples, reproduces the
+last look.
 
 Before the load the plan says, per check, the smallest regression it can detect with 80% power
 at the planned size under the policy's `noise` assumption, and for each `detect` entry the
-planned size that would catch it.
+planned size that would catch it. A scenario too short to decide anything (fewer than
+paired.MIN_BLOCKS blocks) is refused with the size it needs (`ShortScenario`), unless the policy
+allows it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
 
 from gate.analysis.paired import (
     MIN_BLOCKS,
-    block_for,
-    block_length,
+    Layout,
     planned_shift,
     size_to_detect,
-    tune_g,
 )
 from gate.analysis.policy import Policy, check_key, quantile_key
 
-__all__ = ["METRIC_LABEL", "Plan", "PlannedCheck", "tolerance_of"]
+__all__ = [
+    "METRIC_LABEL",
+    "CheckKind",
+    "Plan",
+    "PlannedCheck",
+    "ShortScenario",
+    "tolerance_of",
+]
 
 METRIC_LABEL = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
+CheckKind = Literal["quantile", "tail", "window", "creep"]
 
 
-def tolerance_of(policy: Policy, q: float | None) -> float:
-    """The allowed relative increase of a quantile check, or of the tail (q None)."""
+class ShortScenario(ValueError):
+    """A scenario whose planned size makes too few blocks for any paired check to decide."""
+
+    def __init__(self, scenario: str, planned: int, blocks: int, need: int) -> None:
+        self.scenario, self.planned, self.blocks, self.need = scenario, planned, blocks, need
+        super().__init__(
+            f"scenario {scenario!r}: {planned} planned requests per engine make {blocks} "
+            f"time blocks; the paired checks need at least {MIN_BLOCKS} to decide anything: "
+            f"raise its requests (or duration) to about {need} per engine, or set "
+            "policy.short_scenarios: allow to run it with its latency undecided"
+        )
+
+
+def tolerance_of(policy: Policy, q: float | None, kind: str = "quantile") -> float:
+    """The allowed relative increase of a check."""
+    if kind == "window":
+        return policy.window_tolerance
+    if kind == "creep":
+        return policy.creep_tolerance
     return policy.tail.tolerance if q is None else policy.tolerance_for(q)
 
 
@@ -63,21 +89,20 @@ def _pct(x: float) -> str:
 class PlannedCheck:
     """One paired check of the plan: everything about it that must not depend on the data.
 
-    q: the quantile, or None for the tail check; block: requests per block; g: the t test's
-    prior scale, tuned to the planned number of blocks; required: an undecided result holds.
-    """
+    kind: quantile (q set), tail, window or creep; alpha: the hold side's budget over all
+    looks; beta: the pass side's; required: an undecided result holds."""
 
     scenario: str
     metric: str
     q: float | None
     alpha: float
-    block: int
-    g: float
+    beta: float
     required: bool
+    kind: CheckKind = "quantile"
 
     @property
     def key(self) -> str:
-        return check_key(self.metric, self.q)
+        return check_key(self.metric, self.q, self.kind)
 
     @property
     def id(self) -> str:
@@ -85,17 +110,17 @@ class PlannedCheck:
 
     @property
     def label(self) -> str:
-        what = "tail" if self.q is None else quantile_key(self.q)
+        what = self.kind if self.q is None else quantile_key(self.q)
         return f"{METRIC_LABEL[self.metric]} {what}"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Checks, alphas and tunings for a gate, from the policy and the planned requests.
+    """Checks, alphas, blocks and looks for a gate, from the policy and the planned requests.
 
     requests: per scenario, the planned requests per engine after the warm-up; limits: per
-    scenario, the most requests it may run when a required check is undecided at the plan
-    (policy `extend`); error_alpha: each scenario's share of the errors budget.
+    scenario, the most requests it may run (policy `extend`); layouts: its blocks; looks: the
+    sizes at which a look judges; error_alpha: each scenario's share of the errors budget.
     """
 
     policy: Policy
@@ -105,9 +130,23 @@ class Plan:
     notes: tuple[str, ...]
     tails: tuple[PlannedCheck, ...] = ()
     limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    layouts: Mapping[str, Layout] = field(default_factory=lambda: MappingProxyType({}))
+    looks: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def limit(self, scenario: str) -> int:
         return int(self.limits.get(scenario, self.requests[scenario]))
+
+    def layout(self, scenario: str) -> Layout:
+        got = self.layouts.get(scenario)
+        if got is None:
+            return Layout.build(self.requests[scenario], self.limit(scenario))
+        return got
+
+    def look_sizes(self, scenario: str) -> tuple[int, ...]:
+        got = self.looks.get(scenario)
+        if got is None:
+            return _look_sizes(self.requests[scenario], self.limit(scenario), self.policy)
+        return got
 
     @classmethod
     def build(
@@ -115,57 +154,35 @@ class Plan:
         policy: Policy,
         requests: Mapping[str, int],
         extendable: Collection[str] | None = None,
+        times: Mapping[str, Sequence[float] | np.ndarray] | None = None,
+        short_ok: Collection[str] = (),
     ) -> Plan:
-        """Plan every scenario x metric x (quantile, tail) check for the planned sizes.
+        """Plan every scenario x metric x check for the planned sizes.
 
         extendable: the scenarios that may run past their planned size when a required check
-        is undecided (policy `extend`); None: all of them.
+        is undecided (policy `extend`); None: all of them. times: per scenario, the intended
+        send offsets of its judged requests (blocks in time). short_ok: scenarios allowed to
+        be too short (beside policy.short_scenarios 'allow'); any other too-short scenario
+        raises ShortScenario.
         """
         for name, n in requests.items():
             if n < 1:
                 raise ValueError(f"scenario {name!r}: planned requests must be >= 1, got {n}")
         quantiles = policy.checked_quantiles
-        n_latency = len(requests) * len(policy.metrics) * len(quantiles)
+        kinds: list[tuple[float | None, CheckKind]] = [(q, "quantile") for q in quantiles]
+        kinds += [(None, "window"), (None, "creep")]
+        n_latency = len(requests) * len(policy.metrics) * len(kinds)
         lat_alpha = policy.group_alpha("latency") / n_latency if n_latency else 0.0
         n_tails = len(requests) * len(policy.metrics)
         tail_alpha = policy.group_alpha("tail") / n_tails if n_tails else 0.0
 
-        def planned(s: str, m: str, q: float | None, alpha: float) -> PlannedCheck:
-            n = int(requests[s])
-            block = block_for(n, q, policy.tail.start)
-            return PlannedCheck(
-                scenario=s,
-                metric=m,
-                q=q,
-                alpha=alpha,
-                block=block,
-                g=tune_g(n // block, alpha),
-                required=policy.requires(m, q),
-            )
-
-        latency = tuple(
-            planned(s, m, q, lat_alpha) for s in requests for m in policy.metrics for q in quantiles
-        )
-        tails = (
-            tuple(planned(s, m, None, tail_alpha) for s in requests for m in policy.metrics)
-            if tail_alpha > 0.0
-            else ()
-        )
-        notes = [
-            f"Latency budget {policy.group_alpha('latency'):.4g} planned over {len(latency)} "
-            f"paired quantile checks: {lat_alpha:.4g} each; looks every {policy.look_every} "
-            "requests."
-        ]
-        if tails:
-            notes.append(
-                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {len(tails)} tail "
-                f"checks: {tail_alpha:.4g} each."
-            )
-        else:
-            notes.append("Tail checks off: alpha_split gives tail no budget.")
-        for s, n in requests.items():
-            notes.append(_detect_note(policy, s, int(n), latency + tails))
-        required = {c.scenario for c in latency + tails if c.required}
+        required = {
+            s
+            for s in requests
+            for m in policy.metrics
+            for q, kind in [*kinds, (None, "tail")]
+            if policy.requires(m, q, "tail" if q is None and kind == "quantile" else kind)
+        }
         limits = {
             s: int(n)
             + (
@@ -175,6 +192,59 @@ class Plan:
             )
             for s, n in requests.items()
         }
+        layouts = {
+            s: Layout.build(int(n), limits[s], None if times is None else times.get(s))
+            for s, n in requests.items()
+        }
+        looks = {s: _look_sizes(int(n), limits[s], policy) for s, n in requests.items()}
+        for s, n in requests.items():
+            lay = layouts[s]
+            if (
+                lay.planned_blocks < MIN_BLOCKS
+                and policy.short_scenarios == "refuse"
+                and s not in short_ok
+            ):
+                need = math.ceil(int(n) * MIN_BLOCKS / max(lay.planned_blocks, 1))
+                need = max(need, int(n) + 1)
+                raise ShortScenario(s, int(n), lay.planned_blocks, need)
+
+        def planned(s: str, m: str, q: float | None, kind: CheckKind, alpha: float) -> PlannedCheck:
+            return PlannedCheck(
+                scenario=s,
+                metric=m,
+                q=q,
+                alpha=alpha,
+                beta=policy.beta,
+                required=policy.requires(m, q, kind if q is None else "tail"),
+                kind=kind,
+            )
+
+        latency = tuple(
+            planned(s, m, q, kind, lat_alpha)
+            for s in requests
+            for m in policy.metrics
+            for q, kind in kinds
+        )
+        tails = (
+            tuple(planned(s, m, None, "tail", tail_alpha) for s in requests for m in policy.metrics)
+            if tail_alpha > 0.0
+            else ()
+        )
+        notes = [
+            f"Latency budget {policy.group_alpha('latency'):.4g} planned over {len(latency)} "
+            f"paired checks (quantiles, window, creep): {lat_alpha:.4g} each, spent over the "
+            "looks (alpha x t^2 by the share t of the limit reached); looks every "
+            f"{policy.look_every} requests per engine."
+        ]
+        if tails:
+            notes.append(
+                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {len(tails)} tail "
+                f"checks: {tail_alpha:.4g} each."
+            )
+        else:
+            notes.append("Tail checks off: alpha_split gives tail no budget.")
+        for s, n in requests.items():
+            notes.append(_detect_note(policy, s, int(n), latency + tails, layouts[s], looks[s]))
         return cls(
             policy=policy,
             requests=MappingProxyType(dict(requests)),
@@ -183,43 +253,65 @@ class Plan:
             tails=tails,
             error_alpha=policy.group_alpha("errors") / len(requests) if requests else 0.0,
             notes=tuple(notes),
+            layouts=MappingProxyType(layouts),
+            looks=MappingProxyType(looks),
         )
 
     def checks_for(self, scenario: str) -> tuple[PlannedCheck, ...]:
-        """The scenario's quantile checks, then its tail checks."""
+        """The scenario's quantile, window and creep checks, then its tail checks."""
         return tuple(c for c in self.latency + self.tails if c.scenario == scenario)
 
 
-def _detect_note(policy: Policy, scenario: str, n: int, checks: tuple[PlannedCheck, ...]) -> str:
+def _look_sizes(planned: int, limit: int, policy: Policy) -> tuple[int, ...]:
+    """Every `look_every` requests up to the limit, with the planned size and the limit."""
+    every = max(int(policy.look_every), 1)
+    sizes = set(range(every, limit + 1, every))
+    sizes.update((planned, limit))
+    return tuple(sorted(n for n in sizes if 0 < n <= limit))
+
+
+def _detect_note(
+    policy: Policy,
+    scenario: str,
+    n: int,
+    checks: tuple[PlannedCheck, ...],
+    layout: Layout,
+    looks: tuple[int, ...],
+) -> str:
     """What each of the scenario's checks can detect at its planned size, and what `detect`
     asks for."""
     mine = [c for c in checks if c.scenario == scenario]
-    block = block_length(n)
-    if n // block < MIN_BLOCKS:
+    if layout.planned_blocks < MIN_BLOCKS:
         return (
-            f"{scenario}: {n} planned requests per engine make {n // block} blocks of {block}; "
-            f"the paired checks need {MIN_BLOCKS} ({MIN_BLOCKS * block} requests), so latency "
-            "cannot be compared and the gate will hold (raise the scenario's requests)."
+            f"{scenario}: {n} planned requests per engine make {layout.describe()}; the paired "
+            f"checks need {MIN_BLOCKS} to decide, so its latency will stay undecided (the "
+            "policy allows short scenarios)."
         )
     parts = []
     for c in mine:
-        tol = tolerance_of(policy, c.q)
-        shift = planned_shift(n, c.q, policy.noise, c.alpha, policy.tail.start)
+        if c.kind in ("window", "creep"):
+            continue
+        tol = tolerance_of(policy, c.q, c.kind)
+        shift = planned_shift(layout, looks, c.q, policy.noise, c.alpha)
         detect = math.exp(math.log1p(tol) + shift) - 1.0
-        longer = f" (blocks of {c.block})" if c.block != block else ""
-        parts.append(f"{c.label} {_pct(detect)}{longer}")
+        parts.append(f"{c.label} {_pct(detect)}")
     text = (
-        f"{scenario}: {n} planned requests per engine in {n // block} blocks of {block}; with "
-        f"80% power it can detect {', '.join(parts)} (assuming a pair's log ratio has sd "
-        f"{policy.noise:g}; the checks measure it)."
+        f"{scenario}: {n} planned requests per engine in {layout.describe()}; with 80% power "
+        f"it can detect {', '.join(parts)} (assuming a pair's log ratio has sd "
+        f"{policy.noise:g}; the checks measure it); a run of blocks above "
+        f"+{policy.window_tolerance:.0%} (window) and a trend ending above "
+        f"+{policy.creep_tolerance:.0%} (creep) hold too."
     )
     asks = []
+    per_s = None
+    if layout.block_s is not None:
+        per_s = layout.block_s / max(layout.per_block(), 1.0)
     for c in mine:
-        want = policy.detect_for(c.metric, c.q)
-        if want is None:
+        want = policy.detect_for(c.metric, c.q, c.kind if c.q is None else "tail")
+        if want is None or c.kind in ("window", "creep"):
             continue
         need = size_to_detect(
-            want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q), policy.tail.start
+            want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q, c.kind), per_s
         )
         if need is None:
             asks.append(f"{c.label} +{want:.0%} cannot be detected above its tolerance")

@@ -79,9 +79,14 @@ def quantile_key(q: float) -> str:
 Metric = Literal["ttft", "itl", "e2e"]
 
 
-def check_key(metric: str, q: float | None) -> str:
-    """The key of a latency or tail check in `require` and `detect`: 'ttft.p50', 'itl.tail'."""
-    return f"{metric}.{'tail' if q is None else quantile_key(q)}"
+SHAPE_KINDS: tuple[str, ...] = ("tail", "window", "creep")
+"""Latency checks that are not one quantile: the slow tail, a slow window, a creep."""
+
+
+def check_key(metric: str, q: float | None, kind: str = "tail") -> str:
+    """The key of a latency check in `require` and `detect`: 'ttft.p50', 'itl.tail',
+    'ttft.window', 'ttft.creep' (q None: the `kind`)."""
+    return f"{metric}.{kind if q is None else quantile_key(q)}"
 
 
 def _key_problem(key: str) -> str | None:
@@ -90,20 +95,23 @@ def _key_problem(key: str) -> str | None:
         metric, what = "", key
     if metric and metric not in ("ttft", "itl", "e2e"):
         return f"{key!r}: unknown metric {metric!r}; expected ttft, itl or e2e"
-    if what != "tail":
+    if what not in SHAPE_KINDS:
         m = _KEY.match(what)
         if m is None or not 0.0 < float(m.group(1)) < 100.0:
-            return f"{key!r} is not a check key like 'ttft.p50', 'itl.p90', 'tail' or 'p90'"
+            return (
+                f"{key!r} is not a check key like 'ttft.p50', 'itl.p90', 'tail', 'window', "
+                "'creep' or 'p90'"
+            )
     return None
 
 
-def _matches(keys: list[str], metric: str, q: float | None) -> bool:
-    what = "tail" if q is None else quantile_key(q)
+def _matches(keys: list[str], metric: str, q: float | None, kind: str = "tail") -> bool:
+    what = kind if q is None else quantile_key(q)
     for key in keys:
         m, dot, w = key.rpartition(".")
         if not dot:
             m, w = "", key
-        if w != "tail":
+        if w not in SHAPE_KINDS:
             w = quantile_key(float(w[1:]) / 100.0)
         if w == what and m in ("", metric):
             return True
@@ -199,15 +207,16 @@ class TailPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tolerance: float = Field(
-        default=0.07,
+        default=0.10,
         ge=0.0,
         description=(
-            "Allowed tail ratio: the check fails when the candidate's slowest requests are, "
-            "block for block, more than 1 + tolerance times the reference's. 7% is the "
-            "geometric midpoint of 1 (as fast) and 1.15 (the smallest tail regression the gate "
-            "must catch), sqrt(1.15) = 1.072 rounded down: the point where a sequential test "
-            "between those two is indifferent, so an identical candidate passes and a 15% "
-            "regression fails after about the same number of requests."
+            "Allowed tail scale (tails.py): the check fails when more of the candidate's "
+            "requests land in the pooled slow tail (its slowest 10% down to 1%) than the "
+            "reference's, even after the candidate's latencies are divided by 1 + tolerance. "
+            "10%, the p90 tolerance: a tail that moves as a whole by 10% is the p90 moving by "
+            "10%, and a clean run can be shown within it at half its planned size (so it stops "
+            "early), while a few percent of requests 4x slower or the slowest percent 1.75x "
+            "moves the count at the 1-2% levels several-fold."
         ),
     )
     start: float = Field(
@@ -474,6 +483,52 @@ class Policy(BaseModel):
             "decide pay the extra time."
         ),
     )
+    beta: float = Field(
+        default=0.05,
+        gt=0.0,
+        lt=0.5,
+        description=(
+            "The pass side of every latency check: a check passes (the candidate is shown "
+            "within tolerance) when its upper bound at this level is below the threshold, "
+            "spent over the plan's looks. It bounds how often a candidate exactly at a "
+            "tolerance is passed by one check; a scenario whose checks all pass stops early "
+            "(a clean gate needs not run to its planned size). 5%: a continue shown at 95%."
+        ),
+    )
+    window_tolerance: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=10.0,
+        description=(
+            "The window check (windows.py): fails when some run of consecutive time blocks "
+            "(one block up to half the scenario) is, paired request by request, slower than "
+            "1 + window_tolerance with confidence: a stall, a slow quarter of the gate. 50% is "
+            "far above what a drift of +-5% per engine reaches in one block (so a clean run "
+            "can be shown below it block by block, and stop early), and far below a stall "
+            "(seconds of waiting on requests of tens of milliseconds) or a quarter at x2."
+        ),
+    )
+    creep_tolerance: float = Field(
+        default=0.10,
+        gt=0.0,
+        le=10.0,
+        description=(
+            "The creep check (windows.py): a line through the paired block ratios against "
+            "time; fails when its value at the end of what was seen is above 1 + "
+            "creep_tolerance with confidence: a slowdown that creeps in (a leak, "
+            "fragmentation) is judged by where it got to, not by its average. 10%, the p90 "
+            "tolerance: the end of a line is known about half as well as a mean."
+        ),
+    )
+    short_scenarios: Literal["refuse", "allow"] = Field(
+        default="refuse",
+        description=(
+            "A load scenario too short for the paired checks to decide anything (fewer than "
+            "8 time blocks at its planned size: paired.MIN_BLOCKS) is refused before the load "
+            "with the size it needs; 'allow' runs it anyway, its latency checks left "
+            "undecided and said so."
+        ),
+    )
     look_every: int = Field(
         default=500,
         ge=10,
@@ -527,14 +582,17 @@ class Policy(BaseModel):
         ),
     )
     error_burst_s: float = Field(
-        default=0.5,
+        default=2.0,
         ge=0.0,
         le=3_600.0,
         description=(
-            "Errors of one engine less than this many seconds apart are one event in the "
-            "count test: fifteen timeouts of one stall are one event, not fifteen independent "
-            "coins. 0.5 s joins what fails together (a stall, a restart's refused connects) "
-            "and leaves independent errors at typical rates apart; 0 counts every error."
+            "Errors of one engine that follow each other by less than this many seconds "
+            "are one episode, one event in the count test: fifteen timeouts of one stall, or "
+            "a bad period of ten seconds, are one event, not many independent coins (judge v2 "
+            "held identical engines with 10 s bad periods 12-28% of the time). 2 s chains what "
+            "fails together at the rates a bad period has (an error every second or faster) "
+            "and leaves independent errors at a 1% rate and 20 requests/s mostly apart; 0 "
+            "counts every error."
         ),
     )
     max_error_rate: float = Field(
@@ -547,6 +605,20 @@ class Policy(BaseModel):
             "the candidate's rate is above it with confidence (an anytime-valid test), and "
             "when the reference's is, the gate holds on the environment (`gate.environment`) "
             "instead of blaming the candidate."
+        ),
+    )
+    error_tolerance: float = Field(
+        default=0.01,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "How much more of its requests the candidate may fail than the reference, in "
+            "absolute terms, for a scenario to stop early: before its planned end a scenario "
+            "stops with a continue only when its errors give no evidence of a regression and "
+            "the candidate's failed share so far is at most this above the reference's (and "
+            "under the ceiling). It never holds anything: a hold needs the count test's "
+            "evidence or the ceiling's. One point, the ceiling: with errors in episodes, a "
+            "burst of four in a thousand requests is already 0.4 points."
         ),
     )
     startup_tolerance: float = Field(
@@ -712,6 +784,8 @@ class Policy(BaseModel):
                         f"{field_name}: {key!r} names metric {metric!r}, which metrics "
                         f"{list(self.metrics)} does not judge"
                     )
+                if what in ("window", "creep"):
+                    continue
                 if what == "tail":
                     if self.group_alpha("tail") <= 0.0:
                         raise ValueError(
@@ -728,14 +802,14 @@ class Policy(BaseModel):
                     )
         return self
 
-    def requires(self, metric: str, q: float | None) -> bool:
-        """Whether an undecided check of this metric and quantile (None: the tail) holds."""
-        return _matches(self.require, metric, q)
+    def requires(self, metric: str, q: float | None, kind: str = "tail") -> bool:
+        """Whether an undecided check of this metric and quantile (None: the `kind`) holds."""
+        return _matches(self.require, metric, q, kind)
 
-    def detect_for(self, metric: str, q: float | None) -> float | None:
+    def detect_for(self, metric: str, q: float | None, kind: str = "tail") -> float | None:
         """The regression the user wants this check to catch, if `detect` names it."""
         for key, shift in self.detect.items():
-            if _matches([key], metric, q):
+            if _matches([key], metric, q, kind):
                 return shift
         return None
 

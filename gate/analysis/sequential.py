@@ -160,7 +160,13 @@ class SequentialJudge:
         checks.extend(planned_latency_checks([s], self.plan, notes, final=final))
         checks.extend(
             error_check(
-                s, self.plan.error_alpha, self.plan.policy, notes, None if final else horizon
+                s,
+                self.plan.error_alpha,
+                self.plan.policy,
+                notes,
+                None if final else horizon,
+                self.plan.layout(s.name),
+                self.plan.look_sizes(s.name),
             )
         )
         checks.extend(outputs_checks([s]))
