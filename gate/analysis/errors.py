@@ -262,7 +262,9 @@ def error_check(
         f"{_arm_errors('candidate', cand, True)} vs "
         f"{_arm_errors('reference', ref, False)} in {ref.requests}"
     )
-    count_alpha, ceiling_alpha = alpha / 2.0, alpha / 4.0
+    # A quarter each: the count test on episodes, the block test on failed fractions, and
+    # the two ceiling tests (candidate, reference).
+    count_alpha, ceiling_alpha = alpha / 4.0, alpha / 4.0
     ceiling = policy.max_error_rate
     n = min(ref.requests, cand.requests)
     if layout is None:
@@ -281,6 +283,16 @@ def error_check(
     # above the reference's, so bursts on the reference never make the candidate look worse
     # (a subset of a valid rejection region is valid).
     significant = p <= count_alpha and frac_c > frac_r
+    # Block for block over the plan's time blocks: an engine that fails all the time is one
+    # long episode to the count test, but many blocks of a higher failed fraction.
+    _, d_a, d_b = look_levels(n, tuple(looks) if looks else (max(n, 1),), alpha / 4.0, policy.beta)
+    block_more = False
+    more_by = 0.0
+    if f_r is not None and f_c is not None and f_r.size == f_c.size >= MIN_TEST_BLOCKS:
+        diff = level_test(f_c - f_r, d_a, d_b, detrend=False)
+        block_more, more_by = diff.lower > 0.0 and frac_c > frac_r, diff.lower
+    counted = significant
+    significant = significant or block_more
     kinds = _kind_checks(s, count_alpha, policy, kind_p, final=planned is None)
     driver = min(kind_p.items(), key=lambda kv: (kv[1], kv[0]))[0] if kind_p else None
     extra = [environment] if environment is not None else []
@@ -370,9 +382,14 @@ def error_check(
             *extra,
         ]
     why = []
-    if significant:
+    if counted:
         more = f", mostly {driver}" if driver is not None and len(kind_p) > 1 else ""
         why.append(f"{fmt_p(p)} is at or below alpha {count_alpha:.2g}{more}")
+    if block_more:
+        why.append(
+            f"block for block over time the candidate fails at least {more_by:.2%} more of "
+            f"its requests (alpha {alpha / 4.0:.2g})"
+        )
     if over_ceiling:
         why.append(
             f"the candidate's error rate {frac_c:.2%} is above the {ceiling:.2%} ceiling with "

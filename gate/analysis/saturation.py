@@ -1,0 +1,467 @@
+"""Saturation: an engine whose queue grows through a scenario is named, not averaged.
+
+References:
+    D. V. Lindley, "The theory of queues with a single server", Proc. Cambridge Philosophical
+    Society 48(2), 1952 (the waiting-time recursion: w_i = max(0, w_{i-1} + s_{i-1} - a_i)).
+    J. D. C. Little, "A proof for the queuing formula L = lambda W", Operations Research 9(3),
+    1961.
+    H. B. Mann, "Nonparametric tests against trend", Econometrica 13(3), 1945 (Kendall's tau
+    of a series against time).
+
+Why: an engine that cannot serve the offered rate builds a queue, and its latency then grows
+with time instead of fluctuating around a level: the paired checks average that growth into
+one ratio (a candidate at TTFT p50 44.5 s against 5.6 s is "slower", not "overloaded"), and
+nothing says that the reference, whose 5.6 s for a 64-token prompt is itself queueing, was
+overloaded too, which voids the comparison. This module reads each engine's TTFT against its
+send time and names the growing queue.
+
+What tells a growing queue apart. When arrivals (rate lambda) exceed service (rate mu), each
+request waits for the backlog the ones before it left, and the backlog grows by lambda - mu per
+second: the wait grows linearly with send time, by lambda/mu - 1 seconds per second, and the
+engine completes mu requests per second, a share mu/lambda of the offered rate. A stable engine
+differs in both: a steadily slow engine has a high but flat latency and completes what it is
+offered; a warm-up transient is high early and flat after; a stable queue near capacity
+(utilisation 90%) wanders, but its wait is bounded (it empties again and again), so over a
+scenario it neither gains a fixed share of the elapsed time nor falls behind the offered rate.
+An engine is called saturated when all of these hold:
+
+1. A trend: the median TTFT of `TREND_BLOCKS` equal-time blocks of the scenario rises with the
+   block's time, by a one-sided Kendall test (exact) at `alpha`. Requests that share a batch
+   share its fate, so single requests are not independent; medians of blocks much longer than
+   a batch are, under short-range dependence, and so the test is on blocks. Under no trend it
+   holds the rate of false calls at `alpha` whatever the latency's distribution (heavy tails,
+   batch noise), because every other condition below is only an extra requirement.
+2. Growth that is large: the last quarter's median TTFT is at least `MIN_GROWTH` times the
+   first quarter's, and it rose by at least `MIN_SLOPE` seconds per second of scenario between
+   the two quarters (the slope, from the quarters' medians and mean send times). The slope is
+   the queue's signature: a saturated queue's wait gains lambda/mu - 1 of the elapsed time, a
+   stable one's is bounded, so its slope falls as the scenario lengthens. The ratio keeps a rise
+   that is small against the engine's own latency (a drift of an engine with long prompts) from
+   being called a queue; it is low (1.5, not "several") because the gate discards a warm-up,
+   and a queue already grown by then starts the scenario high: w0 + g t rises by much less than
+   its t / (t/8) = 7x from an empty queue.
+3. Throughput below the offered rate: the engine's completions per second, between its
+   `SHARE_TRIM` and 1 - `SHARE_TRIM` completions (send + e2e, else the first token), are at
+   most `MAX_SERVED_SHARE` of the offered rate (the caller's, else the arm's own sends between
+   the same order statistics: the schedule is open-loop, so sends keep to it). Spans between
+   order statistics are not moved by a constant latency, so a slow engine that keeps up reads
+   100%; the trim keeps a straggler at either end from deciding. By Little's law this is the
+   same fact as 2 measured on the counts: share = 1 / (1 + slope), 0.9 <-> 0.11.
+
+Thresholds, and what they cost. A share of at most 90% and a slope of 0.1 s/s name an engine
+that serves no more than about nine tenths of its load, whose wait grows by a minute in a
+ten-minute scenario; an overload of 5-10% (share 0.91-0.95) is not called, because a stable
+queue at 95% utilisation wanders as far over a few hundred requests. In simulation (single-
+server FIFO queues, batch-correlated service times, 400 requests) a stable queue at 90%
+utilisation was called in 0 of 600 runs and at 95% in about 2%: at 95% the latency is a random
+walk of the queue, and a `gate.environment` hold for the reference there is not wrong. An
+engine at 120% was called in about 90% of runs and at 150% or more in all of them.
+
+What comes back: the candidate alone saturated is a failed check "{scenario}.saturation.
+candidate" (group "overload"; it holds): it cannot serve the rate the reference serves. The
+reference saturated (with or without the candidate) is a `gate.environment` check, undecided
+and required, as errors.py makes for an unhealthy test bed: the load was beyond what the test
+bed can serve, so the comparison is void, and the message suggests a rate. Neither is no check:
+this is a detector, not a test of headroom (a stable queue at 95% is not called, and a pass
+would read as if it were shown to cope); the latency checks judge the comparison, and
+`queue_growth` gives the evidence to a report that wants it. Only steady open-loop scenarios
+are meant: a peak or overload phase is beyond capacity by design, and a closed loop (fixed
+concurrency) cannot grow a queue.
+
+The numbers reported are medians per quarter, the growth factor, the slope and the completion
+rate against the offered rate: no interval (a confidence interval of a ratio of a growing
+latency spans orders of magnitude and says nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from gate.analysis.checks import quotient, statistic_check
+from gate.analysis.errors import ENVIRONMENT
+from gate.analysis.types import ArmSamples, Check, ScenarioSamples
+from gate.core.vocabulary import Role
+
+__all__ = [
+    "ENVIRONMENT",
+    "MAX_SERVED_SHARE",
+    "MIN_GROWTH",
+    "MIN_REQUESTS",
+    "MIN_SLOPE",
+    "POSITION_GROWTH",
+    "TREND_BLOCKS",
+    "QueueGrowth",
+    "queue_growth",
+    "saturation_checks",
+]
+
+TREND_BLOCKS = 16
+"""Equal-time blocks of the trend test. Sixteen blocks give a one-sided exact Kendall p-value
+down to 1/16! (far below any alpha the gate spends) while each block stays many batches long
+in a scenario of a few hundred requests, so block medians are close to independent."""
+
+MIN_BLOCK_REQUESTS = 4
+"""A block with fewer TTFT samples has no median worth ranking; it is left out of the test."""
+
+MIN_BLOCKS = 8
+"""Blocks the trend test needs (8! = 40320: p down to 2.5e-5, below the default alpha)."""
+
+MIN_REQUESTS = TREND_BLOCKS * MIN_BLOCK_REQUESTS
+"""TTFT samples an engine needs before its queue is judged at all."""
+
+MIN_GROWTH = 1.5
+"""Last quarter's median TTFT over the first's, at least (module docstring, 2)."""
+
+MIN_SLOPE = 0.1
+"""Seconds of TTFT gained per second of scenario between the first and last quarter, at least:
+a wait that grows by a tenth of the elapsed time (an engine serving about 1/1.1 of its load)."""
+
+MAX_SERVED_SHARE = 0.9
+"""Completions per second over the offered rate, at most: 1/(1 + MIN_SLOPE), about."""
+
+SHARE_TRIM = 0.05
+"""The completion and send rates are read between these order statistics (5% and 95%)."""
+
+POSITION_GROWTH = 3.0
+"""Without send times in seconds (no offsets, ids or offered rate) neither the slope nor the
+throughput can be read, and a growing queue is called on the trend and a growth of the last
+quarter's median to at least this many times the first's: "several times", which a stable
+engine's drift does not reach and a queue growing from empty does (up to 7x)."""
+
+SUGGESTED_LOAD = 0.8
+"""The rate a saturated reference's message suggests: this share of what it completed, the
+utilisation at which a queue is stable and its latency still mostly service."""
+
+TimeBasis = Literal["offsets", "ids", "position"]
+
+
+@dataclass(frozen=True)
+class QueueGrowth:
+    """What one engine's TTFT did through one scenario: the evidence behind a saturation call.
+
+    quarter_medians_ms: median TTFT of the samples sent in each quarter of the scenario's time.
+    growth: the last quarter's median over the first's.
+    trend_p: one-sided exact Kendall p-value of the block medians rising with time; blocks: how
+        many equal-time blocks it ranked.
+    slope: seconds of TTFT gained per second of scenario between the first and last quarter
+        (None without send times in seconds).
+    served_rate, offered_rate: requests per second completed (between the trimmed order
+        statistics) and offered; served_share: their quotient (None without send times).
+    time_basis: where the send times came from: "offsets" (measured), "ids" or "position"
+        (approximated: request id or order over the offered rate, or in requests when there is
+        no rate); completions: "e2e" (send + e2e) or "first_token" (send + TTFT).
+    """
+
+    role: Role
+    samples: int
+    quarter_medians_ms: tuple[float, float, float, float]
+    growth: float
+    trend_p: float
+    blocks: int
+    slope: float | None
+    served_rate: float | None
+    offered_rate: float | None
+    served_share: float | None
+    time_basis: TimeBasis
+    seconds: bool
+    completions: Literal["e2e", "first_token"]
+    alpha: float
+
+    @property
+    def trend(self) -> bool:
+        return self.trend_p <= self.alpha
+
+    def shortfalls(self) -> list[str]:
+        """Why this engine is not called saturated; empty when it is."""
+        out = []
+        if not self.trend:
+            out.append(
+                f"no significant rise (Kendall p={self.trend_p:.2g}, alpha {self.alpha:.2g})"
+            )
+        if not self.seconds:
+            if self.growth < POSITION_GROWTH:
+                out.append(f"a rise of {self.growth:.2f}x, under {POSITION_GROWTH:g}x")
+            return out
+        if self.growth < MIN_GROWTH:
+            out.append(f"a rise of {self.growth:.2f}x, under {MIN_GROWTH:g}x")
+        if self.slope is None or self.slope < MIN_SLOPE:
+            slope = "?" if self.slope is None else f"{self.slope:.3f}"
+            out.append(f"a gain of {slope} s per second, under {MIN_SLOPE:g}")
+        if self.served_share is None or self.served_share > MAX_SERVED_SHARE:
+            share = "?" if self.served_share is None else f"{self.served_share:.0%}"
+            out.append(f"completions at {share} of the offered rate, above {MAX_SERVED_SHARE:.0%}")
+        return out
+
+    @property
+    def saturated(self) -> bool:
+        return not self.shortfalls()
+
+    def describe(self) -> str:
+        """The growth in words: quarter medians, factor, trend, slope and throughput."""
+        q = self.quarter_medians_ms
+        text = (
+            f"TTFT median rose from {_dur(q[0])} in the first quarter to {_dur(q[3])} in the "
+            f"last ({self.growth:.3g}x; quarters {', '.join(_dur(v) for v in q)}; rising over "
+            f"{self.blocks} time blocks, Kendall {_p(self.trend_p)})"
+        )
+        if self.slope is not None:
+            text += f", its wait gaining {self.slope:.2g} s per second"
+        if self.served_rate is not None and self.offered_rate is not None:
+            text += (
+                f"; it completed {_rate(self.served_rate)} requests/s of the offered "
+                f"{_rate(self.offered_rate)}/s ({self.served_share:.0%})"
+            )
+        return text
+
+
+def _dur(ms: float) -> str:
+    if not math.isfinite(ms):
+        return "-"
+    if ms < 1000.0:
+        return f"{ms:.3g} ms"
+    return f"{ms / 1000.0:.3g} s"
+
+
+def _rate(r: float) -> str:
+    return f"{r:.3g}"
+
+
+def _p(p: float) -> str:
+    return "p<1e-12" if p < 1e-12 else f"p={p:.2g}"
+
+
+def _time_axis(
+    arm: ArmSamples, offered_rate: float | None
+) -> tuple[np.ndarray, TimeBasis, bool] | None:
+    """Send time of each TTFT sample: seconds when known or approximated at the offered rate,
+    else the request's place in the schedule (in requests). None when all are sent at once."""
+    n = arm.ttft_ms.size
+    rate = offered_rate if offered_rate is not None and offered_rate > 0.0 else None
+    if "ttft" in arm.offsets_s:
+        t = np.asarray(arm.offsets_s["ttft"], dtype=np.float64)
+        basis: TimeBasis = "offsets"
+        seconds = True
+    else:
+        if "ttft" in arm.ids:
+            t = np.asarray(arm.ids["ttft"], dtype=np.float64) - float(arm.first_id)
+            basis = "ids"
+        else:
+            t = np.arange(n, dtype=np.float64)
+            basis = "position"
+        seconds = rate is not None
+        if rate is not None:
+            t = t / rate
+    if n == 0 or float(t.max() - t.min()) <= 0.0:
+        return None
+    return t, basis, seconds
+
+
+def _completions(
+    arm: ArmSamples, t: np.ndarray, basis: TimeBasis
+) -> tuple[np.ndarray, Literal["e2e", "first_token"]]:
+    """Completion times: send + e2e where e2e is known on the same clock, else first tokens."""
+    e2e = arm.e2e_ms
+    if e2e.size and basis == "offsets" and "e2e" in arm.offsets_s:
+        return np.asarray(arm.offsets_s["e2e"]) + e2e / 1000.0, "e2e"
+    if e2e.size and e2e.size == arm.ttft_ms.size and basis != "offsets":
+        return t + e2e / 1000.0, "e2e"
+    return t + arm.ttft_ms / 1000.0, "first_token"
+
+
+def _span_rate(times: np.ndarray) -> float | None:
+    """Events per second between the SHARE_TRIM and 1 - SHARE_TRIM order statistics."""
+    x = np.sort(times)
+    m = x.size
+    if m < 2:
+        return None
+    j = math.floor(SHARE_TRIM * (m - 1))
+    k = math.ceil((1.0 - SHARE_TRIM) * (m - 1))
+    span = float(x[k] - x[j])
+    return (k - j) / span if k > j and span > 0.0 else None
+
+
+def queue_growth(
+    arm: ArmSamples,
+    role: Role,
+    *,
+    offered_rate: float | None = None,
+    alpha: float = 0.001,
+) -> QueueGrowth | None:
+    """One engine's TTFT against its send time (module docstring); None with fewer than
+    MIN_REQUESTS samples, fewer than MIN_BLOCKS usable blocks or no spread of send times."""
+    y = arm.ttft_ms
+    if y.size < MIN_REQUESTS:
+        return None
+    axis = _time_axis(arm, offered_rate)
+    if axis is None:
+        return None
+    t, basis, seconds = axis
+    t0, span = float(t.min()), float(t.max() - t.min())
+    block = np.minimum(((t - t0) / span * TREND_BLOCKS).astype(np.int64), TREND_BLOCKS - 1)
+    counts = np.bincount(block, minlength=TREND_BLOCKS)
+    kept = np.flatnonzero(counts >= MIN_BLOCK_REQUESTS)
+    if kept.size < MIN_BLOCKS:
+        return None
+    medians = np.array([np.median(y[block == b]) for b in kept])
+    if np.ptp(medians) == 0.0:
+        trend_p = 1.0
+    else:
+        res = stats.kendalltau(kept.astype(np.float64), medians, alternative="greater")
+        trend_p = float(res.pvalue) if math.isfinite(res.pvalue) else 1.0
+    quarter = block * 4 // TREND_BLOCKS
+    if not (np.any(quarter == 0) and np.any(quarter == 3)):
+        return None
+    q_med = tuple(
+        float(np.median(y[quarter == q])) if np.any(quarter == q) else math.nan for q in range(4)
+    )
+    first, last = q_med[0], q_med[3]
+    growth = last / first if first > 0.0 else (math.inf if last > 0.0 else 1.0)
+    slope = served = offered = share = None
+    completions, kind = _completions(arm, t, basis)
+    if seconds:
+        dt = float(t[quarter == 3].mean() - t[quarter == 0].mean())
+        slope = (last - first) / 1000.0 / dt if dt > 0.0 else None
+        served = _span_rate(completions)
+        offered = offered_rate if offered_rate is not None else _span_rate(t)
+        share = served / offered if served is not None and offered else None
+    return QueueGrowth(
+        role=role,
+        samples=int(y.size),
+        quarter_medians_ms=(q_med[0], q_med[1], q_med[2], q_med[3]),
+        growth=float(growth),
+        trend_p=trend_p,
+        blocks=int(kept.size),
+        slope=slope,
+        served_rate=served,
+        offered_rate=offered,
+        served_share=share,
+        time_basis=basis,
+        seconds=seconds,
+        completions=kind,
+        alpha=alpha,
+    )
+
+
+def saturation_checks(
+    s: ScenarioSamples,
+    notes: list[str],
+    *,
+    offered_rate: float | None = None,
+    alpha: float = 0.001,
+) -> list[Check]:
+    """Saturation of one steady open-loop scenario, per engine (module docstring).
+
+    offered_rate: the schedule's requests per second, when known (else read from the sends).
+    alpha: the level of each engine's trend test, and so a bound on the rate of false calls of
+        each check when blocks are independent and latency does not trend.
+    Returns [] when neither engine's queue grows, a failed "{scenario}.saturation.candidate"
+    check when only the candidate's does, and a `gate.environment` check (undecided, required)
+    when the reference's does. Notes say where time was approximated, where an engine had too
+    few samples to judge and where a significant rise fell short of a growing queue.
+    """
+    found: dict[Role, QueueGrowth | None] = {}
+    arms: tuple[tuple[Role, ArmSamples], ...] = (
+        ("reference", s.reference),
+        ("candidate", s.candidate),
+    )
+    for role, arm in arms:
+        g = queue_growth(arm, role, offered_rate=offered_rate, alpha=alpha)
+        found[role] = g
+        if g is None:
+            if arm.ttft_ms.size:
+                notes.append(
+                    f"Saturation in {s.name}: the {role}'s queue was not judged ("
+                    f"{arm.ttft_ms.size} TTFT samples; it needs {MIN_REQUESTS} spread over "
+                    f"{MIN_BLOCKS} of {TREND_BLOCKS} time blocks)."
+                )
+            continue
+        if g.time_basis != "offsets":
+            how = "request ids" if g.time_basis == "ids" else "send order"
+            rate = (
+                f"at the offered {_rate(offered_rate)}/s"
+                if g.seconds and offered_rate is not None
+                else "in requests, so throughput and slope were not read"
+            )
+            notes.append(
+                f"Saturation in {s.name}: the {role}'s send times were approximated from its "
+                f"{how} {rate} (no send offsets)."
+            )
+        short = g.shortfalls()
+        if short and g.trend and g.growth >= MIN_GROWTH:
+            notes.append(
+                f"Saturation in {s.name}: the {role}'s {g.describe()}; not called a growing "
+                f"queue: {'; '.join(short)}."
+            )
+    ref, cand = found["reference"], found["candidate"]
+    samples = (s.reference.ttft_ms.size, s.candidate.ttft_ms.size)
+    ref_share = ref.served_share if ref is not None else None
+    cand_share = cand.served_share if cand is not None else None
+    if ref is not None and ref.saturated:
+        also = ""
+        if cand is not None and cand.saturated:
+            also = f" The candidate's queue grows too: its {cand.describe()}."
+        lower = (
+            f"lower the scenario's rate to about {_rate(SUGGESTED_LOAD * ref.served_rate)}/s "
+            f"({SUGGESTED_LOAD:.0%} of what the reference completed)"
+            if ref.served_rate is not None
+            else "lower the scenario's rate"
+        )
+        return [
+            statistic_check(
+                ENVIRONMENT,
+                "errors",
+                "environment",
+                "undecided",
+                f"The reference's queue grows through {s.name}: its {ref.describe()}. The load "
+                "was beyond what the test bed can serve, so the comparison is void: both "
+                f"engines were measured queueing, not serving; {lower} and run the gate "
+                f"again.{also}",
+                scenario=s.name,
+                reference=ref_share,
+                candidate=cand_share,
+                ratio=quotient(ref_share, cand_share),
+                threshold=MAX_SERVED_SHARE if ref.seconds else None,
+                samples=samples,
+                alpha=alpha,
+            )
+        ]
+    if cand is not None and cand.saturated:
+        offered = (
+            f"the offered {_rate(cand.offered_rate)}/s"
+            if cand.offered_rate is not None
+            else "the offered load"
+        )
+        if ref is None:
+            serves = "the reference's queue could not be judged"
+        else:
+            q = ref.quarter_medians_ms
+            served = (
+                f", completing {ref.served_share:.0%} of it" if ref.served_share is not None else ""
+            )
+            serves = (
+                f"the reference serves it (TTFT median {_dur(q[0])} in the first quarter, "
+                f"{_dur(q[3])} in the last{served})"
+            )
+        return [
+            statistic_check(
+                f"{s.name}.saturation.candidate",
+                "overload",
+                "saturation",
+                "fail",
+                f"The candidate's queue grows through {s.name}: its {cand.describe()}. It "
+                f"cannot serve {offered}; {serves}.",
+                scenario=s.name,
+                reference=ref_share,
+                candidate=cand_share,
+                ratio=quotient(ref_share, cand_share),
+                threshold=MAX_SERVED_SHARE if cand.seconds else None,
+                samples=samples,
+                alpha=alpha,
+            )
+        ]
+    return []
