@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+from scipy import stats
 
 from gate.analysis.baseline import judge_baseline
 from gate.analysis.divergence import (
@@ -93,6 +94,7 @@ ERROR_MIX: tuple[tuple[str, float], ...] = (
     ("timeout", 0.3),
     ("stream_error", 0.1),
 )
+ERROR_KINDS_INDEX = {name: i for i, (name, _) in enumerate(ERROR_MIX)}
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,16 @@ class Case:
     errors: float = 1.0
     divergence: Divergence = "same"
     crash: bool = False
+    # Shapes of real regressions (issue 28), on the candidate's TTFT:
+    tail_share: float = 0.0  # this share of its requests (at random) ...
+    tail_factor: float = 1.0  # ... are this many times slower
+    top_share: float = 0.0  # its slowest share (above the reference distribution's quantile)
+    top_factor: float = 1.0  # ... is this many times slower
+    window: tuple[float, float, float] | None = None  # (start, length) as shares of the run, x
+    stall_s: float = 0.0  # a stall of this many seconds a third into the run
+    creep: tuple[float, float] | None = None  # (start share, ratio reached at the end)
+    timeout_top: float = 0.0  # its slowest share times out (censored at the client timeout)
+    episodes: float = 1.0  # its error episodes come this many times as often
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,20 @@ class SimConfig:
     itl_batch_sigma: float | None = None
     error_burst: int = 1
     divergence: bool = True
+    # Each engine's own drift (issue 28): a +-engine_drift multiplier, a sine of this period at
+    # a random phase per engine ("sine"), or a random wander with this correlation time
+    # ("wander", an Ornstein-Uhlenbeck process of sd engine_drift).
+    engine_drift: float = 0.0
+    engine_drift_period_s: float = 15.0
+    engine_drift_kind: Literal["sine", "wander"] = "sine"
+    # Heavy tails: each request's own part from a Pareto of this shape (0: lognormal only).
+    pareto: float = 0.0
+    # Error episodes per engine: bad periods starting at this rate (per second), lasting
+    # episode_s, failing each request in them with episode_fail (on top of error_rate).
+    episode_rate: float = 0.0
+    episode_s: float = 10.0
+    episode_fail: float = 0.2
+    timeout_ms: float = 2_000.0  # the client timeout: a timed-out request reads as this slow
 
     def with_model(self, model: DependenceModel) -> SimConfig:
         """Both metrics' log latency built by `model` (TTFT and ITL alike)."""
@@ -255,9 +281,10 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class _Arm:
-    ttft: np.ndarray  # NaN where the request failed
+    ttft: np.ndarray  # NaN where the request failed (a timeout: the timeout, censored)
     itl: np.ndarray
     error: np.ndarray  # kind index, -1 success
+    censored: np.ndarray  # timed out: its TTFT is at least the value given
 
 
 @dataclass(frozen=True)
@@ -282,16 +309,40 @@ def _latency(
     """One engine's latencies: its own part, its batches (boundaries at a random phase, so
     the two engines' batches do not line up) and the part both engines share."""
     own = rng.standard_normal(n) * sigma
+    if config.pareto > 0.0 and n:
+        # A Pareto tail (shape `pareto`) on top: rare requests several times slower.
+        own = own + np.log(rng.pareto(config.pareto, n) + 1.0) - math.log(2.0) / config.pareto
     which = (np.arange(n) + int(rng.integers(config.batch))) // config.batch
     shared = (rng.standard_normal(int(which[-1]) + 1) * batch_sigma)[which] if n else own
     return np.asarray(median * np.exp(own + shared + common) * drift, dtype=np.float64)
+
+
+def engine_drift(rng: np.random.Generator, sent: np.ndarray, config: SimConfig) -> np.ndarray:
+    """One engine's own drift multiplier at each send time (SimConfig.engine_drift)."""
+    if config.engine_drift <= 0.0 or not sent.size:
+        return np.ones(sent.size)
+    a = config.engine_drift
+    if config.engine_drift_kind == "sine":
+        phase = rng.uniform(0.0, 2.0 * math.pi)
+        return np.asarray(
+            1.0 + a * np.sin(2.0 * math.pi * sent / config.engine_drift_period_s + phase)
+        )
+    # Ornstein-Uhlenbeck in log space, stationary sd a, correlation time period_s.
+    decay = np.exp(-np.diff(sent, prepend=sent[0]) / config.engine_drift_period_s)
+    noise = rng.standard_normal(sent.size) * a * np.sqrt(1.0 - decay**2)
+    x = np.empty(sent.size)
+    x[0] = rng.standard_normal() * a
+    for i in range(1, sent.size):
+        x[i] = decay[i] * x[i - 1] + noise[i]
+    return np.asarray(np.exp(x))
 
 
 def tail_threshold(config: SimConfig) -> float:
     """The reference TTFT distribution's p95 (without drift, which averages out), used by the
     tail-only cases: a fixed property of the simulated engine, not of one run's data."""
     z95 = 1.6448536269514722
-    return config.ttft_ms * math.exp(z95 * math.hypot(config.ttft_sigma, config.batch_sigma))
+    sd = math.sqrt(config.ttft_sigma**2 + config.batch_sigma**2 + config.common_sigma**2)
+    return config.ttft_ms * math.exp(z95 * sd)
 
 
 def _errors(rng: np.random.Generator, n: int, rate: float, burst: int = 1) -> np.ndarray:
@@ -306,6 +357,53 @@ def _errors(rng: np.random.Generator, n: int, rate: float, burst: int = 1) -> np
     return np.where(fails, kinds, -1).astype(np.int64)
 
 
+def _episodes(
+    rng: np.random.Generator, sent: np.ndarray, config: SimConfig, scale: float
+) -> np.ndarray:
+    """Which requests fall in one of this engine's bad periods (SimConfig.episode_*)."""
+    rate = config.episode_rate * scale
+    if rate <= 0.0 or not sent.size:
+        return np.zeros(sent.size, np.bool_)
+    span = float(sent[-1]) + config.episode_s
+    starts = np.sort(rng.uniform(-config.episode_s, span, rng.poisson(rate * span)))
+    if not starts.size:
+        return np.zeros(sent.size, np.bool_)
+    i = np.searchsorted(starts, sent, side="right") - 1
+    inside = (i >= 0) & (sent - starts[np.maximum(i, 0)] < config.episode_s)
+    return np.asarray(inside & (rng.random(sent.size) < config.episode_fail), np.bool_)
+
+
+def _shape(
+    case: Case, ttft: np.ndarray, sent: np.ndarray, rng: np.random.Generator, config: SimConfig
+) -> np.ndarray:
+    """The candidate's TTFT under the case's regression shape (Case)."""
+    n = ttft.size
+    if not n:
+        return ttft
+    span = float(sent[-1]) if sent.size else 0.0
+    if case.tail_share > 0.0:
+        hit = rng.random(n) < case.tail_share
+        ttft = np.where(hit, ttft * case.tail_factor, ttft)
+    if case.top_share > 0.0:
+        z = float(stats.norm.isf(case.top_share))
+        sd = math.sqrt(config.ttft_sigma**2 + config.batch_sigma**2 + config.common_sigma**2)
+        cut = config.ttft_ms * math.exp(z * sd)
+        ttft = np.where(ttft > cut, ttft * case.top_factor, ttft)
+    if case.window is not None:
+        start, length, factor = case.window
+        inside = (sent >= start * span) & (sent < (start + length) * span)
+        ttft = np.where(inside, ttft * factor, ttft)
+    if case.stall_s > 0.0:
+        at = span / 3.0
+        waiting = (sent >= at) & (sent < at + case.stall_s)
+        ttft = np.where(waiting, ttft + 1e3 * (at + case.stall_s - sent), ttft)
+    if case.creep is not None:
+        start, reach = case.creep
+        frac = np.clip((sent / max(span, 1e-9) - start) / max(1.0 - start, 1e-9), 0.0, 1.0)
+        ttft = ttft * (1.0 + (reach - 1.0) * frac)
+    return ttft
+
+
 def _arm(
     rng: np.random.Generator,
     n: int,
@@ -313,22 +411,49 @@ def _arm(
     drift: np.ndarray,
     case: Case | None,
     common: tuple[np.ndarray, np.ndarray],
+    sent: np.ndarray | None = None,
 ) -> _Arm:
+    sent = np.arange(n) / config.rate if sent is None else sent
+    own = engine_drift(rng, sent, config)
     itl_batch = config.batch_sigma if config.itl_batch_sigma is None else config.itl_batch_sigma
     ttft = _latency(
-        rng, n, config.ttft_ms, config.ttft_sigma, config, drift, common[0], config.batch_sigma
+        rng,
+        n,
+        config.ttft_ms,
+        config.ttft_sigma,
+        config,
+        drift * own,
+        common[0],
+        config.batch_sigma,
     )
-    itl = _latency(rng, n, config.itl_ms, config.itl_sigma, config, drift, common[1], itl_batch)
+    itl = _latency(
+        rng, n, config.itl_ms, config.itl_sigma, config, drift * own, common[1], itl_batch
+    )
     rate = config.error_rate
+    censored = np.zeros(n, np.bool_)
+    episodes = 1.0
     if case is not None:
         ttft = ttft * case.ttft
         if case.tail != 1.0:
             ttft = np.where(ttft > tail_threshold(config), ttft * case.tail, ttft)
+        ttft = _shape(case, ttft, sent, rng, config)
         itl = itl * case.itl
         rate *= case.errors
+        episodes = case.episodes
+        if case.timeout_top > 0.0 and n:
+            censored = ttft >= np.quantile(ttft, 1.0 - case.timeout_top)
     error = _errors(rng, n, rate, config.error_burst)
-    failed = error >= 0
-    return _Arm(np.where(failed, np.nan, ttft), np.where(failed, np.nan, itl), error)
+    bad = _episodes(rng, sent, config, episodes)
+    error = np.where(bad & (error < 0), ERROR_KINDS_INDEX["http_5xx"], error)
+    # A request slower than the client timeout times out: an error whose TTFT is known to be
+    # at least the timeout (the judge reads it as that slow, not as a dropped pair).
+    censored = (censored | (ttft >= config.timeout_ms)) & (error < 0)
+    error = np.where(censored, ERROR_KINDS_INDEX["timeout"], error)
+    ttft = np.where(censored, config.timeout_ms, ttft)
+    failed = (error >= 0) & ~censored
+    return _Arm(
+        np.where(failed, np.nan, ttft), np.where(failed | censored, np.nan, itl), error, censored
+    )
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -414,8 +539,8 @@ def _gate(
         rng.standard_normal(n) * config.common_sigma,
         rng.standard_normal(n) * config.itl_common_sigma,
     )
-    ref = _arm(rng, n, config, drift, None, common)
-    cand = _arm(rng, n, config, drift, case, common)
+    ref = _arm(rng, n, config, drift, None, common, sent)
+    cand = _arm(rng, n, config, drift, case, common, sent)
     crash_at = int(rng.integers(1, config.limit)) if case.crash else None
     divergence = (
         _divergence(rng, config, case.divergence, k)
@@ -427,8 +552,10 @@ def _gate(
 
 def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
     ttft = arm.ttft[:t]
-    ok = ~np.isnan(ttft)
-    ids = np.arange(t)[ok]
+    ok = ~np.isnan(ttft)  # successes and timeouts (censored at the timeout)
+    itl = arm.itl[:t]
+    ok_itl = ~np.isnan(itl)
+    ids = np.arange(t)
     err = arm.error[:t]
     failed = err >= 0
     kinds = [ERROR_MIX[e][0] for e in err[failed]]
@@ -438,12 +565,12 @@ def _samples(arm: _Arm, sent: np.ndarray, t: int) -> ArmSamples:
     return ArmSamples(
         requests=t,
         ttft_ms=ttft[ok],
-        itl_ms=arm.itl[:t][ok],
+        itl_ms=itl[ok_itl],
         errors=counts,
         error_offsets_s=sent[:t][failed],
         error_kinds=tuple(kinds),
-        ids={"ttft": ids, "itl": ids},
-        error_ids=np.arange(t)[failed],
+        ids={"ttft": ids[ok], "itl": ids[ok_itl]},
+        error_ids=ids[failed],
     )
 
 
@@ -495,8 +622,9 @@ def _baseline(gate: _Gate, config: SimConfig, k: int) -> tuple[bool, int | None]
     for t in looks:
         # A crashed canary sends no more data: Kayenta judges what it had.
         tc = t if gate.crash_at is None else min(t, gate.crash_at)
-        ref_ttft = gate.ref.ttft[:t]
-        cand_ttft = gate.cand.ttft[:tc]
+        # Kayenta reads successful requests only: a timed-out one is not a latency sample.
+        ref_ttft = np.where(gate.ref.censored[:t], np.nan, gate.ref.ttft[:t])
+        cand_ttft = np.where(gate.cand.censored[:tc], np.nan, gate.cand.ttft[:tc])
         intervals.append(
             {
                 "ttft": (cand_ttft[~np.isnan(cand_ttft)], ref_ttft[~np.isnan(ref_ttft)]),
