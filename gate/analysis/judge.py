@@ -34,19 +34,21 @@ decides on evidence.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, capability_checks, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
 from gate.analysis.engines import crash_checks, startup_checks
-from gate.analysis.errors import error_checks, outputs_checks
+from gate.analysis.errors import ENVIRONMENT, error_checks, outputs_checks
 from gate.analysis.latency import latency_checks, planned_latency_checks
 from gate.analysis.load import OverloadPhase, PeakPhase, load_checks
 from gate.analysis.outputs import MirroredOutputs, mirrored_output_checks
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
+from gate.analysis.saturation import saturation_checks
 from gate.analysis.types import Check, EngineFacts, ScenarioSamples, Verdict
 
 __all__ = ["judge"]
@@ -75,6 +77,18 @@ def _coverage_check() -> Check:
     )
 
 
+def _one_environment(checks: list[Check]) -> list[Check]:
+    """The test bed is one: several `gate.environment` checks (errors, saturation, scenarios)
+    become one, their messages joined."""
+    env = [c for c in checks if c.id == ENVIRONMENT]
+    if len(env) < 2:
+        return checks
+    merged = replace(env[0], scenario=None, message=" ".join(c.message for c in env))
+    out = [c for c in checks if c.id != ENVIRONMENT]
+    out.append(merged)
+    return out
+
+
 def judge(
     scenarios: Sequence[ScenarioSamples],
     engines: Sequence[EngineFacts],
@@ -88,6 +102,7 @@ def judge(
     outputs: Sequence[MirroredOutputs] = (),
     capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
     envelope_share: float | None = None,
+    saturation: Collection[str] = (),
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
@@ -96,7 +111,9 @@ def judge(
     (divergence.py); outputs: the load scenarios' mirrored outputs compared (outputs.py);
     capabilities: what each engine supports, (reference, candidate) (compat.py);
     envelope_share: the reference's early share against itself when `divergence` is not
-    given (re-judge reads it from the document).
+    given (re-judge reads it from the document); saturation: the steady open-loop scenarios,
+    whose engines are checked for a queue that grows through them (saturation.py: the
+    candidate's alone holds, the reference's is the test bed's).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -122,6 +139,10 @@ def judge(
         )
     if not any(c.group == "latency" for c in checks):
         checks.insert(0, _coverage_check())
+    for s in scenarios:
+        if s.name in saturation:
+            checks.extend(saturation_checks(s, notes))
+    checks = _one_environment(checks)
     checks.extend(outputs_checks(scenarios))
     checks.extend(startup_checks(engines, policy, notes))
     checks.extend(crash_checks(engines))

@@ -59,6 +59,7 @@ class JudgeInputs:
     probes: list[ProbePair]
     outputs: list[MirroredOutputs]
     capabilities: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
 
 
 def phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
@@ -125,6 +126,7 @@ def judge_inputs(
     samples: list[ScenarioSamples] = []
     peaks: list[PeakPhase] = []
     overloads: list[OverloadPhase] = []
+    steady: list[str] = []
     ran_list = list(ran)
     for r in ran_list:
         sc = scenarios.get(r.name)
@@ -133,6 +135,8 @@ def judge_inputs(
         ref = select_requests(r.columns["reference"], warmup, r.upto)
         cand = select_requests(r.columns["candidate"], warmup, r.upto)
         samples.append(ScenarioSamples(r.name, ref.to_arm(), cand.to_arm()))
+        if sc.suite in (None, "normal") and sc.arrival != "concurrency":
+            steady.append(r.name)
         p, o = load_phases(r.name, sc.suite, sc.settings, ref, cand, list(r.marks))
         peaks.extend(p)
         overloads.extend(o)
@@ -145,6 +149,7 @@ def judge_inputs(
         probe_pairs(probes),
         outputs,
         engine_capabilities(engines),
+        tuple(steady),
     )
 
 
@@ -181,4 +186,5 @@ def judge_gate(
         outputs=inputs.outputs,
         capabilities=inputs.capabilities,
         envelope_share=envelope_share,
+        saturation=inputs.steady,
     )
