@@ -86,7 +86,7 @@ class Columns:
 
     def timed_out(self) -> npt.NDArray[np.bool_]:
         """Requests that timed out with their end known: censored, at least that slow."""
-        return (self.error == ERROR_KINDS.index("timeout")) & (self.end_ns >= 0)
+        return np.asarray((self.error == ERROR_KINDS.index("timeout")) & (self.end_ns >= 0))
 
     def to_arm(self) -> ArmSamples:
         """The judge's view, every array in send order with each sample's send offset.

@@ -24,6 +24,8 @@ from gate.runs.rejudge import rejudge
 from gate.runs.requests import resolve_spec
 from gate.spec import GateSpec
 from gate.verdict import RejudgeResult, VerdictDocument, check_doc
+from gate.verdict.document import ReasonDoc
+from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary, summarize
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import GateRun
@@ -60,6 +62,17 @@ class GateView(BaseModel):
     phase: str
     verdict: Literal["continue", "hold"] | None
     reason: str | None
+    summary: str | None = Field(
+        description="the verdict in one line, null until decided (as the verdict object's)"
+    )
+    warnings: list[ReasonDoc] = Field(
+        description=f"as the verdict object's, at most {ANSWER_ITEMS}"
+    )
+    warnings_omitted: int = 0
+    not_shown: list[ReasonDoc] = Field(
+        description=f"as the verdict object's, at most {ANSWER_ITEMS}"
+    )
+    not_shown_omitted: int = 0
     source: str
     reference: str | None = Field(description="the reference engine's label")
     candidate: str | None = Field(description="the candidate engine's label")
@@ -92,12 +105,29 @@ class GateList(BaseModel):
 
 
 class VerdictSummary(BaseModel):
-    """What Argo Rollouts' web provider and other pollers read: 200 while running too."""
+    """What Argo Rollouts' web provider and other pollers read: 200 while running too.
+    `verdict` decides (binary); `summary`, `warnings` and `not_shown` say it in words, the
+    same words as the terminal, the report and the commit status (gate/verdict/summary.py)."""
 
     id: str
     state: Literal["pending", "running", "complete", "error"]
     verdict: Literal["continue", "hold"] | None
     reason: str | None
+    summary: str | None = Field(
+        description="the verdict in one line (at most 140 characters), null until decided: "
+        "'continue', 'continue, with 2 warnings; not shown: TTFT p90 in steady within +10% "
+        "(shown: at most +14%)', 'hold: 2 checks failed (...)'"
+    )
+    warnings: list[ReasonDoc] = Field(
+        description=f"checks in the warning tier (a continue 'with N warnings'), at most "
+        f"{ANSWER_ITEMS}"
+    )
+    warnings_omitted: int = Field(description="warnings beyond those listed")
+    not_shown: list[ReasonDoc] = Field(
+        description=f"undecided checks that do not hold: what a continue could not show, at "
+        f"most {ANSWER_ITEMS}"
+    )
+    not_shown_omitted: int = Field(description="not-shown checks beyond those listed")
     report_url: str
 
 
@@ -172,13 +202,22 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 
 def view(run: GateRun) -> GateView:
     base = f"/v1/gates/{run.id}"
+    finished = run.state in FINISHED
+    said = stored_summary(run.verdict, run.document, run.reason) if finished else None
+    warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
+    not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
     return GateView(
         id=run.id,
         name=run.name,
         state=run.state,
         phase=run.phase,
-        verdict=run.verdict if run.state in FINISHED else None,
+        verdict=run.verdict if finished else None,
         reason=run.reason,
+        summary=said.line() if said else None,
+        warnings=warnings,
+        warnings_omitted=warnings_omitted,
+        not_shown=not_shown,
+        not_shown_omitted=not_shown_omitted,
         source=run.source,
         reference=run.reference_label,
         candidate=run.candidate_label,
@@ -450,12 +489,17 @@ def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
         raise SpecError(problems, "policy") from None
     verdict = rejudge(ctx.factory, gate_id, policy)
     run = store.get_gate(ctx.factory, gate_id)
+    checks = [check_doc(c) for c in verdict.checks]
+    said = summarize(verdict.decision, checks)
     return RejudgeResult(
         gate_id=gate_id,
         verdict=verdict.decision,
+        summary=said.line(),
         original_verdict=run.verdict,
-        checks=[check_doc(c) for c in verdict.checks],
+        checks=checks,
         reasons=[check_doc(c) for c in verdict.reasons],
+        warnings=list(said.warnings),
+        not_shown=list(said.not_shown),
         notes=list(verdict.notes),
         policy=policy.model_dump(mode="json"),
     ).to_json()

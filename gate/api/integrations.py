@@ -23,6 +23,7 @@ from gate.integrations.signatures import HEADER, verify
 from gate.runs import store
 from gate.runs.requests import resolve_spec
 from gate.spec import GateSpec, parse_spec
+from gate.verdict.document import ReasonDoc
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import WebhookDelivery
@@ -47,12 +48,18 @@ class FlaggerHook(BaseModel):
 
 class FlaggerAnswer(BaseModel):
     """The hook's answer: the gate of the revision the target holds (null fields when there is
-    none), and the images compared."""
+    none), and the images compared. The status code decides (binary); the body says it in the
+    words every surface uses (`summary`, `warnings`, `not_shown`: gate/verdict/summary.py)."""
 
     id: str | None
     state: Literal["pending", "running", "complete", "error"] | None
     verdict: Literal["continue", "hold"] | None
     reason: str | None
+    summary: str | None = Field(description="the verdict in one line, null until decided")
+    warnings: list[ReasonDoc] = Field(default_factory=list)
+    warnings_omitted: int = 0
+    not_shown: list[ReasonDoc] = Field(default_factory=list)
+    not_shown_omitted: int = 0
     report_url: str | None
     candidate: str | None = Field(description="the candidate image the gate runs")
     reference: str | None = Field(description="the reference image the gate runs")
@@ -275,6 +282,11 @@ def _answer(
         state=summary["state"] if summary else None,
         verdict=summary["verdict"] if summary else None,
         reason=why if why is not None or summary is None else summary["reason"],
+        summary=summary["summary"] if summary else None,
+        warnings=summary["warnings"] if summary else [],
+        warnings_omitted=summary["warnings_omitted"] if summary else 0,
+        not_shown=summary["not_shown"] if summary else [],
+        not_shown_omitted=summary["not_shown_omitted"] if summary else 0,
         report_url=summary["report_url"] if summary else None,
         candidate=candidate,
         reference=reference,
@@ -288,6 +300,7 @@ def _annotate(ctx: CtxDep, images: RolloutImages, summary: Mapping[str, Any]) ->
         return
     values = {
         "verdict": str(summary["verdict"]),
+        "summary": str(summary["summary"] or ""),
         "reason": str(summary["reason"] or ""),
         "report": str(summary["report_url"]),
         "gate": str(summary["id"]),

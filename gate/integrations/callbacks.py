@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gate.core.settings import Settings
+from gate.verdict.summary import LINE_CHARS as DESCRIPTION_CHARS
 
 log = logging.getLogger("gate.integrations")
 
@@ -55,10 +56,14 @@ def provider(url: str) -> Provider:
 
 def status_body(summary: dict[str, Any], context: str, kind: Provider = "github") -> dict[str, Any]:
     """The commit status for a finished gate. GitHub: `state` success|failure|error and
-    `context`; GitLab: `state` success|failed (it has no `error`) and `name`."""
+    `context`; GitLab: `state` success|failed (it has no `error`) and `name`. The state is
+    binary; the description is the gate's summary line ("continue, with 2 warnings; not shown:
+    TTFT p90 in steady within +10% (shown: at most +14%)", "hold: 2 checks failed (...)"),
+    which gate/verdict/summary.py keeps within GitHub's 140 characters (a longer description
+    is refused: 422 "description is too long (maximum is 140 characters)")."""
     verdict = summary.get("verdict")
-    reason = str(summary.get("reason") or "")
-    description = (f"gate {verdict or summary.get('state')}: {reason}")[:140]
+    line = summary.get("summary") or f"{verdict or summary.get('state')}"
+    description = str(line)[:DESCRIPTION_CHARS]
     if kind == "gitlab":
         return {
             "state": "success" if verdict == "continue" else "failed",

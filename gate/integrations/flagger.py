@@ -287,10 +287,11 @@ def _matches(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
 def annotate(
     api_client: client.ApiClient, images: RolloutImages, values: Mapping[str, str], event: str
 ) -> bool:
-    """Make a held (or decided) rollout visible in `kubectl`: the gate's verdict, reason and
-    report on the Canary's annotations (`kubectl describe canary`), and a Warning Event on it
-    for a hold. Only when the annotations differ, so polling writes once per verdict. Returns
-    whether it wrote; a failure is logged, never an answer to Flagger (the hook still says no)."""
+    """Make a held (or decided) rollout visible in `kubectl`: the gate's verdict, summary,
+    reason and report on the Canary's annotations (`kubectl describe canary`), and a Warning
+    Event on it for a hold. Only when the annotations differ, so polling writes once per
+    verdict. Returns whether it wrote; a failure is logged, never an answer to Flagger (the hook
+    still says no)."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
 

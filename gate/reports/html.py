@@ -40,6 +40,7 @@ from gate.reports.charts import (
     timeline_chart,
 )
 from gate.verdict.document import VerdictDocument
+from gate.verdict.summary import Summary, summary_of
 
 ROLES = ("reference", "candidate")
 GROUPS = {
@@ -347,6 +348,9 @@ def _check_row(c: Mapping[str, Any], scale: tuple[float, float] | None) -> dict[
         if isinstance(samples, list | tuple) and len(samples) == 2
         else "",
         "message": str(c.get("message", "")),
+        "warning": str(c["warning"]) if c.get("warning") else None,
+        # an undecided check that does not hold: what the continue could not show
+        "not_shown": c.get("decision") == "undecided" and c.get("required") is False,
         "glyph": glyph,
     }
 
@@ -367,8 +371,7 @@ def _glyph_scale(checks: Sequence[Mapping[str, Any]]) -> tuple[float, float] | N
 
 def _count(checks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {
-        d: sum(1 for c in checks if c.get("decision") == d)
-        for d in ("fail", "undecided", "pass")
+        d: sum(1 for c in checks if c.get("decision") == d) for d in ("fail", "undecided", "pass")
     }
 
 
@@ -382,8 +385,7 @@ def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         rows = by[g]
         scale = _glyph_scale(rows) if g == "latency" else None
         counts = {
-            d: sum(1 for c in rows if c.get("decision") == d)
-            for d in ("fail", "undecided", "pass")
+            d: sum(1 for c in rows if c.get("decision") == d) for d in ("fail", "undecided", "pass")
         }
         out.append(
             {
@@ -398,34 +400,36 @@ def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _headline(doc: Mapping[str, Any], counts: Mapping[str, int]) -> str:
+def _headline(doc: Mapping[str, Any], counts: Mapping[str, int], summary: Summary) -> str:
+    """One sentence beside the verdict word. Never "every check passed" unless each did: a
+    continue with undecided checks says what it could not show (`summary`)."""
     total = sum(counts.values())
     err = doc.get("error")
     if isinstance(err, Mapping) and err.get("message"):
         return "The gate could not finish, so it cannot vouch for the candidate."
-    checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
-    # An undecided latency or tail check that is not required does not hold the gate: it is
-    # counted apart, as what this gate could not show.
-    open_ = sum(
-        1 for c in checks if c.get("decision") == "undecided" and c.get("required") is False
-    )
-    undecided = counts["undecided"] - open_
-    if doc.get("verdict") == "continue":
-        if open_:
+    if summary.verdict == "continue":
+        warned = f", with {_plural(len(summary.warnings), 'warning')}" if summary.warnings else ""
+        if summary.not_shown:
             return (
                 f"{counts['pass']} of {total} checks passed and no regression was shown "
-                f"({open_} undecided, each with what it could have detected): the candidate "
-                "may keep rolling out."
+                f"({len(summary.not_shown)} undecided, listed below as not shown){warned}: the "
+                "candidate may keep rolling out."
             )
-        return f"All {total} checks passed: the candidate may keep rolling out."
+        if total and counts["pass"] == total:
+            return f"All {total} checks passed{warned}: the candidate may keep rolling out."
+        return f"Nothing held the gate{warned}: the candidate may keep rolling out."
     parts = []
-    if counts["fail"]:
-        parts.append(f"{counts['fail']} of {total} checks failed")
-    if undecided:
-        parts.append(f"{undecided} required could not be decided")
+    if summary.failed:
+        parts.append(f"{len(summary.failed)} of {total} checks failed")
+    if summary.undecided:
+        parts.append(f"{len(summary.undecided)} required could not be decided")
     if parts:
         return "; ".join(parts) + ": the candidate should not keep rolling out."
     return "The candidate should not keep rolling out."
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _summary_rows(sc: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -824,9 +828,9 @@ def report_context(
     doc = document.to_json()
     checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
     counts = {
-        d: sum(1 for c in checks if c.get("decision") == d)
-        for d in ("fail", "undecided", "pass")
+        d: sum(1 for c in checks if c.get("decision") == d) for d in ("fail", "undecided", "pass")
     }
+    summary = summary_of(document)
     engines = doc.get("engines") or {}
     phases = _lifecycles(engines)
     if links is None:
@@ -837,7 +841,12 @@ def report_context(
     return {
         "doc": doc,
         "verdict": str(doc.get("verdict") or "hold"),
-        "headline": _headline(doc, counts),
+        "banner": summary.banner,
+        "with_warnings": summary.with_warnings if summary.verdict == "continue" else "",
+        "summary_line": summary.line(),
+        "headline": _headline(doc, counts, summary),
+        "warnings": list(summary.warnings),
+        "not_shown": list(summary.not_shown),
         "counts": counts,
         "error": err,
         "reasons": [r for r in doc.get("reasons") or [] if isinstance(r, Mapping)],
@@ -875,7 +884,7 @@ def render_report(
 ) -> str:
     """The self-contained file: inline CSS and SVG, no script, nothing fetched."""
     body = render_body(document, columns, warmup)
-    title = f"{document.verdict.upper()} · {document.name or 'gate'}"
+    title = f"{summary_of(document).banner} · {document.name or 'gate'}"
     return environment().get_template("report.html.j2").render(body=body, title=title)
 
 

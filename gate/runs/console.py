@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,8 +19,10 @@ from rich.table import Table
 
 from gate.spec import GateSpec
 from gate.verdict.document import CheckDoc, VerdictDocument
+from gate.verdict.summary import summary_of
 
 STYLE = {"reference": "blue", "candidate": "dark_orange", "gate": "white"}
+DECISION_STYLE = {"pass": "green", "fail": "red", "undecided": "yellow"}
 
 
 class ConsoleProgress:
@@ -118,11 +121,11 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
         table = Table(title="checks", title_justify="left", show_lines=False)
         for col in ("check", "decision", "ratio", "interval", "threshold", "samples"):
             table.add_column(col, justify="right" if col not in ("check", "decision") else "left")
-        colors = {"pass": "green", "fail": "red", "undecided": "yellow"}
         for c in doc.checks:
             table.add_row(
                 c.id,
-                f"[{colors.get(c.decision, 'white')}]{c.decision}[/]",
+                f"[{DECISION_STYLE.get(c.decision, 'white')}]{c.decision}[/]"
+                + (" [yellow]warning[/]" if c.warning else ""),
                 _fmt_ratio(c.ratio),
                 _fmt_interval(c),
                 _fmt_threshold(c),
@@ -130,11 +133,19 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
             )
         console.print(table)
     for note in doc.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+    summary = summary_of(doc)
     color = "green" if doc.verdict == "continue" else "red"
-    console.print(f"\n[bold {color}]{doc.verdict.upper()}[/bold {color}]  gate {doc.gate_id or ''}")
+    console.print(
+        f"\n[bold {color}]{escape(summary.banner)}[/bold {color}]  gate {doc.gate_id or ''}"
+    )
     for r in doc.reasons:
-        console.print(f"  [{color}]-[/{color}] {r.check}: {r.message}")
+        console.print(f"  [{color}]-[/{color}] {escape(r.check)}: {escape(r.message)}")
+    for r in summary.warnings:
+        console.print(f"  [yellow]warning  [/yellow] {escape(r.check)}: {escape(r.message)}")
+    if doc.verdict == "continue":  # a hold's reasons say what matters
+        for r in summary.not_shown:
+            console.print(f"  [yellow]not shown[/yellow] {escape(r.message)}")
     if doc.report:
         console.print(f"report: {doc.report}")
 

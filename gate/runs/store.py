@@ -43,6 +43,7 @@ from gate.models import (
 from gate.spec import GateSpec, spec_to_dict
 from gate.verdict.build import ended_document
 from gate.verdict.document import EndedElsewhere, VerdictDocument
+from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary
 
 
 def _aware(t: datetime | None) -> datetime | None:
@@ -540,32 +541,51 @@ ArgoState = Literal["pending", "running", "complete", "error"]
 
 
 def read_verdict(factory: sessionmaker[Session], gate_id: str, public_url: str) -> dict[str, Any]:
-    """`verdict_summary` of a stored gate, reading only the five columns it needs (no spec,
-    no document): what pollers of running gates cost the database."""
+    """`verdict_summary` of a stored gate, reading only the five columns it needs while the
+    gate runs (no spec, no document): what pollers of running gates cost the database. A
+    finished gate's document is read too, for its summary (the API keeps a finished gate's
+    answer, so that is once per gate)."""
     cols = (GateRun.id, GateRun.state, GateRun.phase, GateRun.verdict, GateRun.reason)
     with reading(factory) as s:
         row = s.execute(select(*cols).where(GateRun.id == gate_id)).first()
-    if row is None:
-        raise GateNotFound(gate_id)
-    return verdict_summary(row, public_url)  # type: ignore[arg-type]  # the same attributes
+        if row is None:
+            raise GateNotFound(gate_id)
+        document = None
+        if row.state in FINISHED:
+            document = s.scalar(select(GateRun.document).where(GateRun.id == gate_id))
+    return _verdict_summary(row, document, public_url)
 
 
 def verdict_summary(run: GateRun, public_url: str) -> dict[str, Any]:
     """The small object rollout controllers poll: state, verdict (null until decided),
-    reason, report_url. A cancelled gate is an error with a hold."""
+    reason, the verdict in one line with its warnings and what a continue could not show
+    (gate/verdict/summary.py; each list at most ANSWER_ITEMS long, `*_omitted` counts the
+    rest), report_url. A cancelled gate is an error with a hold."""
+    return _verdict_summary(run, run.document, public_url)
+
+
+def _verdict_summary(run: Any, document: Any, public_url: str) -> dict[str, Any]:
     state: ArgoState
     if run.state in ("pending", "running"):
-        state = run.state  # type: ignore[assignment]
+        state = run.state
     elif run.state == "complete":
         state = "complete"
     else:
         state = "error"
     finished = run.state in FINISHED
+    said = stored_summary(run.verdict, document, run.reason) if finished else None
+    warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
+    not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
     return {
         "id": run.id,
         "state": state,
         "verdict": run.verdict if finished else None,
         "reason": run.reason if finished else f"gate is {run.state} ({run.phase})",
+        "summary": said.line() if said else None,
+        "warnings": [w.to_json() for w in warnings],
+        "warnings_omitted": warnings_omitted,
+        "not_shown": [n.to_json() for n in not_shown],
+        "not_shown_omitted": not_shown_omitted,
         "report_url": f"{public_url.rstrip('/')}/gates/{run.id}",
     }
 

@@ -30,6 +30,7 @@ from gate.verdict.document import (
     ScenarioDoc,
     VerdictDocument,
 )
+from gate.verdict.summary import summarize
 
 UNFINISHED_NOTE = "The gate could not finish, so it cannot vouch for the candidate: hold."
 MAX_DIVERGENCE_EXAMPLES = 5
@@ -89,13 +90,18 @@ def gate_document(
         assert error is not None, "a gate without a verdict ended with an error"
         reasons = [ReasonDoc(check=f"gate.{error.code}", message=error.message)]
         checks, notes = [], [UNFINISHED_NOTE]
+    decision = verdict.decision if verdict is not None else "hold"
+    summary = summarize(decision, checks, reasons)
     return VerdictDocument(
         gate_id=header.gate_id,
         name=header.name,
         model=header.model,
         state=state,
-        verdict=verdict.decision if verdict is not None else "hold",
+        verdict=decision,
+        summary=summary.line(),
         reasons=reasons,
+        warnings=list(summary.warnings),
+        not_shown=list(summary.not_shown),
         checks=checks,
         notes=notes,
         report=header.report,
@@ -124,12 +130,14 @@ def ended_document(
 ) -> VerdictDocument:
     """The document of a gate ended from outside its run (the reaper, a cancel while pending,
     a worker that failed it): a hold naming why, with nothing observed."""
+    reasons = [ReasonDoc(check=check, message=message)]
     return VerdictDocument(
         gate_id=gate_id,
         name=name,
         state=state,
         verdict="hold",
-        reasons=[ReasonDoc(check=check, message=message)],
+        summary=summarize("hold", [], reasons).line(),
+        reasons=reasons,
         checks=[],
         notes=[UNFINISHED_NOTE],
         error=ErrorDoc(code=check.removeprefix("gate."), message=message),
@@ -140,10 +148,13 @@ def ended_document(
 
 def invalid_spec_document(exc: SpecError) -> VerdictDocument:
     """`gate run --json` on a spec it refused: a hold that names every mistake."""
+    reasons = [ReasonDoc(check=f"spec.{p.path}", message=p.message) for p in exc.problems]
     return VerdictDocument(
         state="invalid",
         verdict="hold",
-        reasons=[ReasonDoc(check=f"spec.{p.path}", message=p.message) for p in exc.problems],
+        # "spec has 3 mistakes", the reasons name each
+        summary=summarize("hold", [], [ReasonDoc(check="spec", message=exc.message)]).line(),
+        reasons=reasons,
         checks=[],
         notes=[],
         report=None,

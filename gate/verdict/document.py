@@ -85,7 +85,8 @@ class CheckDoc(_Doc):
 
 
 class ReasonDoc(_Doc):
-    """Why a gate holds: a failed or undecided check, or what stopped the gate."""
+    """A check (or what stopped the gate) and what to say about it: why a gate holds, a
+    warning, or what a continue could not show."""
 
     check: str
     message: str
@@ -383,7 +384,31 @@ class VerdictDocument(_Doc):
     model: str | None = None
     state: DocumentState
     verdict: GateDecision
+    summary: str | None = Field(
+        None,
+        description=(
+            "the verdict in one line, as every surface shows it (at most 140 characters): "
+            "'continue', 'continue, with 2 warnings; not shown: TTFT p90 in steady within +10% "
+            "(shown: at most +14%)', 'hold: 2 checks failed (...)'; absent from documents of "
+            "older gates"
+        ),
+    )
     reasons: list[ReasonDoc]
+    warnings: list[ReasonDoc] = Field(
+        default_factory=list,
+        description=(
+            "checks in the warning tier that do not hold the gate: a continue says 'with N "
+            "warnings' (absent from documents of older gates)"
+        ),
+    )
+    not_shown: list[ReasonDoc] = Field(
+        default_factory=list,
+        description=(
+            "undecided checks that do not hold the gate (not required): what a continue could "
+            "not show, each with its tolerance and what was shown (absent from documents of "
+            "older gates)"
+        ),
+    )
     checks: list[CheckDoc]
     notes: list[str]
     report: str | None = Field(None, description="the HTML report's path on the worker")
@@ -430,8 +455,11 @@ class RejudgeResult(_Doc):
 
     gate_id: str
     verdict: GateDecision
+    summary: str = Field(description="the verdict in one line, as the gate's own summary")
     original_verdict: GateDecision | None
     checks: list[CheckDoc]
     reasons: list[CheckDoc]
+    warnings: list[ReasonDoc] = Field(default_factory=list)
+    not_shown: list[ReasonDoc] = Field(default_factory=list)
     notes: list[str]
     policy: dict[str, Any] = Field(description="the policy judged by, defaults filled in")

@@ -231,6 +231,9 @@ def test_argo_analysis_template_as_written(tmp_path: Path) -> None:
         assert view["candidate"] == "vllm/vllm-openai:v0.11.1"
         assert view["reference"] == "vllm/vllm-openai:v0.10.2"
         assert web.results[-1]["report_url"] == f"{server.base}/gates/{gid}"
+        # the doc's words: a summary line once decided, null while running
+        assert web.results[0]["summary"] is None and web.results[-1]["summary"] == "continue"
+        assert set(web.results[0]) >= {"summary", "warnings", "not_shown"}
 
         # a hold is Failed at once; an errored or cancelled gate is a hold too
         for state in ("complete", "cancelled"):
@@ -528,4 +531,4 @@ def test_gitlab_ci_job_as_written(tmp_path: Path, receiver: Any) -> None:
             "description": status["description"],
             "target_url": f"{base}/gates/{gid}",
         }
-        assert status["description"].startswith("gate hold: ")
+        assert status["description"].startswith("hold: ")  # the gate's summary line

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from gate.calibrate_engines import ENGINE_CASES, REQUESTS, spec_for
+from gate.analysis.policy import Policy
+from gate.calibrate_engines import (
+    BASE_FLAGS,
+    ENGINE_CASES,
+    LEAD_IN_S,
+    RATE,
+    REQUESTS,
+    SCENARIO_S,
+    STALL_S,
+    _arrays,
+    _stored,
+    spec_for,
+)
 from gate.cli import main
+from gate.core.settings import Settings
+from gate.engines.sim.config import parse_args
+from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 
@@ -26,6 +44,68 @@ def test_every_engine_case_is_a_valid_spec_with_fresh_seeds_per_gate() -> None:
         if case.name == "A/A":
             strip = lambda cmd: cmd[: cmd.index("--seed")]  # noqa: E731
             assert strip(specs[0]["reference"]["command"]) == strip(cand)
+
+
+def test_every_case_is_a_valid_sim_command_line() -> None:
+    for case in ENGINE_CASES:
+        for flags in (case.reference, case.candidate):
+            parse_args(["--port", "0", *BASE_FLAGS, *flags])  # exits 2 on a bad flag
+
+
+def test_issue_28_cases_sit_where_the_scenario_shows_them() -> None:
+    cases = {c.name: c for c in ENGINE_CASES}
+    assert SCENARIO_S == REQUESTS / RATE
+    # A 5 s stall a third into the scenario (after the warm-up and discovery lead-in).
+    stall = parse_args(["--port", "0", *cases["stall 5 s"].candidate])
+    ((at, length),) = stall.stalls
+    assert length == STALL_S
+    assert at == pytest.approx(LEAD_IN_S + SCENARIO_S / 3, abs=0.05)
+    # TTFT +40% over the scenario's duration.
+    creep = parse_args(["--port", "0", *cases["TTFT creep"].candidate])
+    assert creep.degrade_ttft_per_min * SCENARIO_S / 60 == pytest.approx(40, abs=0.1)
+    tail = parse_args(["--port", "0", *cases["tail share 3% x4"].candidate])
+    assert (tail.slow_share, tail.slow_factor) == (0.03, 4)
+
+
+def _gate_ttfts(name: str, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One real gate of a case; the steady scenario's TTFTs (ms) per arm, request for request."""
+    case = next(c for c in ENGINE_CASES if c.name == name)
+    spec = parse_spec(spec_for(case, 0, seed=5), name)
+    db_url = f"sqlite:///{tmp_path / 'calibration.db'}"
+    out = asyncio.run(
+        run_gate(spec, Settings(data_dir=tmp_path / ".gate"), report_dir=None, db_url=db_url)
+    )
+    cols = _stored(db_url, str(out.document["gate_id"]), "steady")
+    warmup = Policy().warmup_requests
+    ref, cand = _arrays(cols["reference"], warmup)[0], _arrays(cols["candidate"], warmup)[0]
+    n = min(ref.size, cand.size)
+    return ref[:n], cand[:n]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tail share 3% x4", "stall 5 s", "TTFT creep"])
+def test_issue_28_cases_show_in_a_real_gates_samples(name: str, tmp_path: Path) -> None:
+    # What the judge is given, whatever it makes of it (early stops included).
+    ref, cand = _gate_ttfts(name, tmp_path)
+    assert np.isfinite(ref).all() and np.isfinite(cand).all()  # no errors, no timeouts
+    assert ref.size >= 200
+    base = float(np.median(ref))
+    if name == "tail share 3% x4":
+        # About 3% of the candidate's requests near 4x the reference's TTFT, the median kept.
+        slow = float(np.mean(cand > 2.5 * base))
+        assert 0.01 <= slow <= 0.06
+        assert float(np.mean(ref > 2.5 * base)) < 0.005
+        assert float(np.median(cand)) < 1.1 * base
+    elif name == "stall 5 s":
+        # Requests that came in the stall waited for most of it.
+        assert float(np.max(cand)) >= (STALL_S - 1.0) * 1e3
+        assert float(np.max(ref)) < 1e3
+    else:
+        # TTFT rises through the scenario: its last 100 requests slower than its first 100.
+        ratio = cand / ref
+        first, last = float(np.median(ratio[:100])), float(np.median(ratio[-100:]))
+        assert first < 1.15
+        assert last > first + 0.1
 
 
 @pytest.mark.slow

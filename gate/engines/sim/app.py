@@ -192,6 +192,7 @@ class SimApp:
             max_num_batched_tokens=config.max_num_batched_tokens,
             kv_cache_tokens=config.kv_cache_tokens,
             seed=config.seed,
+            stalls=config.stalls,
         )
         self.truth = truth
         self.faults = FaultPlan(config)
@@ -200,6 +201,7 @@ class SimApp:
         self.started_generations = 0
         self.injected_errors = 0
         self.shed_requests = 0
+        self.slow_requests = 0  # --slow-share: requests whose TTFT is --slow-factor times
         self.kv_handoffs = 0  # --role prefill: KV handed on to a decode worker
         self.kv_transfers = 0  # --role decode: requests whose prompt KV came from a prefill
         self.address = (config.host, config.port)  # where it listens, once bound (server.py)
@@ -361,6 +363,12 @@ class SimApp:
                 self.shed_requests,
             ),
             *metric(
+                "sim:slow_requests_total",
+                "counter",
+                "Generation requests whose TTFT was multiplied by --slow-factor (--slow-share).",
+                self.slow_requests,
+            ),
+            *metric(
                 "sim:stream_errors_total",
                 "counter",
                 "Streams ended by an error event (--stream-error-rate).",
@@ -509,6 +517,7 @@ class SimApp:
         arrival_ns: int,
         turn_ns: int,
         remote: bool,
+        ttft_factor: float,
     ) -> EngineSeq:
         self.engine.took_in(time.monotonic_ns() - turn_ns)
         wait_s = self._frontend_s
@@ -522,7 +531,13 @@ class SimApp:
                 await asyncio.sleep(wait_s)
             finally:
                 self._in_frontend -= 1
-        return self.engine.submit(generation, output, arrival_ns=arrival_ns, remote_prefill=remote)
+        return self.engine.submit(
+            generation,
+            output,
+            arrival_ns=arrival_ns,
+            remote_prefill=remote,
+            ttft_factor=ttft_factor,
+        )
 
     async def _generate(self, request: Request, responder: Responder, parse: Parser) -> None:
         request_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
@@ -611,8 +626,11 @@ class SimApp:
     ) -> None:
         """Submit and wait for the last event; a cancelled wait (client gone) aborts it."""
         seq: EngineSeq | None = None
+        factor = self.faults.ttft_factor()  # --slow-share, drawn for every generation request
+        if factor != 1.0:
+            self.slow_requests += 1
         try:
-            seq = await self._submit(generation, output, arrival, turn, remote)
+            seq = await self._submit(generation, output, arrival, turn, remote, factor)
             await output.done
         finally:
             if seq is not None and not output.complete:

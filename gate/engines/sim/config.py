@@ -9,6 +9,7 @@ explicitly overrides the profile's value.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,6 +84,11 @@ class SimConfig:
     hang_rate: float = 1.0
     hang_requests: tuple[int, ...] = ()
     degrade_itl_per_min: float = 0.0
+    # Latency regressions that are not a steady shift (timing.py, engine.py).
+    slow_share: float = 0.0
+    slow_factor: float = 1.0
+    stalls: tuple[tuple[float, float], ...] = ()
+    degrade_ttft_per_min: float = 0.0
     max_waiting: int | None = None
     shed_status: int = 429
     # Connection habits of real servers (http11.ConnectionHabits): None is no limit.
@@ -106,6 +112,7 @@ class SimConfig:
             frontend_ms=self.frontend_ms,
             jitter=self.jitter,
             degrade_itl_per_min=self.degrade_itl_per_min,
+            degrade_ttft_per_min=self.degrade_ttft_per_min,
             kv_transfer_ms=self.kv_transfer_ms,
             kv_transfer_us_per_token=self.kv_transfer_us_per_token,
         )
@@ -131,6 +138,28 @@ def _request_list(text: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"bad request range: {part!r}")
         out.extend(range(lo, hi + 1))
     return tuple(sorted(set(out)))
+
+
+def _stalls(text: str) -> tuple[tuple[float, float], ...]:
+    """``"10:5,40:3"`` -> ((10.0, 5.0), (40.0, 3.0)): stalls as (at, for) seconds."""
+    out: list[tuple[float, float]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        at, sep, length = part.partition(":")
+        try:
+            start, dur = float(at), float(length)
+        except ValueError:
+            start = dur = math.nan
+        if not sep or not math.isfinite(start) or not math.isfinite(dur):
+            raise argparse.ArgumentTypeError(f"not AT:FOR (seconds, e.g. 10:5): {part!r}")
+        if start < 0 or dur <= 0:
+            raise argparse.ArgumentTypeError(f"AT must be >= 0 and FOR > 0 seconds, got {part!r}")
+        out.append((start, dur))
+    if not out:
+        raise argparse.ArgumentTypeError("no AT:FOR given")
+    return tuple(out)
 
 
 def _features(text: str) -> tuple[Feature, ...]:
@@ -394,6 +423,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="step time grows by PCT%% of its start value per minute since ready",
     )
     faults.add_argument(
+        "--degrade-ttft-per-min",
+        type=float,
+        default=0.0,
+        metavar="PCT",
+        help=(
+            "time to first token grows by PCT%% per minute since ready: a request arriving "
+            "t minutes in waits PCT/100 * t times its TTFT more before its first token (its "
+            "later tokens shifted alike, so ITL is unchanged)"
+        ),
+    )
+    faults.add_argument(
+        "--slow-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help=(
+            "fraction of generation requests (drawn by --seed) whose time to first token is "
+            "multiplied by --slow-factor: each waits (K-1) times its TTFT more before its "
+            "first token, later tokens shifted alike (ITL unchanged)"
+        ),
+    )
+    faults.add_argument(
+        "--slow-factor",
+        type=float,
+        default=None,
+        metavar="K",
+        help="TTFT multiplier of the --slow-share requests (needed with it; >= 1)",
+    )
+    faults.add_argument(
+        "--stalls",
+        type=_stalls,
+        action="append",
+        default=[],
+        metavar="AT:FOR[,AT:FOR]",
+        help=(
+            "the scheduler stops stepping for FOR seconds, AT seconds after the first "
+            "generation request arrived, as a GC pause or a recompilation stops an engine: "
+            "running and waiting requests are all delayed, none dropped; new requests are "
+            "still taken in (repeatable, or a comma list: 10:5,40:3)"
+        ),
+    )
+    faults.add_argument(
         "--max-waiting",
         type=int,
         default=None,
@@ -476,6 +547,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "jitter",
         "logit_noise",
         "degrade_itl_per_min",
+        "degrade_ttft_per_min",
         "kv_transfer_ms",
         "kv_transfer_us_per_token",
     ):
@@ -494,7 +566,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         ns.kv_cache_tokens == 0 or ns.kv_cache_tokens >= ns.max_model_len,
         "--kv-cache-tokens must be 0 (unlimited) or at least --max-model-len",
     )
-    for name in ("error_rate", "stream_error_rate", "hang_rate", "numeric_bug"):
+    for name in ("error_rate", "stream_error_rate", "hang_rate", "numeric_bug", "slow_share"):
         value = getattr(ns, name)
         require(0.0 <= value <= 1.0, f"--{name.replace('_', '-')} must be in [0, 1]")
     for name in ("crash_after_requests", "nan_after_requests", "hang_after_tokens", "max_waiting"):
@@ -504,6 +576,25 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         ns.crash_after_s is None or (math.isfinite(ns.crash_after_s) and ns.crash_after_s >= 0),
         "--crash-after-s must be a finite number >= 0",
     )
+    slow_factor = ns.slow_factor
+    require(
+        slow_factor is None or (math.isfinite(slow_factor) and slow_factor >= 1),
+        f"--slow-factor must be a finite number >= 1, got {slow_factor!r}",
+    )
+    require(
+        ns.slow_share == 0 or slow_factor is not None,
+        "--slow-share needs --slow-factor K (how many times slower their TTFT is)",
+    )
+    require(
+        slow_factor is None or ns.slow_share > 0,
+        "--slow-factor has no effect without --slow-share F",
+    )
+    stalls = tuple(sorted(s for group in ns.stalls for s in group))
+    for (a_at, a_for), (b_at, _) in itertools.pairwise(stalls):
+        require(
+            b_at >= a_at + a_for,
+            f"--stalls overlap: {a_at:g}:{a_for:g} still stalls at {b_at:g} s",
+        )
     require(bool(ns.model), "--model must not be empty")
     timeout = ns.keep_alive_timeout
     require(
@@ -562,6 +653,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         hang_rate=ns.hang_rate,
         hang_requests=ns.hang_requests,
         degrade_itl_per_min=ns.degrade_itl_per_min,
+        slow_share=ns.slow_share,
+        slow_factor=1.0 if slow_factor is None else slow_factor,
+        stalls=stalls,
+        degrade_ttft_per_min=ns.degrade_ttft_per_min,
         max_waiting=ns.max_waiting,
         shed_status=ns.shed_status,
         keep_alive_timeout_s=timeout,

@@ -224,6 +224,11 @@ class EngineSeq(SeqState):
     # when the first token is sampled, so the floor never changes the gaps between tokens.
     floor_ns: int = 0
     offset_ns: int = -1
+    # A slow request (--slow-share) or a creeping TTFT (--degrade-ttft-per-min): its time to
+    # first token, counted from `arrival_ns`, is multiplied by `ttft_factor` by holding the
+    # first token (and so every later one) back by the difference.
+    arrival_ns: int = 0
+    ttft_factor: float = 1.0
     buffered: list[StreamEvent] = field(default_factory=list)
     counted_prompt: bool = False
     dead: bool = False
@@ -265,6 +270,7 @@ class SimEngine:
         max_num_batched_tokens: int = 8192,
         kv_cache_tokens: int = 0,
         seed: int = 0,
+        stalls: Sequence[tuple[float, float]] = (),
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -288,6 +294,11 @@ class SimEngine:
         self._turn_given = False  # an intake turn since the last step ended
         self._turn_deadline: int | None = None  # the deadline the current turns must meet
         self._step_len_ns = 0  # planned length of the latest step
+        # --stalls: (at, for) seconds after the first request arrived; absolute windows
+        # [start, end) in ns once it has.
+        self._stalls = tuple(sorted(stalls))
+        self._stall_windows: tuple[tuple[int, int], ...] = ()
+        self.stall_origin_ns: int | None = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -370,8 +381,12 @@ class SimEngine:
         *,
         arrival_ns: int | None = None,
         remote_prefill: bool = False,
+        ttft_factor: float = 1.0,
     ) -> EngineSeq:
         """Queue a request; its events go to ``output``. ``arrival_ns`` anchors the TTFT floor.
+
+        ``ttft_factor``: its time to first token is multiplied by this (a slow request), and
+        by the timer's creep at its arrival (``--degrade-ttft-per-min``).
 
         ``remote_prefill``: a prefill worker computed the prompt and its KV is here (a
         disaggregated decode). All of it but the last position is placed without compute, as
@@ -379,6 +394,8 @@ class SimEngine:
         which the prefill worker already kept."""
         now = time.monotonic_ns()
         arrival = now if arrival_ns is None else arrival_ns
+        if self.stall_origin_ns is None:
+            self._start_stall_clock(arrival)
         prompt_len = len(request.prompt_token_ids)
         if remote_prefill:
             remote_kv, floor_ns = max(0, prompt_len - 1), 0
@@ -391,6 +408,8 @@ class SimEngine:
             decoder=Decoder(self.model, self.tokenizer, request, self.sampling_rng(request)),
             output=output,
             floor_ns=floor_ns,
+            arrival_ns=arrival,
+            ttft_factor=ttft_factor * self.timer.ttft_degradation(arrival),
         )
         self.scheduler.add(seq)
         if self._step is None and self._waiter is not None:
@@ -405,6 +424,34 @@ class SimEngine:
         if seq.status is not SeqStatus.FINISHED:
             self.scheduler.remove(seq)
             self.stats.finished["abort"] += 1
+
+    # -- stalls ----------------------------------------------------------------------------
+
+    def _start_stall_clock(self, origin_ns: int) -> None:
+        self.stall_origin_ns = origin_ns
+        self._stall_windows = tuple(
+            (origin_ns + round(at * 1e9), origin_ns + round((at + length) * 1e9))
+            for at, length in self._stalls
+        )
+
+    def stalled_until(self, at_ns: int) -> int | None:
+        """The end of the stall ``at_ns`` falls in, or None when the engine may step then."""
+        for start, end in self._stall_windows:
+            if start <= at_ns < end:
+                return end
+        return None
+
+    def _through_stalls(self, start: int, length: int) -> tuple[int, int]:
+        """A step planned to start at ``start`` for ``length`` ns, as stalls let it run:
+        one starting inside a stall waits for its end, and a stall that begins while the step
+        runs stops it for the stall's length (nothing is dropped, everything is later)."""
+        end = start + length
+        for s0, s1 in self._stall_windows:
+            if s0 <= start < s1:
+                start, end = s1, s1 + length
+            elif start < s0 < end:
+                end += s1 - s0
+        return start, end
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -421,10 +468,13 @@ class SimEngine:
                 continue
             if self._pending and self._pending[0][0] <= now:
                 self._deliver_due(now)
+            resume = None
             if self._step is None and self.scheduler.has_work():
-                self._step = self._begin_step(now)
-                continue
-            deadlines = []
+                resume = self.stalled_until(now)
+                if resume is None:
+                    self._step = self._begin_step(now)
+                    continue
+            deadlines = [] if resume is None else [resume]
             if self._step is not None:
                 deadlines.append(self._step.end_ns)
             if self._pending:
@@ -477,7 +527,11 @@ class SimEngine:
         # Everything that arrived by now joins, as a real scheduler polling its queue would.
         plan = sched.schedule(now)
         timer = self.timer
-        end = start + timer.step_ns(plan.num_seqs, plan.num_tokens, plan.kv_tokens, start)
+        length = timer.step_ns(plan.num_seqs, plan.num_tokens, plan.kv_tokens, start)
+        if self._stall_windows:
+            start, end = self._through_stalls(start, length)
+        else:
+            end = start + length
         self._step_len_ns = end - start
         self.stats.steps += 1
         return _Step(end, self._sample(plan, end))
@@ -501,7 +555,12 @@ class SimEngine:
             assert decoder is not None and output is not None
             event = decoder.step(1)
             if seq.offset_ns < 0:
-                seq.offset_ns = max(0, seq.floor_ns - end)
+                offset = max(0, seq.floor_ns - end)
+                if seq.ttft_factor != 1.0:
+                    # Hold the first token back until TTFT is ttft_factor times what it was.
+                    ttft = end + offset - seq.arrival_ns
+                    offset += max(0, round((seq.ttft_factor - 1.0) * ttft))
+                seq.offset_ns = offset
             finished = event.finish_reason is not None
             if per_event > 1:
                 seq.buffered.append(event)

@@ -31,11 +31,20 @@ class FaultPlan:
         self._hangs = random.Random(f"hangs-{config.seed}")
         self._stream_errors = random.Random(f"stream-errors-{config.seed}")
         self._hang_set = frozenset(config.hang_requests)
+        self._slow = random.Random(f"slow-{config.seed}")
 
     def http_error(self) -> bool:
         """Answer this generation request with HTTP 500 (``--error-rate``)?"""
         rate = self._config.error_rate
         return rate > 0.0 and self._errors.random() < rate
+
+    def ttft_factor(self) -> float:
+        """TTFT multiplier of the next generation request: ``--slow-factor`` for a seeded
+        ``--slow-share`` of them, else 1."""
+        cfg = self._config
+        if cfg.slow_share > 0.0 and self._slow.random() < cfg.slow_share:
+            return cfg.slow_factor
+        return 1.0
 
     def for_stream(self, number: int, max_tokens: int) -> StreamFaults:
         """Faults of generation request ``number`` (counted from 1), a stream.

@@ -18,6 +18,11 @@ The step is multiplied by a lognormal jitter (median 1, drawn once per step: eve
 the batch sees the same slow step, as on a GPU) and a degradation factor that grows linearly
 with time since the engine became ready (``--degrade-itl-per-min``).
 
+``--degrade-ttft-per-min`` is the same creep for time to first token alone: a request arriving
+t minutes after ready has its TTFT multiplied by ``1 + PCT/100 * t`` (the engine holds its
+first token back by the difference and shifts its later tokens alike, as with the floor below,
+so ITL is unchanged).
+
 ``--ttft-ms`` is a floor on a request's first token, ``ttft_ms + prefill_us_per_token *
 prompt_tokens`` (jittered) after it arrived. While the batch is fast enough the floor decides
 time to first token, which keeps a light-load TTFT as set, free of the noise of waiting for a
@@ -56,6 +61,7 @@ class CostModel:
     frontend_ms: float = 0.0
     jitter: float = 0.03
     degrade_itl_per_min: float = 0.0
+    degrade_ttft_per_min: float = 0.0
     # A decode worker's wait for a remote prefill's KV (--role decode): not a step, no jitter.
     kv_transfer_ms: float = 0.0
     kv_transfer_us_per_token: float = 0.0
@@ -76,6 +82,7 @@ class StepTimer:
         self._per_prefill_ns = cost.prefill_us_per_token * _NS_PER_US
         self._floor_ns = cost.ttft_ms * _NS_PER_MS
         self._degrade = cost.degrade_itl_per_min / 100.0
+        self._degrade_ttft = cost.degrade_ttft_per_min / 100.0
         self._sigma = cost.jitter
         self._rng = random.Random(seed)
         self.origin_ns = origin_ns
@@ -90,6 +97,13 @@ class StepTimer:
         if self._degrade <= 0.0:
             return 1.0
         return 1.0 + self._degrade * max(0, at_ns - self.origin_ns) / _NS_PER_MIN
+
+    def ttft_degradation(self, at_ns: int) -> float:
+        """TTFT multiplier of a request arriving at ``at_ns`` (``--degrade-ttft-per-min``):
+        1 + PCT/100 per minute since ``origin_ns``."""
+        if self._degrade_ttft <= 0.0:
+            return 1.0
+        return 1.0 + self._degrade_ttft * max(0, at_ns - self.origin_ns) / _NS_PER_MIN
 
     def step_ns(self, num_seqs: int, num_tokens: int, kv_tokens: int, at_ns: int) -> int:
         memory = self._base_ns + self._per_kv_ns * kv_tokens

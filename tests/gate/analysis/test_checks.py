@@ -10,6 +10,8 @@ from gate.analysis.types import Check
 
 STATS = ("quantile", "reference", "candidate", "ratio", "interval", "threshold", "alpha")
 PAIRED = ("detectable", "correlation_requests", "block_requests")  # paired latency checks only
+# Check.warning (the warning tier): None unless a site sets it; no constructor takes it.
+WARNING = ("warning",)
 
 
 def unset(check: Check) -> set[str]:
@@ -20,7 +22,7 @@ def test_rule_check_leaves_every_statistic_none() -> None:
     check = rule_check("crash.candidate", "crash", "crashed", "fail", "It crashed.")
     assert (check.id, check.group, check.metric) == ("crash.candidate", "crash", "crashed")
     assert (check.decision, check.message, check.samples) == ("fail", "It crashed.", (0, 0))
-    assert unset(check) == {"scenario", "estimate_interval", *STATS, *PAIRED}
+    assert unset(check) == {"scenario", "estimate_interval", *STATS, *PAIRED, *WARNING}
     assert check.required and check.holds
 
 
@@ -45,6 +47,7 @@ def test_rule_check_fills_the_observed_values() -> None:
         "alpha",
         "estimate_interval",
         *PAIRED,
+        *WARNING,
     }
 
 
@@ -66,9 +69,9 @@ def test_statistic_check_fills_interval_and_alpha() -> None:
     )
     assert check.ratio is not None and math.isclose(check.ratio, 0.8 / 0.9)
     assert (check.interval, check.threshold, check.alpha) == ((-0.02, 0.01), -0.05, 0.01)
-    assert unset(check) == {"quantile", "estimate_interval", *PAIRED}
+    assert unset(check) == {"quantile", "estimate_interval", *PAIRED, *WARNING}
     bare = statistic_check("s.errors", "errors", "errors", "undecided", "Empty.")
-    assert unset(bare) == {"scenario", "estimate_interval", *STATS, *PAIRED}
+    assert unset(bare) == {"scenario", "estimate_interval", *STATS, *PAIRED, *WARNING}
     assert bare.holds, "an undecided error check holds: it is required"
 
 
@@ -97,6 +100,7 @@ def test_ratio_check_is_latency_and_leaves_missing_estimates_none() -> None:
         "alpha",
         "estimate_interval",
         *PAIRED,
+        *WARNING,
     }
     assert check.holds, "required by default: the paired checks set it from the policy"
     optional = ratio_check(
@@ -228,3 +232,36 @@ def test_helper_built_checks_equal_the_ones_spelled_out_in_full() -> None:
     )
     assert built_test == full_test
     assert built_test.to_dict() == full_test.to_dict()
+
+
+def test_a_warning_is_in_the_dict_and_in_the_verdicts_warning_tier() -> None:
+    """Check.warning (judge v3): a check that does not hold but that a continue must mention.
+    to_dict always carries the "warning" key (None when unset); a Verdict lists a check in
+    `warnings` only when it has a warning and does not hold, and an undecided check that is
+    not required is in `not_shown`."""
+    from dataclasses import replace
+
+    from gate.analysis.types import Verdict
+
+    plain = ratio_check(
+        "s.ttft.p90",
+        "ttft",
+        "undecided",
+        "Undecided.",
+        scenario="s",
+        threshold=1.1,
+        samples=(5, 5),
+        required=False,
+    )
+    assert plain.to_dict()["warning"] is None
+    warned = replace(plain, warning="s.ttft.p90 is 1.30x the reference, past its 1.10x")
+    assert warned.to_dict()["warning"] == "s.ttft.p90 is 1.30x the reference, past its 1.10x"
+    assert not warned.holds and warned.not_shown
+    held = replace(warned, id="s.ttft.p50", decision="fail")
+    verdict = Verdict("hold", (plain, warned, held), (held,), ())
+    assert [c.id for c in verdict.warnings] == [warned.id] and warned in verdict.warnings
+    assert held not in verdict.warnings, "a check that holds is a reason, not a warning"
+    assert verdict.not_shown == (plain, warned)
+    d = verdict.to_dict()
+    assert [c["warning"] for c in d["warnings"]] == [warned.warning]
+    assert len(d["not_shown"]) == 2

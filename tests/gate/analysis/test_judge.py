@@ -69,18 +69,35 @@ def test_identical_distributions_continue() -> None:
         # The slowest 5% as a whole: narrow samples pass it too.
         tail = checks[f"steady.{metric}.tail"]
         assert tail.decision == "pass" and tail.quantile is None
-        # Two of the slowest 5% per block need blocks of 40 (block_for).
-        assert tail.block_requests == 40 and tail.correlation_requests is not None
+        # Judge v3: every check of a scenario shares the plan's blocks (no per-check block
+        # length any more); 1,000 requests without send times make 31 blocks of about 32.
+        assert tail.block_requests == 32 and tail.correlation_requests is not None
+        # The window and creep checks (judge v3) pass on the same narrow A/A samples.
+        for kind in ("window", "creep"):
+            shape = checks[f"steady.{metric}.{kind}"]
+            assert shape.decision == "pass", shape.message
+            assert shape.block_requests == 32 and shape.quantile is None
+            assert shape.interval is not None and shape.threshold is not None
+            assert shape.interval[1] < shape.threshold
     assert "steady.ttft.p99" not in checks, "auto checks p50 and p90; the tail check has p99's job"
     assert_json_safe(verdict)
 
 
 def test_latency_alpha_is_split_over_evaluated_checks() -> None:
+    """The latency budget (alpha 0.05 x 0.3) is split evenly over the planned latency checks:
+    judge v3 plans 8 per scenario, 2 metrics x (p50, p90, window, creep), so each quantile
+    check gets 1/8 of it and the window and creep checks the rest."""
     verdict = one(arm(1, n=1000), arm(2, n=1000))
     latency = [c for c in verdict.checks if c.group == "latency"]
     alphas = [c.alpha for c in latency if c.quantile is not None]
     assert len(alphas) == 4
-    assert math.fsum(a for a in alphas if a is not None) == pytest.approx(0.05 * 0.3)
+    assert all(a == pytest.approx(0.05 * 0.3 / 8) for a in alphas)
+    assert math.fsum(a for a in alphas if a is not None) == pytest.approx(0.05 * 0.3 / 2)
+    shapes = [c for c in latency if c.id.endswith((".window", ".creep"))]
+    assert len(shapes) == 4
+    budget = [c.alpha for c in latency if not c.id.endswith(".tail")]
+    assert len(budget) == 8
+    assert math.fsum(a for a in budget if a is not None) == pytest.approx(0.05 * 0.3)
     # The tail checks spend the tail budget, one share per scenario x metric measured.
     tails = [c for c in latency if c.id.endswith(".tail")]
     assert tails and all(c.alpha == pytest.approx(0.05 * 0.1 / 2) for c in tails)
@@ -288,10 +305,21 @@ def test_no_scenarios_hold() -> None:
 
 
 def test_tiny_samples_hold_for_lack_of_latency_evidence() -> None:
+    """5 pairs cannot be compared: the first check of each metric holds (a scenario is never
+    silently skipped), the others are undecided without holding. Judge v3's one-shot judge
+    plans the scenario at the size it holds (short scenarios allowed), so its 5 requests are
+    one block, and the message names the blocks it has and the MIN_TEST_BLOCKS it needs."""
+    from gate.analysis.paired import MIN_TEST_BLOCKS
+
     verdict = one(arm(1, n=5), arm(2, n=5))
     assert verdict.decision == "hold"
     assert [c.id for c in verdict.reasons] == ["steady.ttft.p50", "steady.itl.p50"]
-    assert "5 paired requests make 0 blocks of 32" in verdict.reasons[0].message
+    message = verdict.reasons[0].message
+    assert "cannot be compared: 5 paired requests make 1 complete" in message
+    assert "1 blocks of about 5 requests planned" in message
+    assert f"the paired checks need {MIN_TEST_BLOCKS}" in message
+    others = [c for c in verdict.checks if c.group == "latency" and c not in verdict.reasons]
+    assert others and all(c.decision == "undecided" and not c.holds for c in others)
 
 
 def test_a_scenario_too_small_to_compare_is_not_skipped() -> None:
@@ -425,8 +453,11 @@ def test_errors_by_kind_name_the_kind() -> None:
     assert "mostly timeout" in checks["steady.errors"].message
     assert checks["steady.errors.timeout"].decision == "fail"
     assert checks["steady.errors.http_4xx"].decision == "pass"
+    # The scenario's errors alpha is spent in quarters (the count test on episodes, the
+    # block-for-block test, the two ceiling tests); a kind's share of the count test's quarter
+    # is its weight, error_kind_share / (7 kinds + other).
     assert checks["steady.errors.timeout"].alpha == pytest.approx(
-        checks["steady.errors"].alpha * 0.5 * 0.5 / 8  # type: ignore[operator]
+        checks["steady.errors"].alpha * 0.25 * 0.5 / 8  # type: ignore[operator]
     )
 
 
@@ -507,14 +538,24 @@ def test_one_stall_does_not_break_the_ceiling_but_a_steady_rate_above_it_does() 
     assert check.decision == "fail" and "above the 1.00% ceiling with confidence" in check.message
 
 
-def test_errors_that_never_stop_are_many_events() -> None:
-    """Burst windows do not chain: a candidate failing every request is one event per window,
-    not one event in all, so it is held even with the ceiling out of the way."""
+def test_errors_that_never_stop_are_held_block_for_block() -> None:
+    """A candidate failing every request is held even with the ceiling out of the way. Judge
+    v3 chains errors less than error_burst_s apart into one episode, so to the count test it
+    is a single event (judge v2's windows did not chain and counted one per window); what
+    holds it is the block-for-block test of failed fractions over the time blocks."""
+    from gate.analysis.errors import burst_events
+
     policy = Policy(max_error_rate=1.0)
     ref = with_errors(1, 2_000, np.arange(50, 2_000, 100))  # 1%, independent
     cand = with_errors(2, 2_000, np.arange(0, 2_000))  # every request fails
+    episodes, _ = burst_events(cand.error_offsets_s, list(cand.error_kinds), policy.error_burst_s)
+    assert episodes.size == 1
+    apart, _ = burst_events(ref.error_offsets_s, list(ref.error_kinds), policy.error_burst_s)
+    assert apart.size == 20, "errors 2.5 s apart stay separate events"
     check = by_id(one(ref, cand, policy))["steady.errors"]
     assert check.decision == "fail", check.message
+    assert "block for block over time the candidate fails at least" in check.message
+    assert "at or below alpha" not in check.message, "one episode is no count evidence"
 
 
 def test_bursts_on_the_reference_never_make_the_candidate_look_worse() -> None:

@@ -21,7 +21,9 @@ def test_defaults() -> None:
     assert p.group_alpha("latency") == pytest.approx(0.015)
     # The tail checks (0.1 of alpha) were carved out of the latency budget (0.4 before).
     assert p.group_alpha("tail") == pytest.approx(0.005)
-    assert p.tail.tolerance == pytest.approx(0.07)
+    # Judge v3 (issue 28): the tail check counts exceedances over the pooled slow tail with the
+    # candidate deflated by 1 + tolerance, and its tolerance is the p90's (tails.py).
+    assert p.tail.tolerance == pytest.approx(0.10)
     # p99 is the tail check's job (issue 17): one noisy quantile cannot be pinned at the sizes
     # people run, the slowest 5% as a whole can.
     assert p.checked_quantiles == (0.5, 0.9)
@@ -32,6 +34,23 @@ def test_defaults() -> None:
     assert p.metrics == ["ttft", "itl"]
     assert sum(p.alpha_split.values()) == pytest.approx(1.0)
     assert Policy.model_validate_json(p.model_dump_json()) == p
+
+
+def test_judge_v3_defaults() -> None:
+    """The fields judge v3 added (issue 28), at the values their descriptions argue for: the
+    pass side of every latency check spends beta 5%; a window of blocks may be 50% slower and
+    a creep may end 10% up before they fail; a scenario too short to decide is refused; the
+    candidate may fail 1 point more of its requests than the reference for an early stop;
+    errors less than 2 s apart chain into one episode."""
+    p = Policy()
+    assert p.beta == pytest.approx(0.05)
+    assert p.window_tolerance == pytest.approx(0.5)
+    assert p.creep_tolerance == pytest.approx(0.10)
+    assert p.short_scenarios == "refuse"
+    assert p.error_tolerance == pytest.approx(0.01)
+    assert p.error_burst_s == pytest.approx(2.0)
+    allowed = Policy(short_scenarios="allow", beta=0.1, window_tolerance=1.0, error_tolerance=0.0)
+    assert Policy.model_validate_json(allowed.model_dump_json()) == allowed
 
 
 @pytest.mark.parametrize(
@@ -77,6 +96,15 @@ def test_defaults() -> None:
         ({"max_error_rate": 1.5}, "max_error_rate"),
         ({"startup_slack_s": -1.0}, "startup_slack_s"),
         ({"warmup_requests": -1}, "warmup_requests"),
+        ({"beta": 0.0}, "beta"),
+        ({"beta": 0.5}, "beta"),
+        ({"window_tolerance": 0.0}, "window_tolerance"),
+        ({"window_tolerance": 11.0}, "window_tolerance"),
+        ({"creep_tolerance": 0.0}, "creep_tolerance"),
+        ({"short_scenarios": "skip"}, "short_scenarios"),
+        ({"error_tolerance": -0.01}, "error_tolerance"),
+        ({"error_tolerance": 1.0}, "error_tolerance"),
+        ({"error_burst_s": -1.0}, "error_burst_s"),
     ],
 )
 def test_invalid_policies_name_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -192,3 +220,14 @@ def test_require_and_detect_must_name_a_planned_check(kwargs: dict, words: str) 
         Policy(**kwargs)
     assert words in str(info.value)
     assert Policy(require=["ttft.p99"], quantiles=[0.5, 0.99]).requires("ttft", 0.99)
+
+
+def test_window_and_creep_are_check_keys() -> None:
+    """Judge v3 plans a window and a creep check per scenario and metric: `require` and
+    `detect` may name them like a quantile or the tail, per metric or for every metric, and
+    the key of one check does not match another."""
+    p = Policy(require=["ttft.window", "creep"])
+    assert p.requires("ttft", None, "window") and not p.requires("itl", None, "window")
+    assert p.requires("ttft", None, "creep") and p.requires("itl", None, "creep")
+    assert not p.requires("ttft", None, "tail") and not p.requires("ttft", 0.5)
+    assert _error_fields({"require": ["ttft.stall"]}) == {"require"}

@@ -159,8 +159,14 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
         "state": "complete",
         "verdict": "hold",
         "reason": final["reason"],
+        "summary": final["summary"],
+        "warnings": final["warnings"],
+        "warnings_omitted": final["warnings_omitted"],
+        "not_shown": final["not_shown"],
+        "not_shown_omitted": final["not_shown_omitted"],
         "report_url": f"http://gate.test/gates/{gid}",
     }
+    assert summary["summary"].startswith("hold: ") and ".ttft." in summary["summary"]
     assert "TTFT" in summary["reason"]
     doc = app_client.get(f"/v1/gates/{gid}/document", headers=auth(tokens["read"])).json()
     VerdictDocument.model_validate(doc)  # the shape the OpenAPI document gives is the one served
@@ -190,6 +196,7 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     # and under its own default policy, the stored samples still hold on TTFT
     same = app_client.post(f"/v1/gates/{gid}:rejudge", json={}, headers=auth(tokens["run"])).json()
     assert same["verdict"] == "hold"
+    assert same["summary"].startswith("hold: ") and ".ttft." in same["summary"]
     # judged the way the run judged (the early-stopped prefix, its warm-up): same reasons
     assert {c["id"] for c in same["reasons"]} == {c["check"] for c in doc["reasons"]}
     stopped = [sc["early_stop"] for sc in doc["scenarios"] if sc.get("early_stop")]
@@ -231,7 +238,19 @@ def test_idempotency_key_and_ensure_never_start_a_second_gate(
     assert e1.status_code == e2.status_code == 200
     assert e1.json()["id"] == e2.json()["id"] != a.json()["id"]
     assert e1.json()["verdict"] is None
-    assert set(e1.json()) == {"id", "state", "verdict", "reason", "report_url"}
+    assert set(e1.json()) == {
+        "id",
+        "state",
+        "verdict",
+        "reason",
+        "summary",
+        "warnings",
+        "warnings_omitted",
+        "not_shown",
+        "not_shown_omitted",
+        "report_url",
+    }
+    assert e1.json()["summary"] is None  # null until decided, as the verdict
     other = {"spec": spec_dict(tag, requests=60, cand_flags=("--ttft-ms", "21"))}
     e3 = app_client.post("/v1/gates:ensure", json=other, headers=run)
     assert e3.json()["id"] != e1.json()["id"]
@@ -248,7 +267,7 @@ def test_idempotency_key_and_ensure_never_start_a_second_gate(
     )
     assert final["id"] == e1.json()["id"]
     assert final["verdict"] in ("continue", "hold")  # identical engines; a busy machine may
-    # leave a check inconclusive, which holds: what matters here is that it is one gate
+    # leave a required check undecided, which holds: what matters here is that it is one gate
     assert app_client.get("/v1/gates", headers=auth(tokens["read"])).json()["total"] == 3
     # A deliberate second run of the same spec (a retried rollout): another key, a new gate,
     # itself idempotent; the first gate's verdict stays what it was.

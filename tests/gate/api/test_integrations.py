@@ -52,7 +52,7 @@ def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
     rollback = app_client.post("/v1/webhooks/flagger/rollback", json=body)
     if final["verdict"] == "continue":
         assert (confirm.status_code, rollback.status_code) == (200, 403)
-    else:  # a busy machine can leave a check inconclusive: hold
+    else:  # a busy machine can leave a required check undecided: hold
         assert (confirm.status_code, rollback.status_code) == (403, 200)
     assert confirm.json()["reason"] == final["reason"]
     # a deliberate re-run: another metadata key
@@ -189,7 +189,10 @@ def test_duplicate_delivery_returns_the_same_gate_and_callback_reports_it(
     assert status["state"] == "failure"
     assert status["context"] == "llm-deploy-gate"
     assert status["target_url"] == f"http://gate.test/gates/{gid}"
-    assert status["description"].startswith("gate hold: TTFT")
+    # the gate's summary line, as the verdict object says it (within GitHub's 140 characters)
+    said = app_client.get(f"/v1/gates/{gid}/verdict", headers=auth(tokens["read"])).json()
+    assert status["description"] == said["summary"]
+    assert status["description"].startswith("hold: ") and ".ttft." in status["description"]
     assert len(status["description"]) <= 140
     seen = app_client.get(f"/v1/gates/{gid}", headers=auth(tokens["read"])).json()["callback"]
     assert seen["result"] == "sent: HTTP 201" and seen["attempts"] == 1

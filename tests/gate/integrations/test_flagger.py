@@ -18,6 +18,7 @@ from apitools import Recording
 from fastapi.testclient import TestClient
 from flagger_driver import CANARIES, Flagger
 from k8s_fake import FakeKubernetes, ObjectStore, write_kubeconfig
+from verdicts import CONTINUE_LINE, mixed_document
 
 from gate.access.tokens import create_token
 from gate.api.app import create_app
@@ -401,3 +402,29 @@ def test_cluster_refusals_name_the_field(env: Env) -> None:
     assert r.status_code == 422
     assert r.json()["error"]["problems"][0]["path"] == "candidate_image"
     assert env.recording.submitted == []
+
+
+def test_a_continue_with_warnings_is_a_200_that_says_them(env: Env) -> None:
+    """The status code stays binary; the body and the Canary's annotations carry the summary
+    line, the warnings and what the gate could not show (issue 28 item 6)."""
+    f = flagger(env)
+    f.deploy(f"{REPO}:v0.11.0")
+    f.tick()
+    (gid,) = env.recording.submitted
+    document = mixed_document(hold=False, gate_id=gid).to_json()
+    with transaction(env.client.app.state.ctx.factory) as s:  # type: ignore[attr-defined]
+        row = s.get(GateRun, gid)
+        assert row is not None
+        row.state, row.verdict, row.reason, row.document = "complete", "continue", None, document
+    assert f.tick() == "Progressing"
+    assert f.calls[-1][0] == "confirm-rollout" and f.calls[-1][3] == 200
+    answer = env.answers[-1]
+    assert answer["verdict"] == "continue" and answer["summary"] == CONTINUE_LINE
+    assert [w["check"] for w in answer["warnings"]] == ["steady.itl.p50", "steady.errors"]
+    assert [n["check"] for n in answer["not_shown"]] == ["steady.ttft.p90"]
+    annotations = f.canary["metadata"]["annotations"]
+    assert annotations["llm-deploy-gate.io/verdict"] == "continue"
+    assert annotations["llm-deploy-gate.io/summary"] == CONTINUE_LINE
+    assert env.fake.store is not None
+    assert env.fake.store.items("events", "serving") == [], "a continue is no Warning Event"
+    assert f.run(6)[-1] == "Succeeded"  # warnings never stop the rollout

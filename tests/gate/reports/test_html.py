@@ -5,6 +5,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
+from verdicts import CONTINUE_LINE, HOLD_LINE, mixed_document, old_document
 
 from gate.analysis.samples import columns_from_records
 from gate.reports.charts import (
@@ -474,3 +475,75 @@ def test_each_engine_card_lists_what_it_supports() -> None:
     html = render_report(VerdictDocument.read(doc), {})
     assert len(doc["engines"]) == 2 and html.count("✓ logprobs (top 5)") == 2
     assert "✗ prompt logprobs" in html and "✓ usage in streams" in html
+
+
+def _heading(html: str) -> str:
+    """The verdict word, as the banner's heading reads."""
+    h2 = html.split('<h2 id="verdict-heading" class="word">', 1)[1].split("</h2>", 1)[0]
+    return re.sub(r"<[^>]+>", "", h2)
+
+
+def _banner(html: str) -> str:
+    """The verdict banner's markup, tags stripped to single-spaced text."""
+    section = html.split('<section class="banner', 1)[1].split("</section>", 1)[0]
+    return " ".join(re.sub(r"<[^>]+>", " ", section.split(">", 1)[1]).split())
+
+
+def test_a_continue_banner_lists_warnings_and_what_was_not_shown() -> None:
+    """Issue 28: the banner said 'Every check passed ... within tolerance' beside undecided
+    checks. Now it says 'continue, with N warnings' and lists both."""
+    html = render_report(mixed_document(hold=False), {})
+    assert '<section class="banner continue warned"' in html
+    banner = _banner(html)
+    assert _heading(html) == "CONTINUE, with 2 warnings"
+    assert "3 of 4 checks passed and no regression was shown (1 undecided" in banner
+    assert CONTINUE_LINE in banner  # the summary line, as every surface says it
+    assert "every check passed" not in banner.lower()
+    warnings = html.split('<ul class="warnings"', 1)[1].split("</ul>", 1)[0]
+    assert warnings.count("<li>") == 2
+    assert 'href="#check-steady.errors"' in warnings and "not with confidence at 292" in warnings
+    shown = html.split('<ul class="not-shown"', 1)[1].split("</ul>", 1)[0]
+    assert 'href="#check-steady.ttft.p90"' in shown
+    assert "TTFT p90 in steady within +10% (shown: at most +14%)" in shown
+    assert "<title>CONTINUE, with 2 warnings · mixed · deploy gate</title>" in html
+    # each warned check's row says so; the undecided one is marked not required
+    row = html.split('id="check-steady.errors"', 1)[1].split("</tr>", 2)
+    assert 'class="pill warning"' in row[0] and "<strong>Warning:</strong>" in row[1]
+    undecided = html.split('id="check-steady.ttft.p90"', 1)[1].split("</tr>", 1)[0]
+    assert "not required" in undecided
+
+
+def test_a_hold_banner_lists_reasons_and_warnings_not_what_was_not_shown() -> None:
+    html = render_report(mixed_document(hold=True), {})
+    banner = _banner(html)
+    assert _heading(html) == "HOLD"
+    assert HOLD_LINE in banner
+    assert "steady.ttft.p50 : TTFT p50 in steady is 1.43x" in banner
+    assert "2 warnings" in banner and 'class="not-shown"' not in html
+    assert "every check passed" not in banner.lower()
+
+
+def test_every_check_passed_only_when_every_check_did() -> None:
+    doc = _doc()
+    doc |= {
+        "verdict": "continue",
+        "reasons": [],
+        "checks": [doc["checks"][0] | {"decision": "pass"}],
+    }
+    banner = _banner(render_report(VerdictDocument.read(doc), {}))
+    assert "Every check passed" in banner and "All 1 checks passed" in banner
+    warned = doc["checks"][0] | {"warning": "past its warning threshold"}
+    doc["checks"] = [warned]
+    html = render_report(VerdictDocument.read(doc), {})
+    banner = _banner(html)
+    assert _heading(html) == "CONTINUE, with 1 warning"
+    assert "Every check passed" not in banner and "past its warning threshold" in banner
+
+
+def test_an_old_document_renders_undecided_and_what_was_not_shown() -> None:
+    html = render_report(VerdictDocument.read(old_document()), {})
+    assert "inconclusive" not in html.split("<details><summary>The verdict document", 1)[0]
+    banner = _banner(html)
+    assert _heading(html) == "CONTINUE"
+    assert "TTFT p90 in steady within +10% (shown: at most +14%)" in banner
+    assert "every check passed" not in banner.lower()

@@ -72,7 +72,7 @@ def test_a_finished_gate_callback_is_sent_once(
     assert len(receiver.calls) == 1
     _, body = receiver.calls[0]
     assert body["state"] == "failure" and body["context"] == "llm-deploy-gate"
-    assert body["description"].startswith("gate hold: cancelled by the test")
+    assert body["description"].startswith("hold: cancelled by the test")
     run = store.get_gate(factory, gid)
     assert run.callback_sent_at is not None and run.callback_attempts == 1
     assert run.callback_result == "sent: HTTP 201"

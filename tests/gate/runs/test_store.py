@@ -143,7 +143,65 @@ def test_verdict_summary_maps_states() -> None:
         "state": "error",
         "verdict": "hold",
         "reason": "r",
+        "summary": "hold: r",  # no document: the row's reason
+        "warnings": [],
+        "warnings_omitted": 0,
+        "not_shown": [],
+        "not_shown_omitted": 0,
         "report_url": "http://g/gates/x",
     }
     run = GateRun(id="y", state="running", verdict=None, reason=None, phase="scenario:a")
-    assert store.verdict_summary(run, "http://g")["verdict"] is None
+    running = store.verdict_summary(run, "http://g")
+    assert running["verdict"] is None and running["summary"] is None
+
+
+def test_verdict_summary_says_the_documents_words_in_bounded_lists(
+    factory: sessionmaker[Session],
+) -> None:
+    """A finished gate's answer carries its summary line, warnings and what it did not show,
+    from its stored document (an old one too); read_verdict (the pollers' path) says the same
+    as the row; each list stops at ANSWER_ITEMS and counts the rest."""
+    from dataclasses import replace
+
+    from verdicts import CONTINUE_LINE, NOT_SHOWN, mixed_document, old_document
+
+    from gate.verdict import check_doc
+    from gate.verdict.summary import ANSWER_ITEMS
+
+    doc = mixed_document(hold=False, gate_id="w1").to_json()
+    many = [
+        check_doc(replace(NOT_SHOWN, id=f"s{i}.ttft.p90", scenario=f"s{i}")).to_json()
+        for i in range(ANSWER_ITEMS + 3)
+    ]
+    crowded = {**doc, "checks": doc["checks"] + many}
+    with transaction(factory) as s:
+        for gid, document in (("w1", doc), ("w2", old_document()), ("w3", crowded)):
+            s.add(
+                GateRun(
+                    id=gid,
+                    name="n",
+                    spec={},
+                    state="complete",
+                    verdict="continue",
+                    document=document,
+                )
+            )
+    one = store.read_verdict(factory, "w1", "http://g")
+    assert one == store.verdict_summary(store.get_gate(factory, "w1"), "http://g")
+    assert one["verdict"] == "continue" and one["summary"] == CONTINUE_LINE
+    assert [w["check"] for w in one["warnings"]] == ["steady.itl.p50", "steady.errors"]
+    assert one["not_shown"] == [
+        {
+            "check": "steady.ttft.p90",
+            "message": "TTFT p90 in steady within +10% (shown: at most +14%)",
+        }
+    ]
+    old = store.read_verdict(factory, "w2", "http://g")
+    assert old["summary"] == (
+        "continue; not shown: TTFT p90 in steady within +10% (shown: at most +14%)"
+    )
+    assert old["warnings"] == [] and len(old["not_shown"]) == 1
+    full = store.read_verdict(factory, "w3", "http://g")
+    assert len(full["not_shown"]) == ANSWER_ITEMS
+    assert full["not_shown_omitted"] == 1 + ANSWER_ITEMS + 3 - ANSWER_ITEMS
+    assert len(full["summary"]) <= 140 and full["summary"].endswith(" more)")

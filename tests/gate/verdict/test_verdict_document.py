@@ -130,6 +130,7 @@ def test_a_gate_ended_from_outside_carries_only_what_is_known() -> None:
         "name",
         "state",
         "verdict",
+        "summary",
         "reasons",
         "checks",
         "notes",
@@ -138,12 +139,14 @@ def test_a_gate_ended_from_outside_carries_only_what_is_known() -> None:
         "exit_code",
     ]
     assert data["error"] == {"code": "worker_lost", "message": "no heartbeat for 40 s"}
+    assert data["summary"] == "hold: no heartbeat for 40 s"
 
 
 def test_a_refused_spec_is_a_hold_naming_every_mistake() -> None:
     exc = SpecError([FieldProblem("scenarios[0].rate", "must be > 0"), FieldProblem("x", "?")])
     data = _round_trips(invalid_spec_document(exc))
     assert (data["state"], data["verdict"], data["exit_code"]) == ("invalid", "hold", 2)
+    assert data["summary"] == "hold: spec has 2 mistakes"
     assert [r["check"] for r in data["reasons"]] == ["spec.scenarios[0].rate", "spec.x"]
     assert "gate_id" not in data and data["report"] is None
 

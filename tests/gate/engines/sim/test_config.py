@@ -64,6 +64,8 @@ def test_every_flag_reaches_the_config() -> None:
         "--crash-after-requests 10 --crash-after-s 30 --error-rate 0.25 "
         "--stream-error-rate 0.125 --hang-after-tokens 3 --hang-rate 0.5 --hang-requests 2,4-5 "
         "--degrade-itl-per-min 20 --max-waiting 8 --shed-status 503 --truth-log t.jsonl "
+        "--slow-share 0.03 --slow-factor 4 --stalls 40:3,10:5 --stalls 60:1 "
+        "--degrade-ttft-per-min 240 "
         "--role decode --kv-transfer-ms 4 --kv-transfer-us-per-token 0.5 --tag run-1"
     )
     config = parse_args(flags.split(" "))
@@ -76,7 +78,8 @@ def test_every_flag_reaches_the_config() -> None:
         crash_after_requests=10, crash_after_s=30, error_rate=0.25, stream_error_rate=0.125,
         hang_after_tokens=3, hang_rate=0.5, hang_requests=(2, 4, 5), degrade_itl_per_min=20,
         max_waiting=8, shed_status=503, truth_log="t.jsonl", role="decode", kv_transfer_ms=4,
-        kv_transfer_us_per_token=0.5, tag="run-1",
+        kv_transfer_us_per_token=0.5, tag="run-1", slow_share=0.03, slow_factor=4,
+        stalls=((10, 5), (40, 3), (60, 1)), degrade_ttft_per_min=240,
     )  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.port = 1  # type: ignore[misc]
@@ -102,12 +105,47 @@ def test_every_flag_reaches_the_config() -> None:
         ["--port", "0", "--role", "router"],
         ["--port", "0", "--kv-transfer-ms", "-1"],
         ["--port", "0", "--kv-transfer-us-per-token", "nan"],
+        ["--port", "0", "--degrade-ttft-per-min", "-5"],
+        ["--port", "0", "--stalls", "10"],
+        ["--port", "0", "--stalls", "10:0"],
+        ["--port", "0", "--stalls", "-1:2"],
+        ["--port", "0", "--stalls", "10:inf"],
     ],
 )
 def test_bad_flags_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         parse_args(argv)
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--slow-share", "0.1"], "--slow-share needs --slow-factor"),
+        (["--slow-factor", "4"], "--slow-factor has no effect without --slow-share"),
+        (["--slow-share", "1.5", "--slow-factor", "4"], "--slow-share must be in [0, 1]"),
+        (["--slow-share", "0.1", "--slow-factor", "0.5"], "--slow-factor must be a finite"),
+        (["--slow-share", "0.1", "--slow-factor", "nan"], "--slow-factor must be a finite"),
+        (["--stalls", "10:5,12:1"], "--stalls overlap: 10:5 still stalls at 12 s"),
+        (["--stalls", "10"], "argument --stalls: not AT:FOR"),
+        (["--stalls", "10:0"], "argument --stalls: AT must be >= 0 and FOR > 0"),
+        (["--degrade-ttft-per-min", "inf"], "--degrade-ttft-per-min must be a finite number"),
+    ],
+)
+def test_latency_fault_flags_name_themselves_when_wrong(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--port", "0", *argv])
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_latency_faults_are_off_by_default() -> None:
+    config = parse_args(["--port", "0"])
+    assert (config.slow_share, config.slow_factor, config.stalls) == (0.0, 1.0, ())
+    assert config.degrade_ttft_per_min == 0.0
+    assert config.cost_model().degrade_ttft_per_min == 0.0
 
 
 def test_help_mentions_every_flag() -> None:
@@ -117,7 +155,8 @@ def test_help_mentions_every_flag() -> None:
         "--crash-after-s", "--hang-after-tokens", "--stream-error-rate", "--degrade-itl-per-min",
         "--max-waiting", "--shed-status", "--truth-log", "--logit-noise", "--numeric-bug",
         "--nan-after-requests", "--max-num-batched-tokens", "--kv-cache-tokens", "--role",
-        "--kv-transfer-ms", "--kv-transfer-us-per-token",
+        "--kv-transfer-ms", "--kv-transfer-us-per-token", "--slow-share", "--slow-factor",
+        "--stalls", "--degrade-ttft-per-min",
     ):  # fmt: skip
         assert flag in text
     for name in PROFILES:

@@ -199,7 +199,11 @@ class Recorder:
 
 
 def _engine(
-    tokens_per_event: int = 1, max_num_seqs: int = 256, seed: int = 0, **cost: float
+    tokens_per_event: int = 1,
+    max_num_seqs: int = 256,
+    seed: int = 0,
+    stalls: tuple[tuple[float, float], ...] = (),
+    **cost: float,
 ) -> SimEngine:
     base = CostModel(itl_ms=10, itl_per_running_ms=0, prefill_us_per_token=0, ttft_ms=0, jitter=0)
     timer = StepTimer(dataclasses.replace(base, **cost))
@@ -210,6 +214,7 @@ def _engine(
         tokens_per_event=tokens_per_event,
         max_num_seqs=max_num_seqs,
         seed=seed,
+        stalls=stalls,
     )
 
 
@@ -264,6 +269,75 @@ def test_ttft_floor_shifts_every_event_and_keeps_gaps() -> None:
     r = rec[0]
     assert r.scheduled[0] - arrival[0] == 50_000_000
     assert [b - a for a, b in zip(r.scheduled, r.scheduled[1:], strict=False)] == [10_000_000] * 3
+
+
+def test_a_ttft_factor_holds_the_first_token_back_and_keeps_gaps() -> None:
+    engine = _engine(ttft_ms=50)
+    rec: list[Recorder] = []
+    arrival: list[int] = []
+
+    async def body() -> None:
+        rec.append(Recorder())
+        arrival.append(time.monotonic_ns())
+        engine.submit(greedy(4), rec[0], arrival_ns=arrival[0], ttft_factor=3.0)
+        await rec[0].done
+
+    with_engine(engine, body)
+    r = rec[0]
+    # A slow request (--slow-factor 3): three times the 50 ms it would have waited.
+    assert r.scheduled[0] - arrival[0] == 150_000_000
+    assert [b - a for a, b in zip(r.scheduled, r.scheduled[1:], strict=False)] == [10_000_000] * 3
+
+
+def test_a_ttft_creep_multiplies_ttft_by_the_age_at_arrival() -> None:
+    engine = _engine(ttft_ms=50, degrade_ttft_per_min=6000)  # +100% a second
+    rec: list[Recorder] = []
+    arrival: list[int] = []
+
+    async def body() -> None:
+        rec.append(Recorder())
+        engine.timer.origin_ns = time.monotonic_ns() - 500_000_000  # ready 0.5 s ago
+        arrival.append(engine.timer.origin_ns + 500_000_000)
+        engine.submit(greedy(3), rec[0], arrival_ns=arrival[0])
+        await rec[0].done
+
+    with_engine(engine, body)
+    r = rec[0]
+    assert r.scheduled[0] - arrival[0] == 75_000_000  # 50 ms x 1.5
+    assert [b - a for a, b in zip(r.scheduled, r.scheduled[1:], strict=False)] == [10_000_000] * 2
+
+
+def test_a_stall_stops_stepping_and_drops_nothing() -> None:
+    # 50 ms after the first request arrives the engine stops stepping for 200 ms.
+    engine = _engine(stalls=((0.05, 0.2),))
+    rec: list[Recorder] = []
+    arrival: list[int] = []
+
+    async def body() -> None:
+        rec.extend([Recorder(), Recorder()])
+        arrival.append(time.monotonic_ns())
+        engine.submit(greedy(20), rec[0], arrival_ns=arrival[0])
+        await asyncio.sleep(0.1)  # inside the stall
+        arrival.append(time.monotonic_ns())
+        engine.submit(greedy(2), rec[1], arrival_ns=arrival[1])
+        await asyncio.gather(rec[0].done, rec[1].done)
+
+    with_engine(engine, body)
+    first, second = rec
+    assert engine.stall_origin_ns == arrival[0]
+    stall_end = arrival[0] + 250_000_000
+    gaps = sorted(b - a for a, b in zip(first.scheduled, first.scheduled[1:], strict=False))
+    # Every token came; one gap holds the whole stall (the step it stopped, or the one it
+    # delayed, plus the 200 ms), the others are steps.
+    assert len(first.events) == 20 and first.events[-1].finish_reason == "length"
+    assert gaps[-1] >= 210_000_000
+    assert gaps[:-1] == [10_000_000] * 18
+    assert first.scheduled[0] < arrival[0] + 50_000_000 < stall_end <= first.scheduled[-1]
+    # A request that arrived in the stall got its first token after it.
+    assert arrival[1] < stall_end
+    assert second.scheduled[0] >= stall_end + 10_000_000
+    assert engine.stalled_until(stall_end - 1) == stall_end
+    assert engine.stalled_until(stall_end) is None
 
 
 def test_a_remotely_prefilled_request_has_no_floor_and_decodes_as_a_local_one() -> None:

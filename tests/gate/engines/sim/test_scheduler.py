@@ -170,3 +170,8 @@ def test_ttft_floor_jitter_and_degradation() -> None:
     assert slowing.step_ns(1, 0, 0, 1_000) == 10_000_000
     assert slowing.step_ns(1, 0, 0, 1_000 + 60_000_000_000) == 15_000_000
     assert slowing.step_ns(1, 0, 0, 1_000 + 120_000_000_000) == 20_000_000
+    assert slowing.ttft_degradation(1_000 + 60_000_000_000) == 1.0  # ITL creep only
+    creeping = StepTimer(CostModel(jitter=0, degrade_ttft_per_min=40), origin_ns=1_000)
+    assert creeping.ttft_degradation(0) == 1.0
+    assert creeping.ttft_degradation(1_000 + 30_000_000_000) == pytest.approx(1.2)
+    assert creeping.step_ns(1, 0, 0, 1_000 + 60_000_000_000) == creeping.step_ns(1, 0, 0, 1_000)
