@@ -12,6 +12,7 @@ import httpx
 
 from gate.core.settings import Settings
 from gate.verdict.summary import LINE_CHARS as DESCRIPTION_CHARS
+from gate.verdict.summary import stored_summary
 
 log = logging.getLogger("gate.integrations")
 
@@ -62,7 +63,7 @@ def status_body(summary: dict[str, Any], context: str, kind: Provider = "github"
     which gate/verdict/summary.py keeps within GitHub's 140 characters (a longer description
     is refused: 422 "description is too long (maximum is 140 characters)")."""
     verdict = summary.get("verdict")
-    line = summary.get("summary") or f"{verdict or summary.get('state')}"
+    line = summary.get("summary") or stored_summary(verdict, None, summary.get("reason")).line()
     description = str(line)[:DESCRIPTION_CHARS]
     if kind == "gitlab":
         return {

@@ -39,6 +39,7 @@ from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.reports.html import environment, format_time, render_body
 from gate.runs import store
 from gate.verdict.document import VerdictDocument
+from gate.verdict.summary import stored_summary
 
 if TYPE_CHECKING:  # the store's rows, for annotations only
     from gate.models import GateRun
@@ -197,12 +198,17 @@ def _took(run: GateRun) -> str:
 
 
 def _row(run: GateRun) -> dict[str, Any]:
+    finished = run.state in FINISHED
+    said = stored_summary(run.verdict, run.document, run.reason) if finished else None
     return {
         "id": run.id,
         "name": run.name,
         "state": run.state,
         "phase": run.phase,
-        "verdict": run.verdict if run.state in FINISHED else None,
+        "verdict": run.verdict if finished else None,
+        # the verdict word as every surface says it, and the line when it says more
+        "banner": said.banner if said else None,
+        "summary": said.line() if said and said.line() != run.verdict else "",
         "progress": progress_view(run.state, run.phase, run.progress)["text"]
         if run.state not in FINISHED
         else "",
@@ -304,11 +310,12 @@ def gate_page(request: Request, gate_id: str) -> Response:
     finished = run.state in FINISHED
     if finished and run.document is not None:
         verdict = str(run.document.get("verdict") or run.verdict or "hold")
+        banner = stored_summary(verdict, run.document, run.reason).banner
         try:
             body = _report_body(ctx, run)
         except DocumentUnreadable as exc:
             return _page(request, "error.html.j2", 500, title="Unreadable", message=exc.message)
-        return _page(request, "gate.html.j2", title=f"{verdict.upper()} · {run.name}", body=body)
+        return _page(request, "gate.html.j2", title=f"{banner} · {run.name}", body=body)
     phases = store.all_phases(ctx.factory, gate_id)
     return _page(
         request,

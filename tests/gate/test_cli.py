@@ -98,6 +98,16 @@ def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["verdict"] == "continue" and doc["reasons"] == []
+    # One meaning of continue: the banner, the document's summary and its lists agree, and
+    # each undecided check that did not hold is listed as not shown under the banner.
+    assert doc["summary"].startswith("continue") and len(doc["summary"]) <= 140
+    undecided = [c["id"] for c in doc["checks"] if c["decision"] == "undecided"]
+    assert [n["check"] for n in doc["not_shown"]] == undecided
+    banner = "CONTINUE" + (f", with {len(doc['warnings'])} warning" if doc["warnings"] else "")
+    assert f"\n{banner}" in out.stderr
+    for n in doc["not_shown"]:
+        assert f"  not shown {n['message']}" in out.stderr
+    assert "inconclusive" not in out.stderr
     ids = {c["id"] for c in doc["checks"]}
     assert {"steady.ttft.p50", "steady.itl.p50", "steady.errors", "startup.ready"} <= ids
     # The plan says what 392 paired requests per engine can detect, before the load.
@@ -154,6 +164,8 @@ def test_ttft_regression_holds_naming_ttft(tmp_path: Path, tag: str) -> None:
     doc = json.loads(out.stdout)
     assert doc["verdict"] == "hold"
     assert any("ttft" in r["check"] for r in doc["reasons"])
+    assert doc["summary"].startswith("hold: ") and ".ttft." in doc["summary"]
+    assert "\nHOLD  gate " in out.stderr
     fail = next(c for c in doc["checks"] if c["id"] == "steady.ttft.p50")
     assert fail["decision"] == "fail" and 1.3 < fail["ratio"] < 1.7
     assert fail["interval"][0] > fail["threshold"]

@@ -94,6 +94,11 @@ def test_openapi_lists_every_route(app_client: TestClient, path: str) -> None:
         "state",
         "verdict",
         "reason",
+        "summary",
+        "warnings",
+        "warnings_omitted",
+        "not_shown",
+        "not_shown_omitted",
         "report_url",
     ]
 

@@ -260,3 +260,17 @@ def test_the_cookie_is_secure_behind_a_tls_proxy(tmp_path: Path) -> None:
         r = client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
     assert r.status_code == 303
     assert "secure" in [a.strip().lower() for a in r.headers["set-cookie"].split(";")]
+
+
+def test_the_list_and_the_page_say_continue_with_warnings(client: TestClient, seed: Any) -> None:
+    """Issue 28 item 6 on the pages: the list's verdict and the page's title say the banner
+    every surface says, and the list shows the summary line under it."""
+    from verdicts import CONTINUE_LINE, mixed_document
+
+    gid = seed.finished(mixed_document(hold=False).to_json(), name="warned", verdict="continue")
+    page = client.get(f"/gates/{gid}").text
+    assert "<title>CONTINUE, with 2 warnings · warned" in page
+    listed = client.get("/").text
+    row = listed.split(f'href="/gates/{gid}"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="pill continue">CONTINUE, with 2 warnings</span>' in row
+    assert f'<span class="muted summary">{CONTINUE_LINE}</span>' in row
