@@ -202,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The operator's caps bind a spec file as they bind one sent to the API.
         if over := spec_limit_problems(spec, Limits.from_settings(settings)):
             raise SpecError(over, str(args.spec))
+        from gate.runs.schedules import plan_problems
+
+        if short := plan_problems(spec, Limits.from_settings(settings)):
+            raise SpecError(short, str(args.spec))
     except SpecError as exc:
         return _spec_error(exc, args.json)
     return _run(spec, settings, args)

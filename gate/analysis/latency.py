@@ -239,6 +239,22 @@ def _warn(check: Check, lk: _Look) -> Check:
     return replace(check, warning=why)
 
 
+def _two_ways(x: np.ndarray, alpha: float, beta: float) -> BlockTest:
+    """The level test with two estimates of the long-run variance, each at half the levels:
+    the classical one (every block's spread, the most power on a steady shift) and the
+    robust one (Qn: a slow window or a step does not widen it). Each bound is valid at its
+    half level, so the tighter of the two is valid at the whole (a union bound): the check
+    fails when either lower bound is above the threshold and passes when either upper bound
+    is below it."""
+    classic = level_test(x, alpha / 2.0, beta / 2.0)
+    robust = level_test(x, alpha / 2.0, beta / 2.0, robust=True)
+    return replace(
+        robust,
+        lower=max(classic.lower, robust.lower),
+        upper=min(classic.upper, robust.upper),
+    )
+
+
 def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
     alpha, beta = lk.levels(pc)
     if pc.q == 0.5:
@@ -249,7 +265,7 @@ def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
         x = x[~np.isnan(x)]
     if x.size < MIN_TEST_BLOCKS:
         return _too_few(lk, pc, first)
-    bt: BlockTest = level_test(x, alpha, beta)
+    bt = _two_ways(x, alpha, beta)
     tol = tolerance_of(lk.policy, pc.q, pc.kind)
     theta = math.log1p(tol)
     threshold = 1.0 + tol

@@ -19,10 +19,12 @@ the p50 check (the trimmed mean of each block's paired log ratios):
         degrees of freedom at alpha / (number of runs): the union bound over runs and looks
         keeps the false-hold rate at most alpha. It fails when some run is slower than the
         window tolerance with confidence, and passes when every run's upper bound is below it.
-    creep: a line through the blocks against their order; its value at the last block seen
-        (the candidate's ratio now, not on average) against log(1 + creep tolerance), with the
-        residuals' long-run sd (so the trend, which is the regression, is not read as noise)
-        and the standard error of a fitted value at the end of the line.
+    creep: a line through the blocks against their order (Theil-Sen); its value at the last
+        block seen (the candidate's ratio now, not on average) against log(1 + creep
+        tolerance), with the residuals' robust long-run sd (so the trend, which is the
+        regression, is not read as noise) and the standard error of a fitted value at the end
+        of the line; a second line through the later half of the blocks catches a creep that
+        sets in mid-way, each line at half the check's levels.
 
 Both are one-sided and spend their alpha over the plan's looks like every latency check.
 """
@@ -81,7 +83,7 @@ def window_test(x: np.ndarray, alpha: float, beta: float) -> Window:
     for w in widths:
         for s in range(m - w + 1):
             outside = np.concatenate([x[:s], x[s + w :]])
-            lr = long_run(outside, detrend=False)
+            lr = long_run(outside, detrend=False, robust=True)
             if lr.df < 2 or not math.isfinite(lr.sd):
                 continue
             mean = float(csum[s + w] - csum[s]) / w
@@ -108,13 +110,9 @@ class Creep:
     slope: float
 
 
-def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
-    """A line through the block statistics (module docstring); x in block order, no NaN."""
-    x = np.asarray(x, np.float64)
+def _line(x: np.ndarray, alpha: float, beta: float) -> Creep:
     m = int(x.size)
-    if m < MIN_TEST_BLOCKS + 2:
-        return Creep(m, math.nan, math.nan, -math.inf, math.inf, math.nan)
-    lr = long_run(x, detrend=True)
+    lr = long_run(x, detrend=True, robust=True)
     end = lr.intercept + lr.slope * (m - 1)
     k = np.arange(m, dtype=np.float64)
     kc = k - k.mean()
@@ -123,3 +121,19 @@ def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
     lo = end - t_quantile(alpha, lr.df) * se
     hi = end + t_quantile(beta, lr.df) * se
     return Creep(m, lr.intercept, end, lo, hi, lr.slope)
+
+
+def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
+    """Lines through the block statistics (module docstring): one through every block seen and
+    one through the later half (a creep that sets in mid-way bends the first line), each at
+    half the levels; the worse one decides. x in block order, no NaN."""
+    x = np.asarray(x, np.float64)
+    m = int(x.size)
+    if m < MIN_TEST_BLOCKS + 2:
+        return Creep(m, math.nan, math.nan, -math.inf, math.inf, math.nan)
+    half = m - m // 2
+    if m // 2 < MIN_TEST_BLOCKS + 2:
+        return _line(x, alpha, beta)
+    fits = [_line(x, alpha / 2.0, beta / 2.0), _line(x[half - 1 :], alpha / 2.0, beta / 2.0)]
+    worst = max(fits, key=lambda f: f.lower)
+    return Creep(m, worst.start, worst.end, worst.lower, max(f.upper for f in fits), worst.slope)

@@ -18,6 +18,7 @@ from gate.access.network import check_allowed
 from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits, spec_limit_problems
 from gate.core.settings import Settings
+from gate.runs.schedules import plan_problems
 from gate.runs.templates import EngineTemplate, fill, image_allowed
 from gate.spec import NAME_RE, GateSpec, image_repository, load_spec, parse_spec, spec_to_dict
 
@@ -81,6 +82,8 @@ def resolve_spec(
         problems += [p for p in exc.all_problems if not any(a in seen for a in _ancestors(p.path))]
         raise SpecError(problems, where) from None
     problems += spec_limit_problems(parsed, Limits.from_settings(settings))
+    if not problems:
+        problems += plan_problems(parsed, Limits.from_settings(settings))
     if problems:
         raise SpecError(problems, where)
     return parsed

@@ -11,7 +11,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from gate.analysis.plan import Plan
+from gate.analysis.plan import Plan, ShortScenario
+from gate.core.errors import FieldProblem, SpecError
 from gate.core.limits import Limits
 from gate.spec import GateSpec, ScenarioSpec
 from loadgen import suite as suite_catalogue
@@ -215,4 +216,25 @@ def plan_gate(spec: GateSpec, limits: Limits) -> GatePlan:
         return GatePlan(schedules, None)
     by_name = {sc.name: sc for sc in spec.scenarios}
     extendable = {name for name in sizes if schedules[name].extendable(by_name[name])}
-    return GatePlan(schedules, Plan.build(spec.policy, sizes, extendable))
+    # Blocks in time: each judged request's intended send offset, known before the load.
+    times = {
+        name: np.asarray(sched.offsets[warm:], np.float64)
+        for name, sched in schedules.items()
+        if name in sizes and sched.offsets is not None
+    }
+    try:
+        plan = Plan.build(spec.policy, sizes, extendable, times=times)
+    except ShortScenario as exc:
+        index = next(i for i, sc in enumerate(spec.scenarios) if sc.name == exc.scenario)
+        raise SpecError([FieldProblem(f"scenarios.{index}", str(exc))]) from None
+    return GatePlan(schedules, plan)
+
+
+def plan_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:
+    """What the plan refuses before any load (a scenario too short to decide), as spec
+    mistakes, so the CLI and the API refuse the spec before a gate is queued."""
+    try:
+        plan_gate(spec, limits)
+    except SpecError as exc:
+        return list(exc.all_problems)
+    return []
