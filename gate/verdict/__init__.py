@@ -1,5 +1,5 @@
-"""The verdict document: the one typed contract every reader of a gate gets (document.py), and
-the three ways one is made (build.py)."""
+"""The verdict document: the one typed contract every reader of a gate gets (document.py), the
+three ways one is made (build.py), and the verdict in words every surface says (summary.py)."""
 
 from gate.verdict.build import (
     Evidence,
