@@ -385,6 +385,7 @@ def _shape(
         hit = rng.random(n) < case.tail_share
         ttft = np.where(hit, ttft * case.tail_factor, ttft)
     if case.top_share > 0.0:
+        # The slowest top_share of the engine's distribution (its quantile, drift aside).
         z = float(stats.norm.isf(case.top_share))
         sd = math.sqrt(config.ttft_sigma**2 + config.batch_sigma**2 + config.common_sigma**2)
         cut = config.ttft_ms * math.exp(z * sd)
@@ -433,10 +434,10 @@ def _arm(
     censored = np.zeros(n, np.bool_)
     episodes = 1.0
     if case is not None:
-        ttft = ttft * case.ttft
         if case.tail != 1.0:
             ttft = np.where(ttft > tail_threshold(config), ttft * case.tail, ttft)
-        ttft = _shape(case, ttft, sent, rng, config)
+        # Shapes first, on the reference distribution's quantiles; then the steady factor.
+        ttft = _shape(case, ttft, sent, rng, config) * case.ttft
         itl = itl * case.itl
         rate *= case.errors
         episodes = case.episodes

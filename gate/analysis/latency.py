@@ -48,7 +48,7 @@ from gate.analysis.paired import (
 )
 from gate.analysis.plan import METRIC_LABEL, Plan, PlannedCheck, tolerance_of
 from gate.analysis.policy import Policy
-from gate.analysis.tails import LEVELS, TailScale
+from gate.analysis.tails import LEVELS, tail_scale
 from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
 from gate.analysis.windows import creep_test, window_test
 
@@ -154,7 +154,7 @@ def _estimates(lk: _Look, pc: PlannedCheck) -> tuple[float | None, float | None]
     if pc.q is not None:
         return hd_quantile(ra, pc.q), hd_quantile(ca, pc.q)
     if pc.kind == "tail":
-        share = LEVELS[1]
+        share = LEVELS[0]
         return slowest_mean(ra, share), slowest_mean(ca, share)
     return hd_quantile(ra, 0.5), hd_quantile(ca, 0.5)
 
@@ -321,33 +321,41 @@ def _drift_text(lk: _Look, phi: float) -> str:
 
 def _tail_check(lk: _Look, pc: PlannedCheck) -> Check:
     alpha, beta = lk.levels(pc)
-    if lk.m < MIN_TEST_BLOCKS:
-        return _too_few(lk, pc, False)
     tol = tolerance_of(lk.policy, None, "tail")
     threshold = 1.0 + tol
-    ts = TailScale(lk.ref, lk.cand, lk.block, lk.m, alpha, beta)
-    at = ts.test(threshold)
-    if at.blocks < MIN_TEST_BLOCKS:
+    theta = math.log1p(tol)
+    ts = tail_scale(lk.ref, lk.cand, lk.block, lk.m, alpha, beta)
+    if not ts.levels:
         return _too_few(lk, pc, False)
-    decision = _decision(at.lower, at.upper, 0.0)
-    est, lo, hi = ts.interval()
+    decision = _decision(ts.lower, ts.upper, theta)
+    top = ts.decider
+    est, lo, hi = math.exp(top.estimate), math.exp(top.lower), math.exp(top.upper)
     label = f"{pc.label} in {lk.s.name}"
+    share = f"slowest {top.level:.1%}".replace(".0%", "%")
     interval_s = f"interval {fmt_ratio(lo)}-{fmt_ratio(hi)}"
     if decision == "fail":
         message = (
-            f"{label}: more of the candidate's requests are in the slow tail than its "
-            f"{fmt_ratio(threshold)} tolerance allows; its tail is {fmt_ratio(est)} the "
-            f"reference's ({interval_s}), counting exceedances of the slowest 10% to 1%."
+            f"{label}: the candidate's {share} of requests are {fmt_ratio(est)} the "
+            f"reference's ({interval_s}, the mean of the {top.tail_requests} slowest of "
+            f"each), above the {fmt_ratio(threshold, lo)} threshold."
         )
     elif decision == "pass":
+        worst = math.exp(ts.upper)
+        finest = min(t.level for t in ts.shown)
         message = (
-            f"{label} is within tolerance: the candidate's slow tail is at most "
-            f"{fmt_ratio(hi, threshold)} the reference's (threshold {fmt_ratio(threshold, hi)})."
+            f"{label} is within tolerance: the candidate's slowest 5% down to its slowest "
+            f"{finest:.1%} are at most {fmt_ratio(worst, threshold)} the reference's "
+            f"(threshold {fmt_ratio(threshold, worst)})".replace(".0%", "%")
+            + (
+                "; finer levels, too few requests to show, showed no regression."
+                if len(ts.shown) < len(ts.levels)
+                else "."
+            )
         )
     else:
         head = (
-            f"{label} is undecided: the slow tail is {fmt_ratio(est)} the reference's, and "
-            f"the {interval_s} includes the {fmt_ratio(threshold)} threshold"
+            f"{label} is undecided: the {share} is {fmt_ratio(est)} the reference's, and the "
+            f"{interval_s} includes the {fmt_ratio(threshold)} threshold"
         )
         message = _undecided_text(lk, pc, head, None)
     check = ratio_check(
@@ -355,9 +363,9 @@ def _tail_check(lk: _Look, pc: PlannedCheck) -> Check:
         pc.metric,
         decision,
         message,
-        ratio=est if math.isfinite(est) and est > 0 else None,
+        ratio=est,
         interval=(lo, hi),
-        **_common(lk, pc, at.phi),  # type: ignore[arg-type]
+        **_common(lk, pc, None),  # type: ignore[arg-type]
     )
     return _warn(check, lk)
 
