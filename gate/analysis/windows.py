@@ -83,7 +83,7 @@ def window_test(x: np.ndarray, alpha: float, beta: float) -> Window:
     for w in widths:
         for s in range(m - w + 1):
             outside = np.concatenate([x[:s], x[s + w :]])
-            lr = long_run(outside, detrend=False, robust=True)
+            lr = long_run(outside, detrend=False)
             if lr.df < 2 or not math.isfinite(lr.sd):
                 continue
             mean = float(csum[s + w] - csum[s]) / w
@@ -111,16 +111,23 @@ class Creep:
 
 
 def _line(x: np.ndarray, alpha: float, beta: float) -> Creep:
+    """The fitted end of a line through x, its bounds from two long-run variances (classical
+    and robust: paired.long_run), each at half the levels; the tighter bound of each side."""
     m = int(x.size)
-    lr = long_run(x, detrend=True, robust=True)
-    end = lr.intercept + lr.slope * (m - 1)
     k = np.arange(m, dtype=np.float64)
     kc = k - k.mean()
     # Standard error of the fitted value at the last block: sd sqrt(1/m + (k_end - mean)^2 / Sxx).
-    se = lr.sd * math.sqrt(1.0 / m + float(kc[-1] ** 2) / float(kc @ kc))
-    lo = end - t_quantile(alpha, lr.df) * se
-    hi = end + t_quantile(beta, lr.df) * se
-    return Creep(m, lr.intercept, end, lo, hi, lr.slope)
+    lever = math.sqrt(1.0 / m + float(kc[-1] ** 2) / float(kc @ kc))
+    fits = []
+    for robust in (False, True):
+        lr = long_run(x, detrend=True, robust=robust)
+        end = lr.intercept + lr.slope * (m - 1)
+        se = lr.sd * lever
+        lo = end - t_quantile(alpha / 2.0, lr.df) * se
+        hi = end + t_quantile(beta / 2.0, lr.df) * se
+        fits.append(Creep(m, lr.intercept, end, lo, hi, lr.slope))
+    best = max(fits, key=lambda f: f.lower)
+    return Creep(m, best.start, best.end, best.lower, min(f.upper for f in fits), best.slope)
 
 
 def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
