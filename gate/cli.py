@@ -127,7 +127,25 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     cal.add_argument(
-        "--aa-runs", type=int, help="with --grid: A/A gates per cell (default: --runs)"
+        "--shapes",
+        action="store_true",
+        help=(
+            "judge v3's grid (issue 28): validity at the tolerance boundary under engine drift, "
+            "long batches, heavy tails and error episodes, and power on regressions shaped like "
+            "real ones (a slow share, a slow tail, a window, a stall, a creep, timeouts), at "
+            "planned sizes 1000 and 2000, ours beside the Kayenta-style baseline"
+        ),
+    )
+    cal.add_argument(
+        "--markdown-from",
+        type=Path,
+        metavar="FILE",
+        help="print the README's tables from a `gate calibrate --shapes --json` document",
+    )
+    cal.add_argument(
+        "--aa-runs",
+        type=int,
+        help="with --grid or --shapes: gates per A/A and boundary cell (default: --runs)",
     )
     cal.add_argument(
         "--errors-size",
@@ -138,7 +156,10 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--sizes",
         type=lambda v: [int(x) for x in v.split(",")],
-        help="with --grid: planned sizes, comma-separated (default 500,1000,2000,20000)",
+        help=(
+            "with --grid or --shapes: planned sizes, comma-separated (default 500,1000,2000,"
+            "20000 for --grid, 1000,2000 for --shapes)"
+        ),
     )
     return p
 
@@ -152,8 +173,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "calibrate":
-        from gate.calibrate import run_calibration, run_grid
+        from gate.calibrate import run_calibration, run_grid, run_shapes
 
+        if args.markdown_from is not None:
+            from gate.calibrate import shapes_markdown
+
+            print(shapes_markdown(json.loads(args.markdown_from.read_text())))
+            return 0
+        if args.shapes:
+            return run_shapes(args.runs, args.aa_runs, args.seed, args.json, args.sizes)
         if args.grid:
             return run_grid(
                 args.runs, args.aa_runs, args.seed, args.json, args.sizes, args.errors_size
