@@ -110,7 +110,10 @@ POWER_CASES: tuple[Case, ...] = (
     Case("times out its slowest 1%", timeout_top=0.01),
     Case("errors x2", errors=2.0),
 )
-EPISODE_CASES: tuple[Case, ...] = (Case("error episodes x3", episodes=3.0),)
+EPISODE_CASES: tuple[Case, ...] = (
+    Case("error episodes x3", episodes=3.0),
+    Case("error episodes x5", episodes=5.0),
+)
 
 
 @dataclass(frozen=True)
