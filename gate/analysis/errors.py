@@ -288,7 +288,15 @@ def error_check(
     _, d_a, d_b = look_levels(n, tuple(looks) if looks else (max(n, 1),), alpha / 4.0, policy.beta)
     block_more = False
     more_by = 0.0
-    if f_r is not None and f_c is not None and f_r.size == f_c.size >= MIN_TEST_BLOCKS:
+    if (
+        f_r is not None
+        and f_c is not None
+        and f_r.size == f_c.size >= MIN_TEST_BLOCKS
+        # Only where errors are dense (in at least half the blocks): there the t test on the
+        # blocks' differences is near its normal approximation. Sparse errors are the count
+        # test's, which is exact for them; a t test on mostly-zero differences is not.
+        and float(np.mean((f_c > 0.0) | (f_r > 0.0))) >= 0.5
+    ):
         diff = level_test(f_c - f_r, d_a, d_b, detrend=False)
         block_more, more_by = diff.lower > 0.0 and frac_c > frac_r, diff.lower
     counted = significant

@@ -246,8 +246,8 @@ def _two_ways(x: np.ndarray, alpha: float, beta: float) -> BlockTest:
     half level, so the tighter of the two is valid at the whole (a union bound): the check
     fails when either lower bound is above the threshold and passes when either upper bound
     is below it."""
-    classic = level_test(x, alpha / 2.0, beta / 2.0)
-    robust = level_test(x, alpha / 2.0, beta / 2.0, robust=True)
+    classic = level_test(x, alpha / 2.0, beta / 2.0, detrend=False)
+    robust = level_test(x, alpha / 2.0, beta / 2.0, detrend=False, robust=True)
     return replace(
         robust,
         lower=max(classic.lower, robust.lower),
@@ -305,7 +305,33 @@ def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
         detectable=detectable,
         **_common(lk, pc, bt.phi),  # type: ignore[arg-type]
     )
-    return _warn(check, lk)
+    return _drift_warning(_warn(check, lk), lk, bt.phi)
+
+
+DRIFT_SHARE = 0.25
+"""A drift whose correlation time is over this share of the span judged is a warning: the
+gate sees too few independent stretches of it to tell it from a regression (a slow drift of
+each engine on its own, judged over less than its period, reads as a shift)."""
+
+
+def _drift_warning(check: Check, lk: _Look, phi: float) -> Check:
+    """At the end, a check whose blocks correlate over a good part of the span judged says so:
+    the test bed drifts, and the verdict rests on fewer independent stretches than blocks."""
+    bs = lk.layout.block_s
+    if not lk.final or check.warning or bs is None or lk.m == 0 or phi < 0.5:
+        return check
+    span = correlation_time(phi) * bs
+    judged = lk.m * bs
+    if span < DRIFT_SHARE * judged:
+        return check
+    return replace(
+        check,
+        warning=(
+            f"the engines drift apart over about {span:.0f} s in {lk.s.name}, against "
+            f"{judged:.0f} s judged: a slow drift is hard to tell from a regression here; a "
+            "longer scenario would see it average out"
+        ),
+    )
 
 
 def _drift_text(lk: _Look, phi: float) -> str:
