@@ -43,8 +43,9 @@ from gate.analysis.calibration import (
     SimConfig,
     calibrate,
 )
-from gate.analysis.plan import Plan, ShortScenario
+from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
+from gate.core.errors import ShortScenario
 
 __all__ = [
     "BOUNDARY_CASES",

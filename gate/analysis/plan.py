@@ -43,6 +43,7 @@ from gate.analysis.paired import (
     size_to_detect,
 )
 from gate.analysis.policy import Policy, check_key, quantile_key
+from gate.core.errors import ShortScenario
 
 __all__ = [
     "METRIC_LABEL",
@@ -55,19 +56,6 @@ __all__ = [
 
 METRIC_LABEL = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
 CheckKind = Literal["quantile", "tail", "window", "creep"]
-
-
-class ShortScenario(ValueError):
-    """A scenario whose planned size makes too few blocks for any paired check to decide."""
-
-    def __init__(self, scenario: str, planned: int, blocks: int, need: int) -> None:
-        self.scenario, self.planned, self.blocks, self.need = scenario, planned, blocks, need
-        super().__init__(
-            f"scenario {scenario!r}: {planned} planned requests per engine make {blocks} "
-            f"time blocks; the paired checks need at least {MIN_BLOCKS} to decide anything: "
-            f"raise its requests (or duration) to about {need} per engine, or set "
-            "policy.short_scenarios: allow to run it with its latency undecided"
-        )
 
 
 def tolerance_of(policy: Policy, q: float | None, kind: str = "quantile") -> float:
@@ -206,7 +194,7 @@ class Plan:
             ):
                 need = math.ceil(int(n) * MIN_BLOCKS / max(lay.planned_blocks, 1))
                 need = max(need, int(n) + 1)
-                raise ShortScenario(s, int(n), lay.planned_blocks, need)
+                raise ShortScenario(s, int(n), lay.planned_blocks, need, MIN_BLOCKS)
 
         def planned(s: str, m: str, q: float | None, kind: CheckKind, alpha: float) -> PlannedCheck:
             return PlannedCheck(

@@ -182,6 +182,23 @@ class InvalidSamples(GateError, ValueError):
     code = "invalid_samples"
 
 
+class ShortScenario(GateError, ValueError):
+    """A load scenario whose planned size makes too few time blocks for any paired check to
+    decide (analysis/plan.py): refused before the load, with the size it needs."""
+
+    status_code = 422
+    code = "scenario_too_short"
+
+    def __init__(self, scenario: str, planned: int, blocks: int, need: int, least: int) -> None:
+        self.scenario, self.planned, self.blocks, self.need = scenario, planned, blocks, need
+        super().__init__(
+            f"scenario {scenario!r}: {planned} planned requests per engine make {blocks} "
+            f"time blocks; the paired checks need at least {least} to decide anything: "
+            f"raise its requests (or duration) to about {need} per engine, or set "
+            "policy.short_scenarios: allow to run it with its latency undecided"
+        )
+
+
 class DocumentUnreadable(GateError):
     """A stored verdict document that this version's model cannot read (written by another
     version, or edited by hand): the message names the first fields that do not fit."""

@@ -11,8 +11,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from gate.analysis.plan import Plan, ShortScenario
-from gate.core.errors import FieldProblem, SpecError
+from gate.analysis.plan import Plan
+from gate.core.errors import FieldProblem, ShortScenario, SpecError
 from gate.core.limits import Limits
 from gate.spec import GateSpec, ScenarioSpec
 from loadgen import suite as suite_catalogue
