@@ -70,8 +70,11 @@ def test_identical_distributions_continue() -> None:
         tail = checks[f"steady.{metric}.tail"]
         assert tail.decision == "pass" and tail.quantile is None
         # Judge v3: every check of a scenario shares the plan's blocks (no per-check block
-        # length any more); 1,000 requests without send times make 31 blocks of about 32.
-        assert tail.block_requests == 32 and tail.correlation_requests is not None
+        # length any more); 1,000 requests without send times make 31 blocks of about 32. The
+        # tail's spread is a jackknife over pairs of blocks (tails.py), with no lag-1
+        # correlation to report, so it has no correlation time; the p50's has one.
+        assert tail.block_requests == 32 and tail.correlation_requests is None
+        assert checks[f"steady.{metric}.p50"].correlation_requests is not None
         # The window and creep checks (judge v3) pass on the same narrow A/A samples.
         for kind in ("window", "creep"):
             shape = checks[f"steady.{metric}.{kind}"]
@@ -508,6 +511,26 @@ def test_a_burst_of_errors_is_one_event() -> None:
     assert counted["steady.errors"].decision == "fail", "every error a coin: the old behaviour"
 
 
+def test_errors_chain_into_episodes() -> None:
+    """Judge v3: errors of one engine less than error_burst_s apart chain into one episode, of
+    any length (a bad period of 10 s failing every second is one event, where judge v2's
+    fixed windows made it five); errors further apart stay separate; 0 counts every error.
+    Each episode is at its first error's time, of its kind."""
+    from gate.analysis.errors import burst_events
+
+    period = np.arange(10.0) + 3.0  # an error a second from 3 s to 12 s
+    apart = np.array([20.0, 22.5, 25.0])
+    times = np.concatenate([period, apart])
+    kinds = ["timeout"] * 10 + ["http_5xx"] * 3
+    at, what = burst_events(times, kinds, 2.0)
+    assert at.tolist() == [3.0, 20.0, 22.5, 25.0]
+    assert what == ["timeout", "http_5xx", "http_5xx", "http_5xx"]
+    shuffled = np.random.default_rng(0).permutation(times.size)
+    at2, _ = burst_events(times[shuffled], [kinds[i] for i in shuffled], 2.0)
+    assert sorted(at2.tolist()) == at.tolist(), "the order errors arrive in does not matter"
+    assert burst_events(times, kinds, 0.0)[0].size == times.size
+
+
 def with_errors(
     seed: int, n: int, failed: np.ndarray, kind: str = "timeout", rate: float = 40.0
 ) -> ArmSamples:
@@ -607,3 +630,61 @@ def test_the_load_outputs_bar_is_the_same_live_and_on_rejudge() -> None:
 
     assert gross(live) == gross(rejudged) and not gross(live).holds
     assert gross(alone).decision == "fail"
+
+
+def slowed(seed: int, n: int, factor: np.ndarray) -> ArmSamples:
+    """An arm of n requests whose TTFT is arm(seed)'s times `factor`, request by request."""
+    a = arm(seed, n=n, sigma=0.2)
+    return ArmSamples(requests=n, ttft_ms=a.ttft_ms * factor, itl_ms=a.itl_ms)
+
+
+def test_a_stall_fails_the_window_check() -> None:
+    """Judge v3: 125 requests of 4,000 (one block) at x3, a stall: the p50 over the whole
+    scenario barely moves, but the window check finds the slow block and holds."""
+    factor = np.ones(4_000)
+    factor[2_000:2_125] = 3.0
+    verdict = one(arm(1, n=4_000, sigma=0.2), slowed(2, 4_000, factor))
+    checks = by_id(verdict)
+    window = checks["steady.ttft.window"]
+    assert window.decision == "fail", window.message
+    assert "blocks 17-17 of 32" in window.message and "a stall or a slow stretch" in window.message
+    assert window.interval is not None and window.interval[0] > 1.5
+    assert checks["steady.ttft.p50"].decision != "fail"
+    assert checks["steady.itl.window"].decision == "pass"
+    assert verdict.decision == "hold" and window in verdict.reasons
+
+
+def test_a_creep_fails_the_creep_check() -> None:
+    """Judge v3: a slowdown that sets in half-way and reaches x1.4 at the end: its average
+    (x1.1) leaves the p50 undecided, but the creep check judges where it got to."""
+    factor = np.concatenate([np.ones(2_000), np.linspace(1.0, 1.4, 2_000)])
+    verdict = one(arm(1, n=4_000, sigma=0.2), slowed(2, 4_000, factor))
+    creep = by_id(verdict)["steady.ttft.creep"]
+    assert creep.decision == "fail", creep.message
+    assert "a slowdown that creeps in" in creep.message
+    assert creep.interval is not None and creep.interval[0] > 1.1
+    assert creep.ratio is not None and creep.ratio == pytest.approx(1.4, abs=0.1)
+    assert by_id(verdict)["steady.itl.creep"].decision == "pass"
+
+
+def test_an_undecided_check_past_its_threshold_is_a_warning_of_a_continue() -> None:
+    """An undecided check that does not hold but whose estimate is past its threshold is in
+    the verdict's warning tier: a candidate x1.12 with the quantile tolerances at 20% passes
+    p50, but its creep (tolerance 10%) ends at about x1.12 without confidence at 300 pairs."""
+    policy = Policy(tolerance={"p50": 0.2, "p90": 0.2, "p99": 0.2})
+    cand = tailed(2)
+    verdict = one(
+        tailed(1), ArmSamples(requests=300, ttft_ms=cand.ttft_ms * 1.12, itl_ms=cand.itl_ms), policy
+    )
+    assert verdict.decision == "continue", [c.message for c in verdict.reasons]
+    assert verdict.warnings
+    for check in verdict.warnings:
+        assert check.decision == "undecided" and not check.holds and check.not_shown
+        assert check.ratio is not None and check.threshold is not None
+        assert check.ratio > check.threshold
+        assert check.warning is not None and "past its" in check.warning
+        assert "not with confidence at 300 paired requests" in check.warning
+    assert "steady.ttft.creep" in {c.id for c in verdict.warnings}
+    d = verdict.to_dict()
+    assert [w["id"] for w in d["warnings"]] == [c.id for c in verdict.warnings]
+    assert_json_safe(verdict)
