@@ -246,8 +246,8 @@ def _two_ways(x: np.ndarray, alpha: float, beta: float) -> BlockTest:
     half level, so the tighter of the two is valid at the whole (a union bound): the check
     fails when either lower bound is above the threshold and passes when either upper bound
     is below it."""
-    classic = level_test(x, alpha / 2.0, beta / 2.0, detrend=False)
-    robust = level_test(x, alpha / 2.0, beta / 2.0, detrend=False, robust=True)
+    classic = level_test(x, alpha / 2.0, beta / 2.0)
+    robust = level_test(x, alpha / 2.0, beta / 2.0, robust=True)
     return replace(
         robust,
         lower=max(classic.lower, robust.lower),
@@ -437,7 +437,8 @@ def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
         decision,
         message,
         ratio=ratio,
-        interval=(math.exp(w.lower), math.exp(w.upper)),
+        # The run that decides: its own bounds (a pass reads every run's, said in the message).
+        interval=(math.exp(w.lower), math.exp(w.upper if decision == "pass" else w.run_upper)),
         **_common(lk, pc, None),  # type: ignore[arg-type]
     )
     return _warn(check, lk)

@@ -115,12 +115,17 @@ def tail_scale(
     lc = np.log(np.maximum(cand[keep], 1e-9))
     group = block[keep] // GROUP
     g = m // GROUP
-    if g < MIN_TEST_BLOCKS or lr.size < 2 * MIN_TAIL / min(LEVELS):
+    if g < MIN_TEST_BLOCKS:
         return TailScale((), g)
+    # Each level at a fixed share of the levels (whether or not it can be tested here: the
+    # split is fixed before the data); a level with fewer than MIN_TAIL requests in its tail
+    # is not tested.
     a = alpha / len(LEVELS)
     b = beta / len(LEVELS)
     out = []
     for u in LEVELS:
+        if u * lr.size < MIN_TAIL:
+            continue
         d = _top_mean(lc, u) - _top_mean(lr, u)
         pseudo = np.empty(g)
         for j in range(g):

@@ -15,7 +15,8 @@ the p50 check (the trimmed mean of each block's paired log ratios):
     window: for every run of w consecutive blocks (w in 1, 2, 4, 8, ... up to half the blocks
         seen), the run's mean against log(1 + window tolerance), its spread estimated from the
         blocks *outside* the run (so the slow run does not inflate its own yardstick) with
-        their long-run sd (paired.long_run); each run is a t test on the outside blocks'
+        their long-run sd around their own trend (paired.long_run: a creep elsewhere does not
+        widen it either); each run is a t test on the outside blocks'
         degrees of freedom at alpha / (number of runs): the union bound over runs and looks
         keeps the false-hold rate at most alpha. It fails when some run is slower than the
         window tolerance with confidence, and passes when every run's upper bound is below it.
@@ -66,6 +67,7 @@ class Window:
     upper: float
     worst_upper_start: int
     worst_upper_width: int
+    run_upper: float = math.inf  # the upper bound of the run that decides the lower side
 
 
 def window_test(x: np.ndarray, alpha: float, beta: float) -> Window:
@@ -78,12 +80,12 @@ def window_test(x: np.ndarray, alpha: float, beta: float) -> Window:
     runs = sum(m - w + 1 for w in widths)
     a, b = alpha / runs, beta / runs
     csum = np.concatenate([[0.0], np.cumsum(x)])
-    best = (-math.inf, 0, 0, math.nan)
+    best = (-math.inf, 0, 0, math.nan, math.inf)
     worst = (-math.inf, 0, 0)
     for w in widths:
         for s in range(m - w + 1):
             outside = np.concatenate([x[:s], x[s + w :]])
-            lr = long_run(outside, detrend=False)
+            lr = long_run(outside, detrend=True)
             if lr.df < 2 or not math.isfinite(lr.sd):
                 continue
             mean = float(csum[s + w] - csum[s]) / w
@@ -92,10 +94,12 @@ def window_test(x: np.ndarray, alpha: float, beta: float) -> Window:
             lo = mean - t_quantile(a, lr.df) * se
             hi = mean + t_quantile(b, lr.df) * se
             if lo > best[0]:
-                best = (lo, s, w, mean)
+                best = (lo, s, w, mean, hi)
             if hi > worst[0]:
                 worst = (hi, s, w)
-    return Window(m, runs, best[1], best[2], best[3], best[0], worst[0], worst[1], worst[2])
+    return Window(
+        m, runs, best[1], best[2], best[3], best[0], worst[0], worst[1], worst[2], best[4]
+    )
 
 
 @dataclass(frozen=True)
