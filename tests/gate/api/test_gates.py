@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apitools import auth, poll_finished, spec_dict, wait_for
+from apitools import DECIDES, auth, poll_finished, spec_dict, wait_for
 from fastapi.testclient import TestClient
 
 from gate.access import tokens as token_mod
@@ -134,8 +134,9 @@ def test_unknown_gate_is_404(app_client: TestClient, tokens: dict[str, str]) -> 
 def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     app_client: TestClient, tokens: dict[str, str], tag: str, find_processes: Any
 ) -> None:
-    # the candidate's time to first token is 1.5x the reference's: a hold
-    body = {"spec": spec_dict(tag, cand_flags=("--ttft-ms", "30"), requests=200)}
+    # the candidate's time to first token is 1.5x the reference's: a hold (a scenario long
+    # enough for the paired latency checks to decide)
+    body = {"spec": spec_dict(tag, cand_flags=("--ttft-ms", "30"), **DECIDES)}
     r = app_client.post("/v1/gates", json=body, headers=auth(tokens["run"]))
     assert r.status_code == 202, r.text
     created = r.json()

@@ -8,7 +8,15 @@ import time
 from typing import Any
 
 import pytest
-from apitools import SECRET, auth, poll_finished, spec_dict, wait_for, write_named_spec
+from apitools import (
+    DECIDES,
+    SECRET,
+    auth,
+    poll_finished,
+    spec_dict,
+    wait_for,
+    write_named_spec,
+)
 from fastapi.testclient import TestClient
 from receiver import Receiver
 
@@ -66,7 +74,8 @@ def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
 def test_flagger_candidate_from_metadata_and_hold_triggers_rollback(
     app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
 ) -> None:
-    write_named_spec(settings, "llama", spec_dict(tag, requests=200, rate=80, trusted=True))
+    # a hold on the verdict: a scenario long enough for the latency checks to decide
+    write_named_spec(settings, "llama", spec_dict(tag, **DECIDES, trusted=True))
     slow = spec_dict(tag, cand_flags=("--ttft-ms", "40"))["candidate"]
     body = flagger_body("rev-9", spec="llama", token=tokens["run"], candidate=json.dumps(slow))
     assert app_client.post("/v1/webhooks/flagger/rollback", json=body).status_code == 403
@@ -123,7 +132,8 @@ def ci_body(tag: str, delivery: str, **extra: Any) -> dict[str, Any]:
     return {
         "delivery_id": delivery,
         "timestamp": time.time(),
-        "spec": spec_dict(tag, requests=200, rate=80, cand_flags=("--ttft-ms", "40")),
+        # the one delivery that runs holds on TTFT: long enough for the latency checks to decide
+        "spec": spec_dict(tag, **DECIDES, cand_flags=("--ttft-ms", "40")),
         **extra,
     }
 
