@@ -20,12 +20,12 @@ the p50 check (the trimmed mean of each block's paired log ratios):
         degrees of freedom at alpha / (number of runs): the union bound over runs and looks
         keeps the false-hold rate at most alpha. It fails when some run is slower than the
         window tolerance with confidence, and passes when every run's upper bound is below it.
-    creep: a line through the blocks against their order (Theil-Sen); its value at the last
-        block seen (the candidate's ratio now, not on average) against log(1 + creep
-        tolerance), with the residuals' robust long-run sd (so the trend, which is the
-        regression, is not read as noise) and the standard error of a fitted value at the end
-        of the line; a second line through the later half of the blocks catches a creep that
-        sets in mid-way, each line at half the check's levels.
+    creep: a least-squares line through the blocks against their order; its value at the
+        last block seen (the candidate's ratio now, not on average) against log(1 + creep
+        tolerance), with the residuals' long-run sd (so the trend, which is the regression, is
+        not read as noise) and the standard error of a fitted value at the end of the line; a
+        second line through the later half of the blocks catches a creep that sets in
+        mid-way, each line at half the check's levels.
 
 Both are one-sided and spend their alpha over the plan's looks like every latency check.
 """
@@ -115,23 +115,19 @@ class Creep:
 
 
 def _line(x: np.ndarray, alpha: float, beta: float) -> Creep:
-    """The fitted end of a line through x, its bounds from two long-run variances (classical
-    and robust: paired.long_run), each at half the levels; the tighter bound of each side."""
+    """The fitted end of a least-squares line through x and its bounds, from the residuals'
+    long-run variance (paired.long_run)."""
     m = int(x.size)
     k = np.arange(m, dtype=np.float64)
     kc = k - k.mean()
     # Standard error of the fitted value at the last block: sd sqrt(1/m + (k_end - mean)^2 / Sxx).
     lever = math.sqrt(1.0 / m + float(kc[-1] ** 2) / float(kc @ kc))
-    fits = []
-    for robust in (False, True):
-        lr = long_run(x, detrend=True, robust=robust)
-        end = lr.intercept + lr.slope * (m - 1)
-        se = lr.sd * lever
-        lo = end - t_quantile(alpha / 2.0, lr.df) * se
-        hi = end + t_quantile(beta / 2.0, lr.df) * se
-        fits.append(Creep(m, lr.intercept, end, lo, hi, lr.slope))
-    best = max(fits, key=lambda f: f.lower)
-    return Creep(m, best.start, best.end, best.lower, min(f.upper for f in fits), best.slope)
+    lr = long_run(x, detrend=True)
+    end = lr.intercept + lr.slope * (m - 1)
+    se = lr.sd * lever
+    lo = end - t_quantile(alpha, lr.df) * se
+    hi = end + t_quantile(beta, lr.df) * se
+    return Creep(m, lr.intercept, end, lo, hi, lr.slope)
 
 
 def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
