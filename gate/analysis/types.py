@@ -35,7 +35,7 @@ def _frozen_array(name: str, values: object) -> np.ndarray:
     if bad.size:
         first = int(bad[0])
         raise InvalidSamples(
-            f"{name}[{first}] is {arr[first]!r}: samples must be finite numbers "
+            f"{name}[{first}] is {float(arr[first])}: samples must be finite numbers "
             f"({bad.size} of {arr.size} values are NaN or infinite)"
         )
     arr.setflags(write=False)
