@@ -24,12 +24,17 @@ log_ceiling_evalue), so an engine at the ceiling is held at most alpha of the ti
 The same test on the reference says when the test bed itself is unhealthy: a reference above
 the ceiling with confidence makes a `gate.environment` check that holds and names the
 environment, and the candidate's rate above the ceiling is then not counted against it (the
-count test still compares the two). The scenario's errors alpha is split: half to the count
-test, a quarter to each ceiling test.
+count test still compares the two). The scenario's errors alpha is split in quarters: the count
+test on episodes, a block-for-block test of failed fractions over the plan's time blocks (where
+errors are dense: an engine that fails all the time is one long episode), and each ceiling test
+(judged on the time blocks' failed fractions, so a bad period moves a few blocks, not many
+coins).
 
-The count test can reject but never accept, so before the planned end an errors check is either
-failed or not yet decided: a clean scenario runs to its limit (a rare new error kind shows late,
-and stopping early would only hide it).
+Episodes (judge v3): errors of one engine less than `error_burst_s` apart chain into one event,
+however long the bad period lasts. The count test can reject but never accept; before the
+planned end the errors check passes only when it has no evidence and the candidate's failed
+share so far is within `error_tolerance` of the reference's and under the ceiling, so a clean
+scenario may stop early with its latency shown; otherwise it runs on.
 
 A response with a NaN or infinite logprob, or a successful response without a token, is a broken
 engine: `outputs_checks` holds on it without statistics (no alpha).

@@ -72,7 +72,7 @@ def _coverage_check() -> Check:
         "latency",
         "latency",
         "undecided",
-        "No latency check could be compared in any scenario (each needs 3 blocks of paired "
+        "No latency check could be compared in any scenario (each needs 4 blocks of paired "
         "requests), so there is no evidence that the candidate is as fast as the reference.",
     )
 

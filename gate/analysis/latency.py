@@ -186,8 +186,8 @@ def _too_few(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
     if lk.final:
         msg = (
             f"{label} cannot be compared: {lk.pairs} paired requests make {lk.m} complete "
-            f"blocks ({lk.layout.describe()} planned), and the paired checks need "
-            f"{MIN_TEST_BLOCKS} (raise the scenario's requests)."
+            f"block{'s' if lk.m != 1 else ''} ({lk.layout.describe()} planned), and the paired "
+            f"checks need {MIN_TEST_BLOCKS} (raise the scenario's requests)."
         )
     else:
         msg = f"{label}: {lk.m} blocks so far; the paired checks start at {MIN_TEST_BLOCKS}."
@@ -247,7 +247,8 @@ def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
         # A quantile's block is two of the plan's blocks (64 requests at least): a block of
         # one or two batches makes a quantile far from normal, and the t test on such blocks
         # failed identical engines twice its alpha (batches of 32 in blocks of 32).
-        x = block_quantiles(lk.ref, lk.cand, lk.block // 2, lk.m // 2, pc.q)
+        pairs = lk.m // 2
+        x = block_quantiles(lk.ref, lk.cand, lk.block // 2, pairs, pc.q) if pairs else np.zeros(0)
         x = x[~np.isnan(x)]
     if x.size < MIN_TEST_BLOCKS:
         return _too_few(lk, pc, first)
@@ -402,8 +403,12 @@ def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
         message = (
             f"{label}: the candidate was {fmt_ratio(math.exp(w.mean))} the reference, request "
             f"for request, over {where}, above the {fmt_ratio(threshold)} window threshold "
-            f"(at least {fmt_ratio(math.exp(w.lower))} with confidence): a stall or a slow "
-            "stretch, not a steady shift."
+            f"(at least {fmt_ratio(math.exp(w.lower))} with confidence)"
+            + (
+                ": a stall or a slow stretch, not a steady shift."
+                if w.width < w.blocks // 2
+                else "."
+            )
         )
     elif decision == "pass":
         message = (
@@ -449,9 +454,11 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
         f"interval at the end {fmt_ratio(math.exp(c.lower))}-{fmt_ratio(math.exp(c.upper))}"
     )
     if decision == "fail":
+        rose = math.exp(c.start) < threshold
         message = (
-            f"{label}: the candidate's paired ratio rose {trend} ({interval_s}), ending above "
-            f"the {fmt_ratio(threshold)} creep threshold: a slowdown that creeps in."
+            f"{label}: the candidate's paired ratio went {trend} ({interval_s}), ending above "
+            f"the {fmt_ratio(threshold)} creep threshold"
+            + (": a slowdown that creeps in." if rose else " (it was above it from the start).")
         )
     elif decision == "pass":
         message = (

@@ -165,9 +165,10 @@ class Layout:
 
     def describe(self) -> str:
         per = self.per_block()
+        noun = "block" if self.planned_blocks == 1 else "blocks"
         if self.block_s is None:
-            return f"{self.planned_blocks} blocks of about {per:.0f} requests"
-        return f"{self.planned_blocks} blocks of {self.block_s:.3g} s (about {per:.0f} requests)"
+            return f"{self.planned_blocks} {noun} of about {per:.0f} requests"
+        return f"{self.planned_blocks} {noun} of {self.block_s:.3g} s (about {per:.0f} requests)"
 
 
 def join(
@@ -192,6 +193,8 @@ def log_ratio(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
 
 
 def _groups(block: np.ndarray, m: int) -> list[np.ndarray]:
+    if m <= 0:
+        return []
     order = np.argsort(block, kind="stable")
     cuts = np.searchsorted(block[order], np.arange(1, m))
     return np.split(order, cuts)
@@ -422,7 +425,10 @@ def planned_shift(
     if q is not None and q != 0.5:
         m, per = m // 2, 2.0 * per  # a quantile's block is two of the plan's (latency.py)
     sd = noise * spread_factor(q) / math.sqrt(max(per, 1.0))
-    planned = layout.edges[m]
+    # The credited lag-1 correlation is floored at 0, so even independent blocks get a factor
+    # (1 + phi) / (1 - phi) above 1 about half the time: about 1 + 0.8 / sqrt(m) on average.
+    sd *= math.sqrt(1.0 + 0.8 / math.sqrt(max(m, 1)))
+    planned = layout.edges[layout.planned_blocks]
     mine = [n for n in looks if n <= planned] or [planned]
     return detectable_shift(m, sd, final_alpha(mine, alpha))
 
@@ -434,10 +440,12 @@ def size_to_detect(
     alpha: float,
     tolerance: float,
     times_per_request: float | None = None,
+    look_every: int | None = None,
 ) -> int | None:
     """The smallest planned requests per engine whose check detects a regression of `shift`
-    (relative, e.g. 0.05) with 80% power, looked at once at its end; None when beyond ten
-    million. times_per_request: seconds between requests (None: blocks counted in requests)."""
+    (relative, e.g. 0.05) with 80% power at its last look, the alpha spent over looks every
+    `look_every` requests (None: one look at the end); None when beyond ten million.
+    times_per_request: seconds between requests (None: blocks counted in requests)."""
     target = math.log1p(shift) - math.log1p(tolerance)
     if target <= 0.0:
         return None
@@ -445,7 +453,8 @@ def size_to_detect(
     def shift_at(n: int) -> float:
         times = None if times_per_request is None else np.arange(n) * times_per_request
         layout = Layout.build(n, n, times)
-        return planned_shift(layout, [n], q, noise, alpha)
+        looks = [n] if look_every is None else [*range(look_every, n, look_every), n]
+        return planned_shift(layout, looks, q, noise, alpha)
 
     lo = hi = MIN_BLOCK_REQUESTS * MIN_BLOCKS
     while shift_at(hi) > target:

@@ -192,9 +192,9 @@ class Plan:
                 and policy.short_scenarios == "refuse"
                 and s not in short_ok
             ):
-                need = math.ceil(int(n) * MIN_BLOCKS / max(lay.planned_blocks, 1))
-                need = max(need, int(n) + 1)
-                raise ShortScenario(s, int(n), lay.planned_blocks, need, MIN_BLOCKS)
+                raise ShortScenario(
+                    s, int(n), lay.planned_blocks, _size_needed(int(n), times, s), MIN_BLOCKS
+                )
 
         def planned(s: str, m: str, q: float | None, kind: CheckKind, alpha: float) -> PlannedCheck:
             return PlannedCheck(
@@ -250,6 +250,34 @@ class Plan:
         return tuple(c for c in self.latency + self.tails if c.scenario == scenario)
 
 
+def _size_needed(
+    planned: int, times: Mapping[str, Sequence[float] | np.ndarray] | None, scenario: str
+) -> int:
+    """The smallest planned size that makes MIN_BLOCKS blocks, at the schedule's rate (its
+    send offsets continued at their mean gap) or, without them, in requests."""
+    t = None if times is None else times.get(scenario)
+    gap = None
+    if t is not None and len(t) >= 2:
+        arr = np.asarray(t, np.float64)[:planned]
+        span = float(arr[-1] - arr[0])
+        gap = span / (arr.size - 1) if arr.size > 1 and span > 0 else None
+
+    def enough(n: int) -> bool:
+        layout = Layout.build(n, n, None if gap is None else np.arange(n) * gap)
+        return layout.planned_blocks >= MIN_BLOCKS
+
+    lo, hi = planned, max(planned + 1, MIN_BLOCKS)
+    while not enough(hi):
+        lo, hi = hi, hi * 2
+    while lo + 1 < hi:  # the smallest size that is enough (block counts grow with the size)
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _look_sizes(planned: int, limit: int, policy: Policy) -> tuple[int, ...]:
     """Every `look_every` requests up to the limit, with the planned size and the limit."""
     every = max(int(policy.look_every), 1)
@@ -299,7 +327,13 @@ def _detect_note(
         if want is None or c.kind in ("window", "creep"):
             continue
         need = size_to_detect(
-            want, c.q, policy.noise, c.alpha, tolerance_of(policy, c.q, c.kind), per_s
+            want,
+            c.q,
+            policy.noise,
+            c.alpha,
+            tolerance_of(policy, c.q, c.kind),
+            per_s,
+            policy.look_every,
         )
         if need is None:
             asks.append(f"{c.label} +{want:.0%} cannot be detected above its tolerance")

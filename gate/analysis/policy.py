@@ -224,9 +224,8 @@ class TailPolicy(BaseModel):
         gt=0.0,
         lt=1.0,
         description=(
-            "Where the tail starts, as a share of each block: 0.95 judges the slowest 5% of "
-            "each engine's requests in a block (at least two; the tail check's blocks are "
-            "long enough for that: 40 requests at 0.95, paired.block_for)."
+            "Deprecated, read so that stored specs still parse: judge v3's tail check compares "
+            "the slowest 5%, 2%, 1% and 0.5% of each engine's requests (tails.LEVELS)."
         ),
     )
     top: float = Field(
@@ -557,7 +556,7 @@ class Policy(BaseModel):
         le=86_400.0,
         description=(
             "Deprecated, read so that stored specs still parse: the paired checks' blocks are "
-            "counted in requests and fixed by the plan (paired.block_for), not in seconds."
+            "fixed by the plan in time from the schedule (paired.Layout)."
         ),
     )
     error_kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(

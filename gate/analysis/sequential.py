@@ -22,9 +22,12 @@ arrays it has so far, at any moments it likes, and act on the answer:
       every size, so the extra looks cost no false holds; a candidate that is as good as the
       reference but noisy gets the samples to show it instead of a hold.
 
-The error count test can only ever fail early (it never accepts), so a clean scenario runs to
-its planned size; latency and tail checks decide both ways, and one still undecided at the end
-does not hold unless the policy requires it (then the scenario may extend). The final
+The errors check passes before the planned end only when the count test has no evidence and the
+candidate's failed share so far is within `error_tolerance` of the reference's (errors.py), so a
+clean scenario whose latency checks all pass stops early (judge v3); latency checks decide both
+ways (fail below alpha, pass below beta, each spent over the planned looks: paired.py), and
+one still undecided at the end does not hold unless the policy requires it (then the scenario
+may extend). The final
 `judge(..., plan=plan)` on the same samples gives the same decisions and intervals as the last
 look (the same blocks and tests). A decision is the one at the current look: under drift a
 check decided at one look may be undecided at the next, so the gate stops on a look where

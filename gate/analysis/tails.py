@@ -94,7 +94,10 @@ class TailScale:
 
     @property
     def decider(self) -> TailLevel:
-        """The level with the highest lower bound (the one that fails first)."""
+        """The level with the highest lower bound (the one that fails first); a level of no
+        evidence when none was tested."""
+        if not self.levels:
+            return TailLevel(0.0, math.nan, -math.inf, math.inf, 0)
         return max(self.levels, key=lambda t: t.lower)
 
     @property

@@ -235,8 +235,9 @@ class Check:
         them in `require`: one they leave undecided is reported with `detectable`.
     detectable: for a paired latency or tail check, the smallest regression (a ratio, e.g.
         1.11 for +11%) this gate could have detected with 80% power at its size.
-    correlation_requests: the correlation time of the pairs' log ratios, in requests
-        (Geyer's estimate; 1 for independent requests); block_requests: the block length the
+    correlation_requests: how far the check's block statistics correlate, in requests (the
+        AR(1) correlation time of the blocks times their size; one block's worth when
+        neighbouring blocks are independent); block_requests: the block length the
         paired test averaged over, fixed by the plan.
     warning: why this check is in the warning tier, or None: it does not hold the gate, but a
         continue must say it (a check past its warning threshold, an error rate above the

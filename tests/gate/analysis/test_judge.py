@@ -331,7 +331,7 @@ def test_tiny_samples_hold_for_lack_of_latency_evidence() -> None:
     assert [c.id for c in verdict.reasons] == ["steady.ttft.p50", "steady.itl.p50"]
     message = verdict.reasons[0].message
     assert "cannot be compared: 5 paired requests make 1 complete" in message
-    assert "1 blocks of about 5 requests planned" in message
+    assert "1 block of about 5 requests planned" in message
     assert f"the paired checks need {MIN_TEST_BLOCKS}" in message
     others = [c for c in verdict.checks if c.group == "latency" and c not in verdict.reasons]
     assert others and all(c.decision == "undecided" and not c.holds for c in others)

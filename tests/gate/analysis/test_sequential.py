@@ -83,15 +83,6 @@ def test_plan_fixes_blocks_looks_and_alpha_in_advance() -> None:
         Plan.build(Policy(), {"x": 0})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "suspected bug (judge v3): the size `detect` names has about 62% power, not 80% "
-        "(67% looked at once): size_to_detect plans one look at alpha while the plan spends "
-        "it over its looks, and the credited lag-1 correlation (floored at 0) widens the "
-        "test on independent blocks"
-    ),
-)
 def test_the_plan_says_what_size_detect_needs() -> None:
     """The plan names the size that detects a `detect` regression with 80% power; planned at
     that size it says so. The size it names does detect +10% with about the power it
