@@ -189,7 +189,14 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sims: dict[str, str
     return Cluster(fake, store, write_kubeconfig(tmp_path / "kubeconfig", namespace=NS), sims)
 
 
-def kube_spec(c: Cluster, *, requests: int = 400, **candidate: Any) -> dict[str, Any]:
+# The least load that still compares latency (and so can continue): 5 time blocks of 2 s. A
+# scenario of fewer than 4 blocks cannot be compared at all, which holds (judge v3).
+SHORT = {"requests": 168, "rate": 20.0}
+
+
+def kube_spec(
+    c: Cluster, *, requests: int = 400, rate: float = 40.0, **candidate: Any
+) -> dict[str, Any]:
     def engine(image: str) -> dict[str, Any]:
         return {
             "image": image,
@@ -210,13 +217,18 @@ def kube_spec(c: Cluster, *, requests: int = 400, **candidate: Any) -> dict[str,
         "shape": {"sku": "H200", "gpus_per_engine": 8, "together": "block"},
         # This machine is shared and small: two identical sims can differ by more than the
         # default 5% at p50 while other work runs. What is under test is the Kubernetes path,
-        # not the judge's resolution, so the tolerance is wide enough not to flake.
-        "policy": {"tolerance": {"p50": 0.3, "p90": 0.5, "p99": 0.5}},
+        # not the judge's resolution, so the tolerance is wide enough not to flake, and the
+        # scenario (10 s, 5 time blocks) is shorter than the paired checks need to decide:
+        # allowed, its latency left undecided.
+        "policy": {
+            "tolerance": {"p50": 0.3, "p90": 0.5, "p99": 0.5},
+            "short_scenarios": "allow",
+        },
         "scenarios": [
             {
                 "name": "steady",
                 "arrival": "poisson",
-                "rate": 40,
+                "rate": rate,
                 "requests": requests,
                 "prompt_tokens": 64,
                 "max_tokens": 16,
@@ -288,12 +300,15 @@ def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
     ids = {ch["id"] for ch in doc["checks"]}
     assert {"steady.ttft.p50", "steady.itl.p50", "steady.errors", "startup.ready"} <= ids
     # Nothing holds: every check passed, or is an optional latency check left undecided that
-    # says what it could have detected. The tail's threshold (1.07x) is below what 392 paired
-    # requests of two sims on a busy two-core machine can always pin (about 1.10x), and the
+    # says no regression was shown, or that its 5 blocks (the scenario is short, allowed) are
+    # too few to compare it (a quantile above the median takes two blocks at a time). The
     # Kubernetes path, not the judge's resolution, is what this test is about.
     for ch in doc["checks"]:
+        msg = ch["message"]
         assert ch["decision"] == "pass" or (
-            ch["decision"] == "undecided" and not ch["required"] and "could detect" in ch["message"]
+            ch["decision"] == "undecided"
+            and not ch["required"]
+            and ("no regression was shown" in msg or "cannot be compared" in msg)
         ), ch
     steady = doc["scenarios"][0]
     # The load really flowed to both engines (the sims behind the pods).
@@ -372,7 +387,7 @@ def test_a_multi_node_gb200_gate_runs_leader_worker_sets_in_one_clique(
             gpu_node(f"gb-r0-{i}", "NVIDIA-GB200", 189_471, 4, {"nvidia.com/gpu.clique": clique}),
         )
     Kubelet(c.store, ["pending", "creating", "running"])
-    spec = kube_spec(c, requests=120)
+    spec = kube_spec(c, **SHORT)
     spec["shape"] = {
         "sku": "GB200",
         "gpus_per_engine": 8,
@@ -574,7 +589,7 @@ def test_a_two_group_kubernetes_gate_runs_a_workload_per_group_and_a_router(
     engine's sim; the load goes to the router, and everything is deleted at the end."""
     c = cluster
     Kubelet(c.store, ["pending", "creating", "running"])
-    spec = kube_spec(c, requests=120)
+    spec = kube_spec(c, **SHORT)
     for role in ("reference", "candidate"):
         k = spec[role]["kubernetes"]
         k["groups"] = {
