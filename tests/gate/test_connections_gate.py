@@ -29,8 +29,8 @@ SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{mode
 HABITS = ["--keep-alive-timeout", "5", "--max-requests-per-connection", "100"]
 LIMIT = 100
 
-# Low rate: 104 requests in bursts with pauses (gamma gaps of shape 0.04, 5 req/s on average,
-# about 20 s), so pooled connections go idle. With this seed the pauses include one of 4.5 s
+# Low rate: 128 requests in bursts with pauses (gamma gaps of shape 0.04, 5 req/s on average,
+# about 28 s), so pooled connections go idle. With this seed the pauses include one of 4.5 s
 # (past loadgen's 4 s retirement, inside the 5 s timeout) and one of 6.9 s (past the timeout:
 # the engines close every idle connection). Checked below from the gate's own schedule.
 LOW = {
@@ -38,7 +38,8 @@ LOW = {
     "arrival": "gamma",
     "burstiness": 0.04,
     "rate": 5,
-    "requests": 104,
+    # 4 time blocks of 32 requests: the least that compares latency (fewer cannot, and hold)
+    "requests": 128,
     "prompt_tokens": 32,
     "max_tokens": 8,
 }
@@ -61,6 +62,9 @@ POLICY = {
     # gates are about, so its tolerances are wide enough that jitter never decides them.
     "tolerance": {"p50": 0.5, "p90": 1.0, "p99": 1.0},
     "tail": {"tolerance": 1.0},
+    # ... and the low scenario's 128 requests are too few for the paired checks to decide (4
+    # time blocks of 32 requests, not 8): allowed, its latency left undecided.
+    "short_scenarios": "allow",
 }
 
 
@@ -137,7 +141,7 @@ def test_the_low_rate_schedule_pauses_past_the_retirement_and_the_idle_timeout()
     gaps = np.diff(sched.offsets)
     assert ((gaps > 4.2) & (gaps < 4.8)).any()  # loadgen retires the connection first
     assert (gaps > 6.5).any()  # the engines close every idle connection first
-    assert sched.offsets[-1] < 22.0
+    assert sched.offsets[-1] < 30.0
 
 
 def test_announced_keep_alive_a_a_gate_has_no_errors(tmp_path: Path, tag: str) -> None:
