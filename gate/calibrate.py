@@ -44,6 +44,7 @@ from gate.calibrate_engines import (
     REQUESTS,
     EngineCaseResult,
     calibrate_engines,
+    spec_for,
 )
 
 DEFAULT_RUNS = 20
@@ -102,6 +103,17 @@ def _table(result: Calibration) -> Table:
     return table
 
 
+def _engine_rate_problems(rate: float) -> str:
+    """What the plan refuses in an --engines gate's spec at this rate (a steady scenario too
+    short for the paired checks), else ''."""
+    from gate.core.limits import Limits
+    from gate.runs.schedules import plan_problems
+    from gate.spec import parse_spec
+
+    spec = parse_spec(spec_for(ENGINE_CASES[0], 0, seed=0, rate=rate), "calibration")
+    return "; ".join(p.message for p in plan_problems(spec, Limits()))
+
+
 def run_calibration(
     runs: int | None,
     seed: int,
@@ -109,7 +121,7 @@ def run_calibration(
     limit: int | None = None,
     case_names: Sequence[str] | None = None,
     engine_runs: int = 0,
-    engine_rate: float = RATE,
+    engine_rate: float | None = RATE,
     numerics_runs: int = 0,
 ) -> int:
     """Simulate `runs` gates per case at the default policy (every case, or those named),
@@ -125,8 +137,13 @@ def run_calibration(
     if engine_runs < 0:
         print("gate: --engine-runs must be at least 1", file=sys.stderr)
         return 2
+    engine_rate = RATE if engine_rate is None else engine_rate
     if not 0.0 < engine_rate <= 1_000.0:
         print(f"gate: --engine-rate must be in (0, 1000], got {engine_rate:g}", file=sys.stderr)
+        return 2
+    if engine_runs and (short := _engine_rate_problems(engine_rate)):
+        # Every gate would be refused before its load: say so once, not per gate.
+        print(f"gate: --engine-rate {engine_rate:g}: {short}", file=sys.stderr)
         return 2
     if limit is not None and limit < 500:
         print("gate: --limit must be at least 500 (one look)", file=sys.stderr)

@@ -37,12 +37,14 @@ from gate.spec import parse_spec
 
 SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
 BASE_FLAGS = ("--ttft-ms", "40", "--itl-ms", "12")
-RATE = 80.0
+# 40/s: the steady scenario lasts about 20 s, 10 time blocks of 2 s; judge v3 refuses a
+# scenario of fewer than 8 (analysis/paired.py MIN_BLOCKS), which 808 requests at 80/s were.
+RATE = 40.0
 REQUESTS = 808  # 800 judged per arm after the default warm-up of 8
 BASELINE_EVERY = 200
 BLOCK = 100
 # Issue 28's regressions that are not a steady shift, placed in the steady scenario at the
-# default RATE: it lasts REQUESTS / RATE seconds (10.1 s), and its first request reaches the
+# default RATE: it lasts REQUESTS / RATE seconds (20.2 s), and its first request reaches the
 # engines about LEAD_IN_S after their first generation request (the warm-up's 4 requests and
 # capability discovery, measured from the sim's --truth-log; mostly the sim's own latencies,
 # so about the same on any machine).
@@ -90,7 +92,7 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
     # the engine serving nothing for 5 s; TTFT creeping from +0% to about +40%. No "timeouts"
     # case: a request only times out after the client's 60 s without progress (loadgen
     # Target.timeout_s, which the spec does not set) and the scenario waits for every request,
-    # so each such gate would take a minute longer than the ~20 s of the others.
+    # so each such gate would take a minute longer than the ~30 s of the others.
     EngineCase("tail share 3% x4", ("--slow-share", "0.03", "--slow-factor", "4")),
     EngineCase("stall 5 s", ("--stalls", f"{STALL_AT_S:.1f}:{STALL_S:g}")),
     EngineCase("TTFT creep", ("--degrade-ttft-per-min", f"{TTFT_CREEP_PER_MIN:.1f}")),

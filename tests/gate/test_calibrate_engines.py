@@ -133,3 +133,14 @@ def test_engines_mode_runs_real_gates_and_the_baseline_on_their_samples(
 def test_engines_mode_refuses_a_bad_count(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--engines", "--engine-runs", "0"]) == 2
     assert "--engine-runs" in capsys.readouterr().err
+
+
+def test_engines_mode_refuses_a_rate_that_makes_its_scenario_too_short(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """808 requests at 200/s are 4 s, 2 time blocks: every gate's plan would refuse its spec,
+    so the command says so once, before any gate."""
+    assert main(["calibrate", "--engines", "--engine-rate", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine-rate 200" in err and "time blocks" in err
+    assert spec_for(ENGINE_CASES[0], 0, seed=0)["scenarios"][0]["rate"] == RATE == 40.0
