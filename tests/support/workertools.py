@@ -38,7 +38,11 @@ def gate_spec(tag: str, *, requests: int, rate: float = 40.0) -> dict[str, Any]:
     """A gate on two sim engines. Long gates are 3000 requests at 20/s (150 s), not more:
     the load generator builds and checks every request on the event loop before the first
     one is sent, and that loop also beats the gate's heartbeat (100k requests stall it for
-    10-20 s on two busy cores, longer than the SIGKILL test's 3 s `lost_after_s`)."""
+    10-20 s on two busy cores, longer than the SIGKILL test's 3 s `lost_after_s`).
+
+    The worker tests are about queues, claims and deaths, not the verdict: a scenario too
+    short for the paired latency checks (fewer than 8 time blocks of 2 s) is allowed, its
+    latency left undecided (fewer than 4 blocks cannot compare it at all, which holds)."""
     return {
         "name": "worker-test",
         "model": "demo-model",
@@ -55,6 +59,7 @@ def gate_spec(tag: str, *, requests: int, rate: float = 40.0) -> dict[str, Any]:
                 "max_tokens": 16,
             }
         ],
+        "policy": {"short_scenarios": "allow"},
     }
 
 

@@ -52,6 +52,7 @@ from gate.worker.main import alive_file
 pytestmark = pytest.mark.slow
 
 API_READY_S = 60.0  # a Python process importing FastAPI, Celery and the gate on busy cores
+CONTINUES = {"requests": 168, "rate": 20.0}  # 5 time blocks of 2 s: latency compared
 StartWorker = Callable[..., Any]  # conftest.start_worker: starts a `gate worker` process
 Finder = Callable[..., list[int]]  # conftest.processes_with(tag, keepers=False)
 
@@ -449,8 +450,10 @@ def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
     """The API stored a gate and died before queueing it (or the broker lost the message):
     a reaper sees it pending with no task in the broker, queues it, and a worker runs it. A
     gate whose task is waiting in the queue is left alone."""
-    lost = create(factory, gate_spec(tag, requests=120, rate=60))
-    queued = create(factory, {**gate_spec(tag, requests=120, rate=60), "name": "queued"})
+    # 168 requests at 20/s: 5 time blocks, the least load that compares latency, so that
+    # identical engines can continue (fewer than 4 blocks cannot compare it, which holds)
+    lost = create(factory, gate_spec(tag, **CONTINUES))
+    queued = create(factory, {**gate_spec(tag, **CONTINUES), "name": "queued"})
     dispatcher = CeleryDispatcher(settings)
     try:
         dispatcher.submit(queued)
@@ -463,7 +466,7 @@ def test_a_gate_whose_task_was_lost_is_queued_again_and_runs(
     finally:
         dispatcher.close()
     # A third one, never queued: this time the worker's own reaper finds it.
-    third = create(factory, {**gate_spec(tag, requests=120, rate=60), "name": "third"})
+    third = create(factory, {**gate_spec(tag, **CONTINUES), "name": "third"})
     worker = start_worker()
     runs = []
     for gid in (lost, queued, third):
