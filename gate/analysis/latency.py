@@ -446,6 +446,8 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
     if not math.isfinite(c.end):
         return _too_few(lk, pc, False)
     decision = _decision(c.lower, c.upper, theta)
+    if decision == "fail" and not c.rise_lower > 0.0:
+        decision = "undecided"  # above the threshold but flat: the level checks' finding
     trend = (
         f"from {fmt_ratio(math.exp(c.start))} to {fmt_ratio(math.exp(c.end))} the reference "
         f"over {c.blocks} blocks"
@@ -454,11 +456,9 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
         f"interval at the end {fmt_ratio(math.exp(c.lower))}-{fmt_ratio(math.exp(c.upper))}"
     )
     if decision == "fail":
-        rose = math.exp(c.start) < threshold
         message = (
-            f"{label}: the candidate's paired ratio went {trend} ({interval_s}), ending above "
-            f"the {fmt_ratio(threshold)} creep threshold"
-            + (": a slowdown that creeps in." if rose else " (it was above it from the start).")
+            f"{label}: the candidate's paired ratio rose {trend} ({interval_s}), ending above "
+            f"the {fmt_ratio(threshold)} creep threshold: a slowdown that creeps in."
         )
     elif decision == "pass":
         message = (

@@ -23,9 +23,10 @@ the p50 check (the trimmed mean of each block's paired log ratios):
     creep: a least-squares line through the blocks against their order; its value at the
         last block seen (the candidate's ratio now, not on average) against log(1 + creep
         tolerance), with the residuals' long-run sd (so the trend, which is the regression, is
-        not read as noise) and the standard error of a fitted value at the end of the line; a
-        second line through the later half of the blocks catches a creep that sets in
-        mid-way, each line at half the check's levels.
+        not read as noise) and the standard error of a fitted value at the end of the line; it
+        fails only when the line also rose with confidence (a steady shift is the level
+        checks', not a creep); a second line through the later half of the blocks catches a
+        creep that sets in mid-way, each line at half the check's levels.
 
 Both are one-sided and spend their alpha over the plan's looks like every latency check.
 """
@@ -112,6 +113,7 @@ class Creep:
     lower: float
     upper: float
     slope: float
+    rise_lower: float = -math.inf  # the rise over the line (end - start), its lower bound
 
 
 def _line(x: np.ndarray, alpha: float, beta: float) -> Creep:
@@ -125,9 +127,11 @@ def _line(x: np.ndarray, alpha: float, beta: float) -> Creep:
     lr = long_run(x, detrend=True)
     end = lr.intercept + lr.slope * (m - 1)
     se = lr.sd * lever
-    lo = end - t_quantile(alpha, lr.df) * se
+    t = t_quantile(alpha, lr.df)
+    lo = end - t * se
     hi = end + t_quantile(beta, lr.df) * se
-    return Creep(m, lr.intercept, end, lo, hi, lr.slope)
+    rise_lo = (lr.slope - t * lr.sd / math.sqrt(float(kc @ kc))) * (m - 1)
+    return Creep(m, lr.intercept, end, lo, hi, lr.slope, rise_lo)
 
 
 def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
@@ -142,5 +146,13 @@ def creep_test(x: np.ndarray, alpha: float, beta: float) -> Creep:
     if m // 2 < MIN_TEST_BLOCKS + 2:
         return _line(x, alpha, beta)
     fits = [_line(x, alpha / 2.0, beta / 2.0), _line(x[half - 1 :], alpha / 2.0, beta / 2.0)]
-    worst = max(fits, key=lambda f: f.lower)
-    return Creep(m, worst.start, worst.end, worst.lower, max(f.upper for f in fits), worst.slope)
+    worst = max(fits, key=lambda f: min(f.lower, f.lower + f.rise_lower))
+    return Creep(
+        m,
+        worst.start,
+        worst.end,
+        worst.lower,
+        max(f.upper for f in fits),
+        worst.slope,
+        worst.rise_lower,
+    )
