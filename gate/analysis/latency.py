@@ -446,7 +446,8 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
     if not math.isfinite(c.end):
         return _too_few(lk, pc, False)
     decision = _decision(c.lower, c.upper, theta)
-    if decision == "fail" and not c.rise_lower > 0.0:
+    flat = decision == "fail" and not c.rise_lower > 0.0
+    if flat:
         decision = "undecided"  # above the threshold but flat: the level checks' finding
     trend = (
         f"from {fmt_ratio(math.exp(c.start))} to {fmt_ratio(math.exp(c.end))} the reference "
@@ -465,6 +466,12 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
             f"{label}: no creep; the paired ratio's trend ends at most "
             f"{fmt_ratio(math.exp(c.upper))} the reference (threshold {fmt_ratio(threshold)})."
         )
+    elif flat:
+        message = (
+            f"{label}: the paired ratio ends at {fmt_ratio(math.exp(c.end))} the reference, "
+            f"above the {fmt_ratio(threshold)} creep threshold, but it did not rise with "
+            "confidence: a steady shift (the level checks' finding), not a creep."
+        )
     else:
         head = (
             f"{label} is undecided: the paired ratio's trend went {trend} ({interval_s}, "
@@ -480,7 +487,7 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
         interval=(math.exp(c.lower), math.exp(c.upper)),
         **_common(lk, pc, None),  # type: ignore[arg-type]
     )
-    return _warn(check, lk)
+    return check if flat else _warn(check, lk)
 
 
 def planned_latency_checks(
