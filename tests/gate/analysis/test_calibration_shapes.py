@@ -4,7 +4,8 @@ ones, on whole simulated gates (the sequential judge with its looks and early st
 
 Each cell is seeded, so it is deterministic; the bounds asserted are the gate's own alpha (5%)
 for the boundary cells and 1% for A/A with episodes, with the sample sizes said, and the power
-cells assert what the published grid (README, `gate calibrate --shapes`) shows with a margin."""
+cells assert what the published grid (docs/statistics.md, `gate calibrate --shapes`) shows with
+a margin."""
 
 from __future__ import annotations
 
