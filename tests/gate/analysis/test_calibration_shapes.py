@@ -34,15 +34,19 @@ def _held(case: Case, stress: str, size: int, runs: int, seed: int = 7) -> float
     return result.cases[0].hold_rate
 
 
-@pytest.mark.parametrize("stress", ["drift 15 s", "drift 60 s", "batches of 64"])
+@pytest.mark.parametrize(
+    ("stress", "size"), [("drift 15 s", 1_000), ("batches of 64", 1_000), ("drift 60 s", 2_000)]
+)
 @pytest.mark.parametrize("case", [P50_BOUNDARY, TAIL_BOUNDARY], ids=lambda c: c.name)
 def test_a_candidate_at_its_tolerance_is_held_within_alpha_under_dependence(
-    stress: str, case: Case
+    stress: str, size: int, case: Case
 ) -> None:
     """A candidate exactly at a tolerance, on engines that drift on their own or batch 64
     requests at a time (longer than a block): judge v2 held 6-20x its alpha there. 60 gates
-    of 1,000 requests per engine: at most 3 held (the gate's alpha is 5%)."""
-    assert _held(case, stress, 1_000, 60) <= 3 / 60
+    per cell: at most 3 held (the gate's alpha is 5%). A drift of 60 s is judged over 100 s
+    (2,000 requests); over 50 s it is slower than the looks and breaks the bound (the
+    published grid says by how much: docs/statistics.md)."""
+    assert _held(case, stress, size, 60) <= 3 / 60
 
 
 def test_identical_engines_with_error_episodes_below_the_ceiling_are_not_held() -> None:
@@ -57,20 +61,24 @@ def test_a_candidate_with_many_more_episodes_is_still_held() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "size"),
+    ("name", "size", "runs", "least"),
     [
-        ("3% of requests x4", 1_000),
-        ("stall 5 s", 1_000),
-        ("a quarter at x2", 1_000),
-        ("creep +0% to +40% over the second half", 1_000),
-        ("p99 x1.5", 2_000),
-        ("times out its slowest 1%", 2_000),
+        ("3% of requests x4", 1_000, 12, 9),
+        ("stall 5 s", 1_000, 12, 9),
+        ("a quarter at x2", 1_000, 12, 9),
+        ("creep +0% to +40% over the second half", 1_000, 12, 9),
+        # The slowest 1% x1.5: about 80-86% held at 2,000 (the grid); 14 of 24 leaves a true
+        # 80% a 0.4% chance of failing this test, and judge v2 (0-15%) none of passing it.
+        ("p99 x1.5", 2_000, 24, 14),
+        ("times out its slowest 1%", 2_000, 12, 9),
     ],
 )
-def test_regressions_that_are_not_a_steady_shift_are_held(name: str, size: int) -> None:
+def test_regressions_that_are_not_a_steady_shift_are_held(
+    name: str, size: int, runs: int, least: int
+) -> None:
     """The shapes judge v2 continued on (issue 28's audit: 94-100% continue) are held."""
     case = next(c for c in POWER_CASES if c.name == name)
-    assert _held(case, "mirrored", size, 12) >= 9 / 12
+    assert _held(case, "mirrored", size, runs) >= least / runs
 
 
 def test_a_plan_too_short_to_decide_is_refused_with_the_size_it_needs() -> None:
