@@ -426,13 +426,13 @@ def test_unbounded_work_is_refused_or_capped(settings: Settings, tag: str) -> No
     # the gate stopped reading each endless line at its cap (1 MiB), well before the offer
     # (kernel socket buffers on loopback account for the rest)
     assert max(hostile.sent) < HostileEngine.OFFER // 4, hostile.sent
-    # Every candidate request failed: 4 judged requests make no time block, so the ceiling is
-    # judged on the counts (judge v3, errors.py), and 4 failures in 4 are above the 1% ceiling
-    # with confidence: the errors check holds, as does the latency it cannot compare.
+    # Every candidate request failed, but 4 judged requests cannot show a rate above the
+    # ceiling with confidence (issue 17: the ceiling is judged; judge v3 weighs it on time
+    # blocks, and one block of errors is one episode): the errors check says so undecided,
+    # and the gate holds because the candidate's latency cannot be compared.
     errors = next(c for c in doc["checks"] if c["id"].endswith(".errors"))
-    assert errors["decision"] == "fail", errors
-    assert "100.00% is above the 1.00% ceiling with confidence" in errors["message"]
-    assert any(r["check"] == "steady.errors" for r in doc["reasons"]), doc["reasons"]
+    assert errors["decision"] == "undecided", errors
+    assert "100.00% is above the 1.00% ceiling but not with confidence" in errors["message"]
     assert any(r["check"] == "steady.ttft.p50" for r in doc["reasons"]), doc["reasons"]
     assert "MAX_SSE" in json.dumps(doc) or "protocol" in json.dumps(doc)
 
