@@ -19,8 +19,9 @@ the kind of its first error. A burst on the candidate holds only when the candid
 outnumber the reference's own beyond chance.
 
 The ceiling (`max_error_rate`) is judged, not thresholded: it holds only when the candidate's
-error rate is above it with confidence, by an anytime-valid e-process (counts.
-log_ceiling_evalue), so an engine at the ceiling is held at most alpha of the time at any look.
+error rate is above it with confidence, by a one-sided t test on the failed fractions of time
+blocks of four plan blocks (8 s at least), its alpha spent over the planned looks, so an engine
+at the ceiling is held at most about alpha of the time whichever look stops the scenario.
 The same test on the reference says when the test bed itself is unhealthy: a reference above
 the ceiling with confidence makes a `gate.environment` check that holds and names the
 environment, and the candidate's rate above the ceiling is then not counted against it (the

@@ -177,20 +177,38 @@ def _common(lk: _Look, pc: PlannedCheck, bt_phi: float | None) -> dict[str, obje
     }
 
 
+def _needs(pc: PlannedCheck) -> str:
+    """What a check needs to be compared, in blocks of the plan."""
+    if pc.kind == "tail":
+        return f"{2 * MIN_TEST_BLOCKS} blocks (the tail's jackknife takes them in pairs)"
+    if pc.kind in ("window", "creep"):
+        return f"{MIN_TEST_BLOCKS + 2} blocks"
+    if pc.q != 0.5:
+        return f"{2 * MIN_TEST_BLOCKS} blocks (a quantile takes them in pairs)"
+    return f"{MIN_TEST_BLOCKS} blocks"
+
+
 def _too_few(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
     common = _common(lk, pc, None)
     # Nothing of this metric can be compared: its first check holds (a scenario the spec
-    # asked for is never silently skipped) at the end, its others only say so.
-    common["required"] = pc.required or (first and lk.final)
+    # asked for is never silently skipped) at the end, its others only say so; unless the
+    # policy allows short scenarios, whose latency is then left undecided, as it says.
+    allowed = lk.policy.short_scenarios == "allow"
+    common["required"] = pc.required or (first and lk.final and not allowed)
     label = f"{pc.label} in {lk.s.name}"
     if lk.final:
         msg = (
             f"{label} cannot be compared: {lk.pairs} paired requests make {lk.m} complete "
-            f"block{'s' if lk.m != 1 else ''} ({lk.layout.describe()} planned), and the paired "
-            f"checks need {MIN_TEST_BLOCKS} (raise the scenario's requests)."
+            f"block{'s' if lk.m != 1 else ''} ({lk.layout.describe()} planned), and this "
+            f"check needs {_needs(pc)}"
+            + (
+                "; the policy allows short scenarios, so it is left undecided."
+                if allowed and first
+                else " (raise the scenario's requests)."
+            )
         )
     else:
-        msg = f"{label}: {lk.m} blocks so far; the paired checks start at {MIN_TEST_BLOCKS}."
+        msg = f"{label}: {lk.m} blocks so far; this check starts at {_needs(pc)}."
     ref_est, cand_est = common["reference"], common["candidate"]
     ratio = (
         cand_est / ref_est

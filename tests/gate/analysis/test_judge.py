@@ -332,7 +332,7 @@ def test_tiny_samples_hold_for_lack_of_latency_evidence() -> None:
     message = verdict.reasons[0].message
     assert "cannot be compared: 5 paired requests make 1 complete" in message
     assert "1 block of about 5 requests planned" in message
-    assert f"the paired checks need {MIN_TEST_BLOCKS}" in message
+    assert f"this check needs {MIN_TEST_BLOCKS} blocks" in message
     others = [c for c in verdict.checks if c.group == "latency" and c not in verdict.reasons]
     assert others and all(c.decision == "undecided" and not c.holds for c in others)
 

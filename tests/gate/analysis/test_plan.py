@@ -123,3 +123,23 @@ def test_tolerances_of_each_kind() -> None:
     assert tolerance_of(policy, None, "creep") == 0.2
     assert tolerance_of(policy, None, "tail") == policy.tail.tolerance == 0.10
     assert tolerance_of(policy, 0.5) == 0.05 and tolerance_of(policy, 0.9) == 0.10
+
+
+def test_an_allowed_short_scenario_leaves_its_latency_undecided_and_continues() -> None:
+    """`short_scenarios: allow` runs a scenario too short to decide 'with its latency
+    undecided', as the refusal says: its checks are not shown, and identical engines continue
+    (without the allowance the same samples hold: a scenario the spec asked for is never
+    silently skipped)."""
+    rng = np.random.default_rng(3)
+    x = rng.lognormal(4.0, 0.2, 40)
+    arm = ArmSamples(requests=40, ttft_ms=x, itl_ms=x / 10)
+    samples = [ScenarioSamples("steady", arm, arm)]
+    facts = [EngineFacts("reference", 1.0), EngineFacts("candidate", 1.0)]
+    allowed = judge(samples, facts, Policy(short_scenarios="allow"))
+    p50 = next(c for c in allowed.checks if c.id == "steady.ttft.p50")
+    assert p50.decision == "undecided" and not p50.required and p50.not_shown
+    assert "the policy allows short scenarios" in p50.message
+    assert allowed.decision == "continue", [c.message for c in allowed.reasons]
+    strict = judge(samples, facts, Policy())
+    assert strict.decision == "hold"
+    assert any(c.id == "steady.ttft.p50" for c in strict.reasons)
