@@ -77,7 +77,9 @@ __all__ = [
     "t_quantile",
 ]
 
-BLOCKS_TARGET = 32  # blocks over a scenario's planned duration
+BLOCKS_TARGET = 32  # blocks over a scenario's planned duration ...
+MAX_BLOCK_S = 10.0  # ... each at most this long (longer than a drift of seconds) ...
+BLOCKS_MAX = 256  # ... unless that would make more blocks than this
 MIN_BLOCK_S = 2.0  # seconds per block at least: a batch and its neighbours, and a short drift
 MIN_BLOCK_REQUESTS = 32  # requests per block at least: a p90 of the block needs ~30
 MIN_BLOCKS = 8  # a plan whose scenario makes fewer blocks than this cannot decide: refused
@@ -125,7 +127,11 @@ class Layout:
             block_s = None
         else:
             rate = (planned - 1) / span
-            block_s = max(MIN_BLOCK_S, span / BLOCKS_TARGET, MIN_BLOCK_REQUESTS / rate)
+            # 32 blocks, but none longer than MAX_BLOCK_S unless that would make more than
+            # BLOCKS_MAX: a long scenario's first blocks complete early, so a large
+            # regression stops it within its first looks.
+            long_s = max(MAX_BLOCK_S, span / BLOCKS_MAX)
+            block_s = max(MIN_BLOCK_S, min(span / BLOCKS_TARGET, long_s), MIN_BLOCK_REQUESTS / rate)
             which = np.floor((t - t[0]) / block_s).astype(np.int64)
             starts = np.flatnonzero(np.diff(which, prepend=-1) != 0)
             # Blocks with too few requests (a lull in the arrivals) join the next one.
