@@ -218,6 +218,33 @@ def _too_few(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
     return ratio_check(pc.id, pc.metric, "undecided", msg, ratio=ratio, **common)  # type: ignore[arg-type]
 
 
+def _judged(
+    lk: _Look,
+    pc: PlannedCheck,
+    decision: Decision,
+    message: str,
+    ratio: float | None,
+    interval: tuple[float, float],
+    *,
+    phi: float | None = None,
+    warn: bool = True,
+    **extra: object,
+) -> Check:
+    """A decided paired check with the look's shared fields; an undecided one past its
+    threshold is a warning at the end (`_warn`) unless `warn` is False."""
+    check = ratio_check(
+        pc.id,
+        pc.metric,
+        decision,
+        message,
+        ratio=ratio,
+        interval=interval,
+        **extra,  # type: ignore[arg-type]
+        **_common(lk, pc, phi),  # type: ignore[arg-type]
+    )
+    return _warn(check, lk) if warn else check
+
+
 def _decision(lower: float, upper: float, theta: float) -> Decision:
     if lower > theta:
         return "fail"
@@ -299,18 +326,18 @@ def _quantile_check(lk: _Look, pc: PlannedCheck, first: bool) -> Check:
         )
         message = _undecided_text(lk, pc, head, detectable)
     message += _drift_text(lk, bt.phi)
-    check = ratio_check(
-        pc.id,
-        pc.metric,
+    check = _judged(
+        lk,
+        pc,
         decision,
         message,
-        ratio=ratio,
-        interval=(lo, hi),
+        ratio,
+        (lo, hi),
+        phi=bt.phi,
         estimate_interval=(math.exp(bt.estimate[0]), math.exp(bt.estimate[1])),
         detectable=detectable,
-        **_common(lk, pc, bt.phi),  # type: ignore[arg-type]
     )
-    return _drift_warning(_warn(check, lk), lk, bt.phi)
+    return _drift_warning(check, lk, bt.phi)
 
 
 DRIFT_SHARE = 0.25
@@ -389,16 +416,7 @@ def _tail_check(lk: _Look, pc: PlannedCheck) -> Check:
             f"{interval_s} includes the {fmt_ratio(threshold)} threshold"
         )
         message = _undecided_text(lk, pc, head, None)
-    check = ratio_check(
-        pc.id,
-        pc.metric,
-        decision,
-        message,
-        ratio=est,
-        interval=(lo, hi),
-        **_common(lk, pc, None),  # type: ignore[arg-type]
-    )
-    return _warn(check, lk)
+    return _judged(lk, pc, decision, message, est, (lo, hi))
 
 
 def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
@@ -440,17 +458,9 @@ def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
             f"{fmt_ratio(threshold)} window threshold"
         )
         message = _undecided_text(lk, pc, head, None)
-    check = ratio_check(
-        pc.id,
-        pc.metric,
-        decision,
-        message,
-        ratio=ratio,
-        # The run that decides: its own bounds (a pass reads every run's, said in the message).
-        interval=(math.exp(w.lower), math.exp(w.upper if decision == "pass" else w.run_upper)),
-        **_common(lk, pc, None),  # type: ignore[arg-type]
-    )
-    return _warn(check, lk)
+    # The run that decides: its own bounds (a pass reads every run's, said in the message).
+    interval = (math.exp(w.lower), math.exp(w.upper if decision == "pass" else w.run_upper))
+    return _judged(lk, pc, decision, message, ratio, interval)
 
 
 def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
@@ -496,16 +506,8 @@ def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
             f"threshold {fmt_ratio(threshold)})"
         )
         message = _undecided_text(lk, pc, head, None)
-    check = ratio_check(
-        pc.id,
-        pc.metric,
-        decision,
-        message,
-        ratio=math.exp(c.end),
-        interval=(math.exp(c.lower), math.exp(c.upper)),
-        **_common(lk, pc, None),  # type: ignore[arg-type]
-    )
-    return check if flat else _warn(check, lk)
+    interval = (math.exp(c.lower), math.exp(c.upper))
+    return _judged(lk, pc, decision, message, math.exp(c.end), interval, warn=not flat)
 
 
 def planned_latency_checks(
