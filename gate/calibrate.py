@@ -277,6 +277,18 @@ def _engine_table(engines: Sequence[EngineCaseResult], runs: int, rate: float = 
     return table
 
 
+def _grid_options_bad(runs: int, aa_runs: int | None, sizes: Sequence[int]) -> bool:
+    """Say on stderr what is wrong with a grid's options (--grid, --shapes), if anything."""
+    if runs < 1 or (aa_runs is not None and aa_runs < 1):
+        print("gate: --runs and --aa-runs must be at least 1", file=sys.stderr)
+        return True
+    bad = [n for n in sizes if n < 500]
+    if bad:
+        print(f"gate: --sizes: {bad[0]} is below 500 (one look)", file=sys.stderr)
+        return True
+    return False
+
+
 def run_grid(
     runs: int | None,
     aa_runs: int | None,
@@ -289,12 +301,7 @@ def run_grid(
     cells (issue 17)."""
     runs = DEFAULT_RUNS if runs is None else runs
     sizes = list(GRID_SIZES) if sizes is None else sizes
-    if runs < 1 or (aa_runs is not None and aa_runs < 1):
-        print("gate: --runs and --aa-runs must be at least 1", file=sys.stderr)
-        return 2
-    bad = [n for n in sizes if n < 500]
-    if bad:
-        print(f"gate: --sizes: {bad[0]} is below 500 (one look)", file=sys.stderr)
+    if _grid_options_bad(runs, aa_runs, sizes):
         return 2
     policy = Policy()
     per_cell = (aa_runs or runs) + runs * (len(GRID_CASES) - 1)
@@ -353,12 +360,7 @@ def run_shapes(
     """`gate calibrate --shapes`: judge v3 where it is weakest (calibration_shapes.py)."""
     runs = DEFAULT_RUNS if runs is None else runs
     sizes = list(SHAPE_SIZES) if sizes is None else sizes
-    if runs < 1 or (aa_runs is not None and aa_runs < 1):
-        print("gate: --runs and --aa-runs must be at least 1", file=sys.stderr)
-        return 2
-    bad = [n for n in sizes if n < 500]
-    if bad:
-        print(f"gate: --sizes: {bad[0]} is below 500 (one look)", file=sys.stderr)
+    if _grid_options_bad(runs, aa_runs, sizes):
         return 2
     policy = Policy()
     per_size = (aa_runs or runs) * len(BOUNDARY_CASES) * len(STRESS) + runs * (
