@@ -430,6 +430,15 @@ def saturation_checks(
     samples = (s.reference.ttft_ms.size, s.candidate.ttft_ms.size)
     ref_share = ref.served_share if ref is not None else None
     cand_share = cand.served_share if cand is not None else None
+    # What both checks report: each engine's completions as a share of the rate sent.
+    shared = {
+        "scenario": s.name,
+        "reference": ref_share,
+        "candidate": cand_share,
+        "ratio": quotient(ref_share, cand_share),
+        "samples": samples,
+        "alpha": alpha,
+    }
     if ref is not None and ref.saturated:
         if cand is None:
             also = ""
@@ -458,13 +467,8 @@ def saturation_checks(
                 "was beyond what the test bed can serve, so the comparison is void: the "
                 f"reference was measured queueing, not serving; {lower} and run the gate "
                 f"again.{also}",
-                scenario=s.name,
-                reference=ref_share,
-                candidate=cand_share,
-                ratio=quotient(ref_share, cand_share),
                 threshold=MAX_SERVED_SHARE if ref.seconds else None,
-                samples=samples,
-                alpha=alpha,
+                **shared,  # type: ignore[arg-type]
             )
         ]
     if cand is not None and cand.saturated:
@@ -489,13 +493,8 @@ def saturation_checks(
                 "fail",
                 f"The candidate's queue grows through {s.name}: its {cand.describe()}. It "
                 f"cannot serve {offered}; {serves}.",
-                scenario=s.name,
-                reference=ref_share,
-                candidate=cand_share,
-                ratio=quotient(ref_share, cand_share),
                 threshold=MAX_SERVED_SHARE if cand.seconds else None,
-                samples=samples,
-                alpha=alpha,
+                **shared,  # type: ignore[arg-type]
             )
         ]
     return []
