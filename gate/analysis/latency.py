@@ -33,7 +33,7 @@ from dataclasses import replace
 import numpy as np
 
 from gate.analysis.checks import ratio_check
-from gate.analysis.estimates import hd_quantile
+from gate.analysis.estimates import hd_quantiles
 from gate.analysis.paired import (
     MIN_TEST_BLOCKS,
     Layout,
@@ -131,6 +131,23 @@ class _Look:
         self.pairs = int(self.ref.size)
         self.policy = policy
         self._p50: np.ndarray | None = None
+        self._hd: dict[float, tuple[float, float]] = {}
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+
+    def hd(self, q: float) -> tuple[float, float]:
+        """Each engine's Harrell-Davis q-quantile over all its samples, each sample sorted
+        once per look (the p50 estimate is read by three checks)."""
+        got = self._hd.get(q)
+        if got is None:
+            if self._sorted is None:
+                self._sorted = (np.sort(self.ref_all), np.sort(self.cand_all))
+            r, c = self._sorted
+            got = (
+                float(hd_quantiles(r, [q], presorted=True)[0]),
+                float(hd_quantiles(c, [q], presorted=True)[0]),
+            )
+            self._hd[q] = got
+        return got
 
     def levels(self, pc: PlannedCheck) -> tuple[float, float]:
         _, a, b = look_levels(self.size, self.looks, pc.alpha, pc.beta)
@@ -150,12 +167,10 @@ def _estimates(lk: _Look, pc: PlannedCheck) -> tuple[float | None, float | None]
     ra, ca = lk.ref_all, lk.cand_all
     if not ra.size or not ca.size:
         return None, None
-    if pc.q is not None:
-        return hd_quantile(ra, pc.q), hd_quantile(ca, pc.q)
     if pc.kind == "tail":
         share = LEVELS[0]
         return slowest_mean(ra, share), slowest_mean(ca, share)
-    return hd_quantile(ra, 0.5), hd_quantile(ca, 0.5)
+    return lk.hd(0.5 if pc.q is None else pc.q)
 
 
 def _common(lk: _Look, pc: PlannedCheck, bt_phi: float | None) -> dict[str, object]:
