@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-clean test lint fmt clean
+.PHONY: demo demo-clean test lint fmt clean vllm
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
@@ -33,6 +33,10 @@ test: lint
 fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# The real-vLLM test bed (vLLM's CPU build in .vllm/venv, tiny models made here): idempotent.
+vllm:
+	bench/vllm/setup
 
 clean:
 	rm -rf $(VENV) .gate .pytest_cache .mypy_cache .ruff_cache

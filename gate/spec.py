@@ -387,7 +387,9 @@ class EngineSpec(_Strict):
         default=None, description="with a preset: the engine's program, e.g. a venv's vllm"
     )
     python: str | None = Field(
-        default=None, description="with a module preset (sglang, sim): the interpreter to use"
+        default=None,
+        description="with a module preset (sglang, sim), or vllm launched as a module: "
+        "the interpreter to use (a virtualenv's python)",
     )
     args: list[str] = Field(default_factory=list, description="with a preset: extra arguments")
     url: str | None = Field(default=None, description="Base URL of a running engine.")

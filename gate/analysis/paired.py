@@ -87,6 +87,13 @@ MIN_TEST_BLOCKS = 4  # a look tests nothing before this many complete blocks (2 
 TRIM = 0.2  # share trimmed at each end of a block's log ratios for the p50 statistic
 PHI_MAX = 0.9  # the largest lag-1 autocorrelation credited: (1 + phi) / (1 - phi) <= 19
 SPEND_POWER = 2.0  # alpha spent by a look at fraction t of the limit: t^2
+LATENCY_FLOOR_MS = 0.1
+"""The least latency a log ratio reads (ms). A client cannot time an interval shorter than the
+reads it arrives in: when a stalled stream delivers all its tokens in one read (seen on real
+vLLM on a starved host), the request's inter-token latency reads 0, and a floor of 1e-9 made
+its log ratio -25, which alone threw a block's mean, and a window's interval, across 20 orders
+of magnitude. At 0.1 ms such a request weighs what a 1,000x change weighs, and no engine
+streams tokens that close on purpose."""
 POWER_Z = float(stats.norm.ppf(0.8))  # "could detect": with 80% power
 
 
@@ -195,7 +202,10 @@ def join(
 
 
 def log_ratio(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
-    return np.asarray(np.log(np.maximum(cand, 1e-9)) - np.log(np.maximum(ref, 1e-9)), np.float64)
+    return np.asarray(
+        np.log(np.maximum(cand, LATENCY_FLOOR_MS)) - np.log(np.maximum(ref, LATENCY_FLOOR_MS)),
+        np.float64,
+    )
 
 
 def _groups(block: np.ndarray, m: int) -> list[np.ndarray]:
@@ -226,8 +236,8 @@ def block_quantiles(
     out = np.full(m, np.nan)
     for k, idx in enumerate(_groups(block, m)):
         if idx.size:
-            out[k] = math.log(max(float(np.quantile(cand[idx], q)), 1e-9)) - math.log(
-                max(float(np.quantile(ref[idx], q)), 1e-9)
+            out[k] = math.log(max(float(np.quantile(cand[idx], q)), LATENCY_FLOOR_MS)) - math.log(
+                max(float(np.quantile(ref[idx], q)), LATENCY_FLOOR_MS)
             )
     return out
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate.analysis.paired import MIN_TEST_BLOCKS, t_quantile
+from gate.analysis.paired import LATENCY_FLOOR_MS, MIN_TEST_BLOCKS, t_quantile
 
 __all__ = ["GROUP", "LEVELS", "SHOWN_TAIL", "TailLevel", "TailScale", "tail_scale"]
 
@@ -125,8 +125,8 @@ def tail_scale(
     """The tests of every level on the pairs of blocks 0..m-1 (ref, cand > 0, same length;
     block: each pair's block)."""
     keep = block < m
-    lr = np.log(np.maximum(ref[keep], 1e-9))
-    lc = np.log(np.maximum(cand[keep], 1e-9))
+    lr = np.log(np.maximum(ref[keep], LATENCY_FLOOR_MS))
+    lc = np.log(np.maximum(cand[keep], LATENCY_FLOOR_MS))
     group = block[keep] // GROUP
     g = m // GROUP
     if g < MIN_TEST_BLOCKS:

@@ -25,6 +25,7 @@ from gate.core.errors import EngineError, UrlRefused
 from gate.engines import keeper, orphans
 from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
+from gate.engines.logphases import LOG_PHASES, LogWatcher
 from gate.engines.readiness import wait_ready
 from gate.reservations.allocator import EnginePlacement
 from gate.verdict.document import EngineDoc, PlacementDoc
@@ -196,6 +197,7 @@ class ProcessEngine:
             self._log = None
 
     async def _launch_once(self) -> None:
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         argv = self.argv()
         env = self.environment()
         self._log = self.log_path.open("ab")
@@ -224,15 +226,27 @@ class ProcessEngine:
         # Popen returns once exec succeeded (an exec failure raises above): the program runs.
         self.pid = self._proc.pid
         self.phases.mark("process_up", f"pid {self.pid}")
-        await wait_ready(
-            role=self.role,
-            base_url=self.base_url,
-            model=self.model,
-            phases=self.phases,
-            order=PROCESS_PHASES,
-            timeout_s=self.readiness_timeout_s,
-            alive=self._why_dead,
-        )
+        # The engine's own startup steps, read from its log while it starts (logphases.py).
+        watcher = LogWatcher(self.log_path, self.phases, offset=log_start)
+        watching = asyncio.create_task(watcher.run())
+        try:
+            await wait_ready(
+                role=self.role,
+                base_url=self.base_url,
+                model=self.model,
+                phases=self.phases,
+                order=PROCESS_PHASES,
+                timeout_s=self.readiness_timeout_s,
+                alive=self._why_dead,
+            )
+        except EngineError as exc:
+            watcher.drain()
+            raise _with_log_phase(exc, self.phases) from None
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+        watcher.drain()
 
     def _why_dead(self) -> str | None:
         if self._proc is None:
@@ -301,6 +315,18 @@ class ProcessEngine:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _with_log_phase(exc: EngineError, phases: PhaseLog) -> EngineError:
+    """`exc` with the last step the engine's log reached, if it reached one: a startup stuck
+    at /health says whether the weights loaded, the KV cache was sized, or neither."""
+    logged = [(at, p) for p, at in phases.reached.items() if p in LOG_PHASES]
+    if not logged:
+        return exc
+    at, phase = max(logged)
+    message = str(exc).removeprefix(f"{exc.role} engine ")
+    out = type(exc)(exc.role, exc.phase, f"{message} (its log last reached {phase} at {at:.1f}s)")
+    return out
 
 
 def _port_taken(log_path: Path, since: int) -> bool:

