@@ -197,11 +197,15 @@ async def discover(
     top_max: int | None = None
     token_ids_from_entries = False
     for k in _TOP_K_TRIES:
-        _, doc, problem = await post("completions", base | {"logprobs": k})
+        # vLLM keys its top logprobs by text, and tokens with the same text collapse into one
+        # key (logprobs.py): asked to name them by id, it counts them all. An engine that does
+        # not know the field ignores it.
+        ask = {"logprobs": k, "return_tokens_as_token_ids": True}
+        _, doc, problem = await post("completions", base | ask)
         ch = _choice(doc)
         parsed = parse_logprobs(ch.get("logprobs")) if ch is not None else None
         if parsed is not None and parsed.logprobs and parsed.top:
-            if all(len(t) >= k for t in parsed.top):
+            if all(len(t) >= k for t in parsed.top_ids or parsed.top):
                 top_max = k
                 token_ids_from_entries = parsed.ids is not None
                 break

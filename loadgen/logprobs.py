@@ -10,10 +10,18 @@ Two shapes reach ``choice["logprobs"]``:
   (llama.cpp does); ``top_logprobs`` is a list of entries or, from some servers, a dict.
 
 A logprob sent as ``null`` (vLLM's NaN) or not a number reads NaN, so the judge can count it.
+
+vLLM keys its completions ``top_logprobs`` by each token's decoded text, so tokens that decode
+to the same text (byte tokens of a byte-level BPE all decode to "" or "\ufffd" alone) collapse
+into one key: asked for 20, real vLLM 0.32.0 answered 16 to 19 entries per position
+(tests/support/captures/vllm/). Asked with ``return_tokens_as_token_ids`` (vLLM's
+``entrypoints/openai`` serving code), every token reads ``token_id:N`` instead, in ``tokens``,
+in the keys of ``top_logprobs`` and in chat entries' ``token``: those are read as ids here.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,6 +50,25 @@ def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return float("nan")
     return float(value)
+
+
+_TOKEN_ID = re.compile(r"token_id:(\d{1,9})")
+
+
+def _id_of(token: Any) -> int | None:
+    """N of vLLM's ``token_id:N`` (``return_tokens_as_token_ids``), else None."""
+    m = _TOKEN_ID.fullmatch(token) if isinstance(token, str) else None
+    return int(m.group(1)) if m else None
+
+
+def _ids_of(tokens: list[Any]) -> list[int] | None:
+    ids = [_id_of(t) for t in tokens]
+    return [i for i in ids if i is not None] if ids and None not in ids else None
+
+
+def _top_ids_by_key(top: dict[str, float]) -> dict[int, float] | None:
+    out = {_id_of(k): v for k, v in top.items()}
+    return None if not out or None in out else {k: v for k, v in out.items() if k is not None}
 
 
 def _top_of(value: Any) -> dict[str, float]:
@@ -79,27 +106,34 @@ def parse_logprobs(lp: Any) -> TokenLogprobs | None:
     if isinstance(content, list):
         entries = [e for e in content if isinstance(e, Mapping)]
         ids = [e.get("id") for e in entries]
+        tokens = [str(e.get("token", "")) for e in entries]
+        top = [_top_of(e.get("top_logprobs")) for e in entries]
+        named = _ids_of(tokens)
         return TokenLogprobs(
             "content",
-            [str(e.get("token", "")) for e in entries],
+            tokens,
             [_number(e.get("logprob")) for e in entries],
-            [_top_of(e.get("top_logprobs")) for e in entries],
+            top,
             [int(i) for i in ids if isinstance(i, int)]
             if entries and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-            else None,
-            _all_or_none([_top_ids_of(e.get("top_logprobs")) for e in entries]),
+            else named,
+            _all_or_none([_top_ids_of(e.get("top_logprobs")) for e in entries])
+            or (_all_or_none([_top_ids_by_key(t) for t in top]) if named is not None else None),
         )
     values = lp.get("token_logprobs")
     if not isinstance(values, list):
         return None
     tokens = lp.get("tokens")
     tops = lp.get("top_logprobs")
+    top = [_top_of(t) for t in tops] if isinstance(tops, list) else []
+    named = _ids_of(tokens) if isinstance(tokens, list) else None
     return TokenLogprobs(
         "completions",
         [str(t) for t in tokens] if isinstance(tokens, list) else [],
         [_number(v) for v in values],
-        [_top_of(t) for t in tops] if isinstance(tops, list) else [],
-        None,
+        top,
+        named,
+        _all_or_none([_top_ids_by_key(t) for t in top]) if named is not None else None,
     )
 
 

@@ -727,6 +727,9 @@ class Correctness:
                     "seed": seed + i,
                     "logprobs": self.top_logprobs,
                     "return_token_ids": True,
+                    # vLLM then names the top-k by id, not by a text several tokens share
+                    # (loadgen/logprobs.py); engines that do not know it ignore it
+                    "return_tokens_as_token_ids": True,
                     "ignore_eos": True,
                 },
             )
