@@ -76,9 +76,11 @@ def test_an_engine_whose_log_says_where_it_stuck_is_named_by_that_step(tmp_path:
         for ln in STARTUP_LOG.read_text().splitlines()
         if "Resolved architecture" in ln or "Loading weights took" in ln
     ]
-    script = "import sys, time\n" + "".join(
-        f"print({ln!r}, flush=True)\n" for ln in lines
-    ) + "time.sleep(60)\n"
+    script = (
+        "import sys, time\n"
+        + "".join(f"print({ln!r}, flush=True)\n" for ln in lines)
+        + "time.sleep(60)\n"
+    )
     phases = PhaseLog("candidate", Clock())
     eng = ProcessEngine(
         role="candidate",
