@@ -135,6 +135,28 @@ def test_both_queues_growing_is_the_environment() -> None:
     assert c.reference is not None and c.reference == pytest.approx(1 / 1.4, abs=0.08)
 
 
+def test_a_reference_behind_the_load_without_a_growing_queue_is_still_the_environment() -> None:
+    """Real vLLM on a starved host: both engines completed 38-43% of 7.9/s; the candidate's TTFT
+    rose through the scenario, the reference's rose and then plateaued (no trend to the end),
+    and judge v3 held the candidate alone, saying "the reference serves it". Falling behind the
+    rate sent (completions at most MAX_SERVED_SHARE of it) is the test bed's overload."""
+    sent = arrivals(21)
+    cand = engine(22, sent, 1.6)
+    # the reference: behind from the start (completions spread over 2.5x the send span), its
+    # TTFT high but flat, so its queue is not called growing
+    e2e = 60_000.0 + sent * 1500.0  # completes at 1/2.5 of the rate sent
+    ttft = np.full(sent.size, 40_000.0) + np.random.default_rng(23).normal(0, 2000, sent.size)
+    ref = arm(sent, ttft, e2e)
+    g = queue_growth(ref, "reference", offered_rate=RATE)
+    assert g is not None and not g.saturated and g.served_share is not None
+    assert g.served_share <= MAX_SERVED_SHARE
+    checks = saturation_checks(scenario(ref, cand), [], offered_rate=RATE)
+    assert [c.id for c in checks] == [ENVIRONMENT]
+    assert checks[0].decision == "undecided" and checks[0].required
+    assert "The reference fell behind in steady too" in checks[0].message
+    assert "The candidate's queue grows too" in checks[0].message
+
+
 def test_a_reference_whose_queue_grows_is_the_environment_alone() -> None:
     sent = arrivals(7)
     s = scenario(engine(8, sent, 1.3), engine(9, sent, 0.5))
