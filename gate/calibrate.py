@@ -42,9 +42,14 @@ from gate.calibrate_engines import (
     ENGINE_CASES,
     RATE,
     REQUESTS,
+    VLLM_CASES,
+    VLLM_RATE,
+    VLLM_REQUESTS,
     EngineCaseResult,
+    EngineKind,
     calibrate_engines,
     spec_for,
+    vllm_home,
 )
 
 DEFAULT_RUNS = 20
@@ -103,15 +108,28 @@ def _table(result: Calibration) -> Table:
     return table
 
 
-def _engine_rate_problems(rate: float) -> str:
+def _engine_rate_problems(rate: float, kind: EngineKind = "sim") -> str:
     """What the plan refuses in an --engines gate's spec at this rate (a steady scenario too
     short for the paired checks), else ''."""
     from gate.core.limits import Limits
     from gate.runs.schedules import plan_problems
     from gate.spec import parse_spec
 
-    spec = parse_spec(spec_for(ENGINE_CASES[0], 0, seed=0, rate=rate), "calibration")
+    spec = parse_spec(spec_for(ENGINE_CASES[0], 0, seed=0, rate=rate, kind=kind), "calibration")
     return "; ".join(p.message for p in plan_problems(spec, Limits()))
+
+
+def _vllm_bed_missing() -> str:
+    """Why the real-vLLM test bed cannot serve --engines vllm, else ''."""
+    home = vllm_home()
+    need = [home / "venv" / "bin" / "python", *(home / "models" / m for m in ("tiny-a", "tiny-b"))]
+    missing = [str(p) for p in need if not p.exists()]
+    if missing:
+        return (
+            f"the real-vLLM test bed is not built ({missing[0]} is missing): run `make vllm` "
+            "(bench/vllm/setup), or point GATE_VLLM_HOME at one"
+        )
+    return ""
 
 
 def run_calibration(
@@ -123,10 +141,11 @@ def run_calibration(
     engine_runs: int = 0,
     engine_rate: float | None = RATE,
     numerics_runs: int = 0,
+    engine_kind: EngineKind = "sim",
 ) -> int:
     """Simulate `runs` gates per case at the default policy (every case, or those named),
-    and `engine_runs` whole gates per engine case against real sim engines (--engines); print
-    the result; exit code 0 (2 for a bad option)."""
+    and `engine_runs` whole gates per engine case against real engines (--engines: the sim,
+    or real vLLM); print the result; exit code 0 (2 for a bad option)."""
     runs = DEFAULT_RUNS if runs is None else runs
     if runs < 1:
         print("gate: --runs must be at least 1", file=sys.stderr)
@@ -137,11 +156,15 @@ def run_calibration(
     if engine_runs < 0:
         print("gate: --engine-runs must be at least 1", file=sys.stderr)
         return 2
-    engine_rate = RATE if engine_rate is None else engine_rate
+    vllm = engine_kind == "vllm"
+    engine_rate = (VLLM_RATE if vllm else RATE) if engine_rate is None else engine_rate
     if not 0.0 < engine_rate <= 1_000.0:
         print(f"gate: --engine-rate must be in (0, 1000], got {engine_rate:g}", file=sys.stderr)
         return 2
-    if engine_runs and (short := _engine_rate_problems(engine_rate)):
+    if engine_runs and vllm and (missing := _vllm_bed_missing()):
+        print(f"gate: --engines vllm: {missing}", file=sys.stderr)
+        return 2
+    if engine_runs and (short := _engine_rate_problems(engine_rate, engine_kind)):
         # Every gate would be refused before its load: say so once, not per gate.
         print(f"gate: --engine-rate {engine_rate:g}: {short}", file=sys.stderr)
         return 2
@@ -149,12 +172,13 @@ def run_calibration(
         print("gate: --limit must be at least 500 (one look)", file=sys.stderr)
         return 2
     cases = list(CASES)
-    engine_cases = list(ENGINE_CASES)
+    all_engine_cases = VLLM_CASES if vllm else ENGINE_CASES
+    engine_cases = list(all_engine_cases)
     numerics_cases = list(NUMERICS_CASES)
     if case_names:
         names = (
             {c.name for c in CASES}
-            | {c.name for c in ENGINE_CASES}
+            | {c.name for c in all_engine_cases}
             | {c.name for c in NUMERICS_CASES}
         )
         unknown = [n for n in case_names if n not in names]
@@ -164,7 +188,7 @@ def run_calibration(
             return 2
         wanted = dict.fromkeys(case_names)
         cases = [c for c in CASES if c.name in wanted]
-        engine_cases = [c for c in ENGINE_CASES if c.name in wanted]
+        engine_cases = [c for c in all_engine_cases if c.name in wanted]
         numerics_cases = [c for c in NUMERICS_CASES if c.name in wanted]
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
@@ -192,8 +216,9 @@ def run_calibration(
             engine_runs,
             seed=seed,
             cases=engine_cases,
-            progress=lambda m: err.print(m),
+            progress=lambda m: err.print(m, markup=False),
             rate=engine_rate,
+            kind=engine_kind,
         )
     if as_json:
         doc = result.to_dict()
@@ -205,8 +230,9 @@ def run_calibration(
             }
         if engine_runs:
             doc["engines"] = {
+                "kind": engine_kind,
                 "runs": engine_runs,
-                "requests_planned": REQUESTS - policy.warmup_requests,
+                "requests_planned": (VLLM_REQUESTS if vllm else REQUESTS) - policy.warmup_requests,
                 "rate": engine_rate,
                 "baseline_metrics": ["ttft", "itl", "errors"],
                 "cases": [c.to_dict() for c in engines],
@@ -227,7 +253,7 @@ def run_calibration(
             Console(highlight=False, width=width).print(_numerics_table(numerics, numerics_runs))
         if engines:
             Console(highlight=False, width=width).print(
-                _engine_table(engines, engine_runs, engine_rate)
+                _engine_table(engines, engine_runs, engine_rate, engine_kind)
             )
     return 0
 
@@ -255,11 +281,16 @@ def _numerics_table(results: Sequence[NumericsResult], runs: int) -> Table:
     return table
 
 
-def _engine_table(engines: Sequence[EngineCaseResult], runs: int, rate: float = RATE) -> Table:
+def _engine_table(
+    engines: Sequence[EngineCaseResult], runs: int, rate: float = RATE, kind: EngineKind = "sim"
+) -> Table:
+    what, requests = (
+        ("real vLLM servers", VLLM_REQUESTS) if kind == "vllm" else ("real sim engines", REQUESTS)
+    )
     table = Table(
         title=(
-            f"whole gates against real sim engines: {runs} per case, "
-            f"{REQUESTS} requests at {rate:g}/s planned (baseline: TTFT, ITL, errors)"
+            f"whole gates against {what}: {runs} per case, "
+            f"{requests} requests at {rate:g}/s planned (baseline: TTFT, ITL, errors)"
         )
     )
     for col in ("case", "hold", "median n", "baseline hold", "median n", "holding checks"):

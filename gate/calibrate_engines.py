@@ -1,4 +1,5 @@
-"""`gate calibrate --engines`: whole gates against real sim engine processes.
+"""`gate calibrate --engines [sim|vllm]`: whole gates against real engine processes (the sim, or
+real vLLM from the test bed of bench/vllm/setup).
 
 The simulation (analysis/calibration.py) draws latencies from a model; these gates are the real
 thing end to end: the gate launches two sim engine processes, mirrors Poisson load to them over
@@ -59,10 +60,45 @@ TTFT_CREEP_PCT = 40.0
 TTFT_CREEP_PER_MIN = TTFT_CREEP_PCT / (SCENARIO_S / 60.0)
 
 
+EngineKind = Literal["sim", "vllm"]
+
+# Real vLLM (`--engines vllm`): vLLM's CPU build from the test bed of bench/vllm/setup (`make
+# vllm`), in $GATE_VLLM_HOME (default .vllm). Two servers and the gate share two cores here, so
+# the load is light: 4/s of 32-token answers, about one request in flight per engine; 328
+# requests (320 judged) make 10 time blocks of 8 s. Eager: compiling on CPU stalls an engine
+# for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
+VLLM_RATE = 4.0
+VLLM_REQUESTS = 328
+VLLM_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+VLLM_SLOTS = ("--max-num-seqs", "8")
+
+
+def vllm_home() -> Path:
+    import os
+
+    return Path(os.environ.get("GATE_VLLM_HOME", ".vllm")).resolve()
+
+
+def vllm_engine(
+    home: Path, *args: str, weights: str = "tiny-a", env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A vllm preset engine of the test bed in `home`: its venv's python, `weights` (a model
+    bench/vllm/make_models.py made), the CPU flags and `args` after them (the last wins)."""
+    return {
+        "preset": "vllm",
+        "python": str(home / "venv" / "bin" / "python"),
+        "args": [*VLLM_ARGS, "--model", str(home / "models" / weights), *args],
+        "env": {**VLLM_ENV, **(env or {})},
+        "readiness_timeout_s": 600,
+    }
+
+
 @dataclass(frozen=True)
 class EngineCase:
     """What the candidate sim does differently (flags), and whether the gate runs the
-    correctness suite (the numerical cases)."""
+    correctness suite (the numerical cases). For vLLM the flags are the server's and
+    `weights` the candidate's model."""
 
     name: str
     candidate: tuple[str, ...] = ()
@@ -71,6 +107,7 @@ class EngineCase:
     # The spec's `correctness`: "auto" gives every other case the default correctness stage,
     # as a user's gate has; "off" leaves only the load scenario's mirrored outputs to judge.
     stage: Literal["auto", "off"] = "auto"
+    weights: str = "tiny-a"
 
 
 ENGINE_CASES: tuple[EngineCase, ...] = (
@@ -96,6 +133,21 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
     EngineCase("tail share 3% x4", ("--slow-share", "0.03", "--slow-factor", "4")),
     EngineCase("stall 5 s", ("--stalls", f"{STALL_AT_S:.1f}:{STALL_S:g}")),
     EngineCase("TTFT creep", ("--degrade-ttft-per-min", f"{TTFT_CREEP_PER_MIN:.1f}")),
+)
+
+
+VLLM_CASES: tuple[EngineCase, ...] = (
+    EngineCase("A/A"),
+    # one sequence at a time against eight: requests queue behind each other
+    EngineCase("one slot (--max-num-seqs 1)", ("--max-num-seqs", "1")),
+    # a KV cache of 3 blocks of 32 tokens (96) for requests of about 64: a second request in
+    # flight preempts the first (vllm:num_preemptions_total counts them)
+    EngineCase(
+        "KV cache of 96 tokens (preempts)",
+        ("--block-size", "32", "--num-gpu-blocks-override", "3"),
+    ),
+    EngineCase("other weights", weights="tiny-b"),
+    EngineCase("bfloat16 against float32", ("--dtype", "bfloat16")),
 )
 
 
@@ -133,8 +185,36 @@ class EngineCaseResult:
         }
 
 
-def spec_for(case: EngineCase, k: int, seed: int, rate: float = RATE) -> dict[str, Any]:
+def vllm_spec_for(case: EngineCase, k: int, seed: int, rate: float = VLLM_RATE) -> dict[str, Any]:
+    """The gate spec of gate `k` of a real-vLLM case (the weights are seeded: nothing to vary
+    between gates but the load's seed)."""
+    home = vllm_home()
+    return {
+        "name": "calibrate-vllm-" + "".join(ch if ch.isalnum() else "-" for ch in case.name),
+        "model": "tiny",
+        "seed": seed * 1_000 + k,
+        "reference": vllm_engine(home, *VLLM_SLOTS, *case.reference),
+        "candidate": vllm_engine(home, *VLLM_SLOTS, *case.candidate, weights=case.weights),
+        "scenarios": [
+            {
+                "name": "steady",
+                "arrival": "poisson",
+                "rate": rate,
+                "requests": VLLM_REQUESTS,
+                "prompt_tokens": 32,
+                "max_tokens": 32,
+            }
+        ],
+        "correctness": case.stage,
+    }
+
+
+def spec_for(
+    case: EngineCase, k: int, seed: int, rate: float = RATE, kind: EngineKind = "sim"
+) -> dict[str, Any]:
     """The gate spec of gate `k` of a case: fresh engine seeds per gate."""
+    if kind == "vllm":
+        return vllm_spec_for(case, k, seed, rate)
     ref_seed, cand_seed = 2 * (seed * 1_000 + k) + 1, 2 * (seed * 1_000 + k) + 2
     scenarios: list[dict[str, Any]] = [
         {
@@ -219,9 +299,9 @@ def _stored(db_url: str, gate_id: str, scenario: str) -> dict[str, Columns]:
 
 
 def run_engine_gate(
-    case: EngineCase, k: int, seed: int, work: Path, rate: float = RATE
+    case: EngineCase, k: int, seed: int, work: Path, rate: float = RATE, kind: EngineKind = "sim"
 ) -> EngineGate:
-    spec = parse_spec(spec_for(case, k, seed, rate), f"calibration case {case.name!r}")
+    spec = parse_spec(spec_for(case, k, seed, rate, kind), f"calibration case {case.name!r}")
     db_url = f"sqlite:///{work / 'calibration.db'}"
     out = asyncio.run(
         run_gate(spec, Settings(data_dir=work / ".gate"), report_dir=None, db_url=db_url)
@@ -253,15 +333,16 @@ def calibrate_engines(
     cases: Sequence[EngineCase] = ENGINE_CASES,
     progress: Callable[[str], None] | None = None,
     rate: float = RATE,
+    kind: EngineKind = "sim",
 ) -> list[EngineCaseResult]:
-    """`runs` real gates per case at `rate` requests per second; each gate in a fresh working
-    directory, torn down after."""
+    """`runs` real gates per case at `rate` requests per second, against sim engines or real
+    vLLM (`kind`); each gate in a fresh working directory, torn down after."""
     results = []
     for case in cases:
         gates = []
         for k in range(runs):
             with tempfile.TemporaryDirectory(prefix="gate-calibrate-") as tmp:
-                gate = run_engine_gate(case, k, seed, Path(tmp), rate)
+                gate = run_engine_gate(case, k, seed, Path(tmp), rate, kind)
             gates.append(gate)
             if progress is not None:
                 verdict = "hold" if gate.held else "continue"

@@ -89,8 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     cal.add_argument(
         "--engines",
-        action="store_true",
-        help="also run whole gates against real sim engine processes (--engine-runs per case)",
+        nargs="?",
+        const="sim",
+        choices=["sim", "vllm"],
+        help="also run whole gates against real engine processes (--engine-runs per case): "
+        "the sim (default), or real vLLM from the test bed (`--engines vllm`; `make vllm`)",
     )
     cal.add_argument(
         "--numerics-runs",
@@ -200,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.engine_runs if args.engines else 0,
             args.engine_rate,
             args.numerics_runs,
+            args.engines or "sim",
         )
     settings = Settings()
     if args.command == "serve":

@@ -123,13 +123,13 @@ def parse_logprobs(lp: Any) -> TokenLogprobs | None:
     values = lp.get("token_logprobs")
     if not isinstance(values, list):
         return None
-    tokens = lp.get("tokens")
+    listed = lp.get("tokens")
     tops = lp.get("top_logprobs")
     top = [_top_of(t) for t in tops] if isinstance(tops, list) else []
-    named = _ids_of(tokens) if isinstance(tokens, list) else None
+    named = _ids_of(listed) if isinstance(listed, list) else None
     return TokenLogprobs(
         "completions",
-        [str(t) for t in tokens] if isinstance(tokens, list) else [],
+        [str(t) for t in listed] if isinstance(listed, list) else [],
         [_number(v) for v in values],
         top,
         named,

@@ -83,7 +83,15 @@ def _one_environment(checks: list[Check]) -> list[Check]:
     env = [c for c in checks if c.id == ENVIRONMENT]
     if len(env) < 2:
         return checks
-    merged = replace(env[0], scenario=None, message=" ".join(c.message for c in env))
+    # The merged check holds when any of them does (a warning never weakens a hold).
+    first = next((c for c in env if c.required), env[0])
+    warnings = [c.warning for c in env if c.warning]
+    merged = replace(
+        first,
+        scenario=None,
+        message=" ".join(c.message for c in env),
+        warning=None if first.required else " ".join(warnings) or None,
+    )
     out = [c for c in checks if c.id != ENVIRONMENT]
     out.append(merged)
     return out

@@ -88,7 +88,7 @@ latency spans orders of magnitude and says nothing).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -109,6 +109,7 @@ __all__ = [
     "TREND_BLOCKS",
     "QueueGrowth",
     "queue_growth",
+    "queueing_warning",
     "saturation_checks",
 ]
 
@@ -514,4 +515,55 @@ def saturation_checks(
                 **shared,  # type: ignore[arg-type]
             )
         ]
-    return []
+    queueing = queueing_warning(s)
+    return [queueing] if queueing is not None else []
+
+
+QUEUEING_FACTOR = 10.0
+"""The reference's TTFT median over the scenario, against the median of its first requests
+(sent into an empty queue), at which the scenario measured its queue rather than its service."""
+
+QUEUEING_MIN_MS = 1000.0
+"""...and by at least this much: a 10x of a 5 ms TTFT is a batch, not a queue."""
+
+FIRST_REQUESTS = 8
+"""The requests sent first (by send time) that stand for the engine's unloaded TTFT."""
+
+
+def queueing_warning(s: ScenarioSamples) -> Check | None:
+    """A warning (`gate.environment`, not holding) when the reference queued through a scenario
+    without a growing queue to name: its TTFT median at least QUEUEING_FACTOR times that of its
+    first requests, and QUEUEING_MIN_MS more. Seen on real vLLM on an overloaded host: the
+    reference's TTFT wandered between 3 s and 34 s (its first requests: 0.1 s) and an A/A gate
+    continued on a candidate "3.4x faster"; the comparison then measures two queues, not two
+    engines. Computed from the samples alone; it holds nothing, so it costs no false holds."""
+    arm = s.reference
+    t = arm.offsets_s.get("ttft") if arm.offsets_s else None
+    if arm.ttft_ms.size < MIN_REQUESTS or t is None or t.size != arm.ttft_ms.size:
+        return None
+    first = arm.ttft_ms[np.argsort(t, kind="stable")[:FIRST_REQUESTS]]
+    unloaded = float(np.median(first))
+    median = float(np.median(arm.ttft_ms))
+    if median < QUEUEING_FACTOR * unloaded or median - unloaded < QUEUEING_MIN_MS:
+        return None
+    message = (
+        f"The reference queued through {s.name}: its TTFT median was {_dur(median)} against "
+        f"{_dur(unloaded)} for its first {FIRST_REQUESTS} requests ({median / unloaded:.3g}x). "
+        "The load was beyond what the test bed serves without a queue, so the latency checks "
+        "compare two queues, not two engines; lower the scenario's rate."
+    )
+    return replace(
+        statistic_check(
+            ENVIRONMENT,
+            "errors",
+            "environment",
+            "undecided",
+            message,
+            scenario=s.name,
+            reference=median,
+            candidate=float(np.median(s.candidate.ttft_ms)) if s.candidate.ttft_ms.size else None,
+            samples=(arm.ttft_ms.size, s.candidate.ttft_ms.size),
+        ),
+        required=False,
+        warning=message,
+    )

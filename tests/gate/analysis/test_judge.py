@@ -700,3 +700,22 @@ def test_an_undecided_check_past_its_threshold_is_a_warning_of_a_continue() -> N
     d = verdict.to_dict()
     assert [w["id"] for w in d["warnings"]] == [c.id for c in verdict.warnings]
     assert_json_safe(verdict)
+
+
+def test_one_environment_keeps_a_hold_when_a_warning_comes_first() -> None:
+    """A queueing warning (saturation.py) and an unhealthy-errors hold (errors.py) are one
+    `gate.environment` check: it holds, whatever order they came in."""
+    from dataclasses import replace as _replace
+
+    from gate.analysis.checks import statistic_check
+    from gate.analysis.errors import ENVIRONMENT
+    from gate.analysis.judge import _one_environment
+
+    base = statistic_check(ENVIRONMENT, "errors", "environment", "undecided", "held")
+    warn = _replace(base, message="queued", required=False, warning="queued")
+    for checks in ([warn, base], [base, warn]):
+        (merged,) = _one_environment(list(checks))
+        assert merged.required and merged.holds and merged.warning is None
+        assert "queued" in merged.message and "held" in merged.message
+    (only,) = _one_environment([warn, _replace(warn, message="again", warning="again")])
+    assert not only.holds and only.warning == "queued again"

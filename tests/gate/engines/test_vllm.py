@@ -16,20 +16,31 @@ machine, not the engines.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from gaterun import wait_for
 from services import service_missing
+from workertools import free_port, start_api
 
+from gate.calibrate_engines import (
+    VLLM_ARGS,
+    VLLM_ENV,
+    VLLM_RATE,
+    VLLM_REQUESTS,
+    vllm_engine,
+    vllm_home,
+)
 from gate.core.settings import Settings
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
@@ -37,20 +48,18 @@ from gate.spec import parse_spec
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[3]
-HOME = Path(os.environ.get("GATE_VLLM_HOME", ROOT / ".vllm"))
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
-STEADY = {"name": "steady", "rate": 8, "requests": 320, "prompt_tokens": 32, "max_tokens": 32}
-
-
-@dataclass(frozen=True)
-class Bed:
-    python: Path
-    models: Path
+HOME = vllm_home()  # $GATE_VLLM_HOME, default .vllm (the suite runs from the repository root)
+STEADY = {
+    "name": "steady",
+    "rate": VLLM_RATE,
+    "requests": VLLM_REQUESTS,
+    "prompt_tokens": 32,
+    "max_tokens": 32,
+}
 
 
 @pytest.fixture(scope="module")
-def bed() -> Bed:
+def bed() -> Path:
     check = subprocess.run(
         [str(ROOT / "bench" / "vllm" / "setup"), "--check"],
         env={**os.environ, "GATE_VLLM_HOME": str(HOME)},
@@ -59,17 +68,11 @@ def bed() -> Bed:
     )
     if check.returncode != 0:
         service_missing("the real-vLLM test bed", f"bench/vllm/setup --check failed for {HOME}")
-    return Bed(HOME / "venv" / "bin" / "python", HOME / "models")
+    return HOME
 
 
-def engine(bed: Bed, *args: str, model: str = "tiny-a", tag: str = "") -> dict[str, Any]:
-    return {
-        "preset": "vllm",
-        "python": str(bed.python),
-        "args": [*ARGS, "--model", str(bed.models / model), *args],
-        "env": {**CPU_ENV, "LLM_GATE_TEST_TAG": tag},
-        "readiness_timeout_s": 600,
-    }
+def engine(bed: Path, *args: str, model: str = "tiny-a", tag: str = "") -> dict[str, Any]:
+    return vllm_engine(bed, *args, weights=model, env={"LLM_GATE_TEST_TAG": tag})
 
 
 def run(
@@ -101,7 +104,7 @@ def decisions(doc: dict[str, Any]) -> dict[str, str]:
 
 
 def test_identical_vllm_servers_continue_and_say_where_startup_went(
-    bed: Bed, tmp_path: Path
+    bed: Path, tmp_path: Path
 ) -> None:
     doc = run(tmp_path, engine(bed, "--max-num-seqs", "8"), engine(bed, "--max-num-seqs", "8"))
     assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
@@ -116,8 +119,8 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
         assert [phases[s] for s in steps] == sorted(phases[s] for s in steps)
 
 
-def test_one_sequence_slot_against_eight_holds_naming_ttft(bed: Bed, tmp_path: Path) -> None:
-    """`--max-num-seqs 1` serves one request at a time: at 8/s with 32 tokens each (about 0.15 s
+def test_one_sequence_slot_against_eight_holds_naming_ttft(bed: Path, tmp_path: Path) -> None:
+    """`--max-num-seqs 1` serves one request at a time: at 4/s with 32 tokens each (about 0.2 s
     a request alone) requests queue behind each other, and the TTFT the candidate's users wait
     grows several-fold while the eight-slot reference batches them."""
     doc = run(
@@ -132,17 +135,74 @@ def test_one_sequence_slot_against_eight_holds_naming_ttft(bed: Bed, tmp_path: P
     assert "gate.environment" not in held  # the reference kept up
 
 
-def test_other_weights_hold_on_divergence(bed: Bed, tmp_path: Path) -> None:
-    """The same server with another seed's weights: every greedy answer differs."""
-    doc = run(
-        tmp_path,
-        engine(bed, "--max-num-seqs", "8"),
-        engine(bed, "--max-num-seqs", "8", model="tiny-b"),
-        scenarios=[{"suite": "correctness"}],
-    )
-    assert doc["verdict"] == "hold"
+def test_other_weights_hold_on_divergence_through_gate_serve_and_a_template(
+    bed: Path, tmp_path: Path
+) -> None:
+    """The operator's way: `gate serve` with an engine template for this vLLM build (the
+    caller picks only the weights and the sequence slots), a `run` token, `POST /v1/gates`.
+    The candidate serves another seed's weights: every greedy answer differs."""
+    specs = tmp_path / "specs"
+    (specs / "engines").mkdir(parents=True)
+    template = {
+        "description": "vLLM's CPU build from the test bed",
+        "engine": {
+            "preset": "vllm",
+            "python": str(bed / "venv" / "bin" / "python"),
+            "args": [*VLLM_ARGS, "--model", "{weights}", "--max-num-seqs", "{slots}"],
+            "env": VLLM_ENV,
+            "readiness_timeout_s": 600,
+        },
+        "params": {
+            "weights": {
+                "type": "choice",
+                "choices": {m: str(bed / "models" / m) for m in ("tiny-a", "tiny-b")},
+            },
+            "slots": {"type": "int", "min": 1, "max": 64, "default": 8},
+        },
+    }
+    (specs / "engines" / "vllm-cpu.yaml").write_text(json.dumps(template))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
+    env |= {"GATE_DATA_DIR": str(tmp_path / ".gate"), "GATE_SPEC_DIR": str(specs)}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    api = start_api(env, tmp_path / "serve.log", port, tmp_path)
+    try:
+        api.wait_ready(60)
+        made = subprocess.run(
+            [sys.executable, "-m", "gate", "token", "create", "ci", "--scopes", "run"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        (token,) = re.findall(r"gt_[A-Za-z0-9_-]+", made.stdout)
+        auth = {"Authorization": f"Bearer {token}"}
+        body = {
+            "spec": {
+                "name": "vllm-weights",
+                "model": "tiny",
+                "reference": {"engine": "vllm-cpu", "params": {"weights": "tiny-a"}},
+                "candidate": {"engine": "vllm-cpu", "params": {"weights": "tiny-b"}},
+                "scenarios": [{"suite": "correctness"}],
+            }
+        }
+        answer = httpx.post(f"{base}/v1/gates", json=body, headers=auth, timeout=30)
+        assert answer.status_code == 202, answer.text
+        gid = answer.json()["id"]
+
+        def verdict() -> dict[str, Any] | None:
+            got = httpx.get(f"{base}/v1/gates/{gid}/verdict", headers=auth, timeout=10).json()
+            return got if got.get("verdict") is not None else None
+
+        final = wait_for(verdict, 600, "the gate's verdict", every_s=2)
+        doc = httpx.get(f"{base}/v1/gates/{gid}/document", headers=auth, timeout=30).json()
+    finally:
+        api.stop()
+    assert final["verdict"] == "hold", (final, api.log()[-3000:])
     held = {r["check"] for r in doc["reasons"]}
     assert any(c.startswith("correctness.") for c in held), held
+    assert "python" not in json.dumps(body)  # the caller never named a program
 
 
 def tagged(tag: str) -> list[int]:
@@ -163,13 +223,11 @@ def tagged(tag: str) -> list[int]:
     return found
 
 
-def test_sigkill_of_gate_run_leaves_no_vllm_process(bed: Bed, tmp_path: Path) -> None:
+def test_sigkill_of_gate_run_leaves_no_vllm_process(bed: Path, tmp_path: Path) -> None:
     """`kill -9` of `gate run` once both vLLM servers run their three processes each: none of
     the six outlives it (the keeper's parent-death signal ends each engine's tree)."""
     tag = uuid.uuid4().hex
     spec = tmp_path / "spec.yaml"
-    import json
-
     eng = engine(bed, "--max-num-seqs", "8", tag=tag)
     spec.write_text(
         f"name: vllm-sigkill\nmodel: tiny\nreference: {json.dumps(eng)}\n"
