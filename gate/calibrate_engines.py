@@ -63,12 +63,15 @@ TTFT_CREEP_PER_MIN = TTFT_CREEP_PCT / (SCENARIO_S / 60.0)
 EngineKind = Literal["sim", "vllm"]
 
 # Real vLLM (`--engines vllm`): vLLM's CPU build from the test bed of bench/vllm/setup (`make
-# vllm`), in $GATE_VLLM_HOME (default .vllm). Two servers and the gate share two cores here, so
-# the load is light: 4/s of 32-token answers, about one request in flight per engine; 328
-# requests (320 judged) make 10 time blocks of 8 s. Eager: compiling on CPU stalls an engine
-# for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
+# vllm`), in $GATE_VLLM_HOME (default .vllm). Two servers and the gate share two cores here, and
+# eager vLLM spends about 6 ms of CPU per decode step of this tiny model (its worker and engine
+# core, measured with top): 4/s of 32-token answers kept both cores busy and both engines
+# queueing (TTFT 3 s -> 25 s), so the load is 4/s of 16-token answers, about 0.4 of a core per
+# engine; 328 requests (320 judged) make 10 time blocks of 8 s. Eager: compiling on CPU stalls
+# an engine for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
 VLLM_RATE = 4.0
 VLLM_REQUESTS = 328
+VLLM_MAX_TOKENS = 16
 VLLM_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 VLLM_SLOTS = ("--max-num-seqs", "8")
@@ -140,11 +143,11 @@ VLLM_CASES: tuple[EngineCase, ...] = (
     EngineCase("A/A"),
     # one sequence at a time against eight: requests queue behind each other
     EngineCase("one slot (--max-num-seqs 1)", ("--max-num-seqs", "1")),
-    # a KV cache of 3 blocks of 32 tokens (96) for requests of about 64: a second request in
+    # a KV cache of 2 blocks of 32 tokens (64) for requests of about 48: a second request in
     # flight preempts the first (vllm:num_preemptions_total counts them)
     EngineCase(
-        "KV cache of 96 tokens (preempts)",
-        ("--block-size", "32", "--num-gpu-blocks-override", "3"),
+        "KV cache of 64 tokens (preempts)",
+        ("--block-size", "32", "--num-gpu-blocks-override", "2"),
     ),
     EngineCase("other weights", weights="tiny-b"),
     EngineCase("bfloat16 against float32", ("--dtype", "bfloat16")),
@@ -202,7 +205,7 @@ def vllm_spec_for(case: EngineCase, k: int, seed: int, rate: float = VLLM_RATE) 
                 "rate": rate,
                 "requests": VLLM_REQUESTS,
                 "prompt_tokens": 32,
-                "max_tokens": 32,
+                "max_tokens": VLLM_MAX_TOKENS,
             }
         ],
         "correctness": case.stage,

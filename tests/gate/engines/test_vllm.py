@@ -36,6 +36,7 @@ from workertools import free_port, start_api
 from gate.calibrate_engines import (
     VLLM_ARGS,
     VLLM_ENV,
+    VLLM_MAX_TOKENS,
     VLLM_RATE,
     VLLM_REQUESTS,
     vllm_engine,
@@ -54,7 +55,7 @@ STEADY = {
     "rate": VLLM_RATE,
     "requests": VLLM_REQUESTS,
     "prompt_tokens": 32,
-    "max_tokens": 32,
+    "max_tokens": VLLM_MAX_TOKENS,
 }
 
 
@@ -120,9 +121,10 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
 
 
 def test_one_sequence_slot_against_eight_holds_naming_ttft(bed: Path, tmp_path: Path) -> None:
-    """`--max-num-seqs 1` serves one request at a time: at 4/s with 32 tokens each (about 0.2 s
-    a request alone) requests queue behind each other, and the TTFT the candidate's users wait
-    grows several-fold while the eight-slot reference batches them."""
+    """`--max-num-seqs 1` serves one request at a time: at 4/s with 16 tokens each (about 0.12 s
+    a request alone, half the slot's capacity) requests queue behind each other, and the TTFT
+    the candidate's users wait grows several-fold in its upper half while the eight-slot
+    reference batches them."""
     doc = run(
         tmp_path,
         engine(bed, "--max-num-seqs", "8"),
