@@ -64,16 +64,22 @@ EngineKind = Literal["sim", "vllm"]
 
 # Real vLLM (`--engines vllm`): vLLM's CPU build from the test bed of bench/vllm/setup (`make
 # vllm`), in $GATE_VLLM_HOME (default .vllm). Two servers and the gate share two cores here, and
-# eager vLLM spends about 6 ms of CPU per decode step of this tiny model (its worker and engine
-# core, measured with top): 4/s of 32-token answers kept both cores busy and both engines
-# queueing (TTFT 3 s -> 25 s), so the load is 4/s of 16-token answers, about 0.4 of a core per
-# engine; 328 requests (320 judged) make 10 time blocks of 8 s. Eager: compiling on CPU stalls
-# an engine for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
-VLLM_RATE = 4.0
-VLLM_REQUESTS = 328
-VLLM_MAX_TOKENS = 16
+# eager vLLM spends about 20 ms of CPU per generated token of this tiny model at light load (its
+# scheduler, worker and API server in Python; measured over 20 s of 4/s: 1.2 cores for 64
+# tokens/s with OMP_WAIT_POLICY=PASSIVE, 2.0 without, OpenMP's threads spinning between steps).
+# 4/s of 32-token answers kept both cores busy and both engines queueing (TTFT 3 s -> 25 s); the
+# load is 3/s of 8-token answers, about 0.4 of a core per engine. 280 requests (272 judged)
+# make 8 time blocks of 11 s, the least the paired checks decide on. Eager: compiling on CPU
+# stalls an engine for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
+VLLM_RATE = 3.0
+VLLM_REQUESTS = 280
+VLLM_MAX_TOKENS = 8
 VLLM_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # two cores: no core to reserve per engine
+    "OMP_WAIT_POLICY": "PASSIVE",  # idle OpenMP threads sleep instead of spinning
+}
 VLLM_SLOTS = ("--max-num-seqs", "8")
 
 
@@ -143,11 +149,12 @@ VLLM_CASES: tuple[EngineCase, ...] = (
     EngineCase("A/A"),
     # one sequence at a time against eight: requests queue behind each other
     EngineCase("one slot (--max-num-seqs 1)", ("--max-num-seqs", "1")),
-    # a KV cache of 2 blocks of 32 tokens (64) for requests of about 48: a second request in
-    # flight preempts the first (vllm:num_preemptions_total counts them)
+    # a KV cache of 3 blocks of 32 tokens (96) for requests of 40 (2 blocks each): a second
+    # request in flight takes the third block for its prompt, and the first or the second is
+    # preempted when it needs one more (vllm:num_preemptions_total counts them)
     EngineCase(
-        "KV cache of 64 tokens (preempts)",
-        ("--block-size", "32", "--num-gpu-blocks-override", "2"),
+        "KV cache of 96 tokens (preempts)",
+        ("--block-size", "32", "--num-gpu-blocks-override", "3"),
     ),
     EngineCase("other weights", weights="tiny-b"),
     EngineCase("bfloat16 against float32", ("--dtype", "bfloat16")),
