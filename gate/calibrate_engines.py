@@ -68,12 +68,15 @@ EngineKind = Literal["sim", "vllm"]
 # scheduler, worker and API server in Python; measured over 20 s of 4/s: 1.2 cores for 64
 # tokens/s with OMP_WAIT_POLICY=PASSIVE, 2.0 without, OpenMP's threads spinning between steps).
 # 4/s of 32-token answers kept both cores busy and both engines queueing (TTFT 3 s -> 25 s); the
-# load is 3/s of 8-token answers, about 0.4 of a core per engine. 280 requests (272 judged)
-# make 8 time blocks of 11 s, the least the paired checks decide on. Eager: compiling on CPU
-# stalls an engine for seconds in its first minute of load (examples/specs/vllm-cpu.yaml).
-VLLM_RATE = 3.0
+# load is 2/s of 16-token answers, about 0.3 of a core per engine, while one sequence slot is
+# busy about 70% of the time (16 steps of about 20 ms a request), so the one-slot candidate
+# queues; at 3/s of 8 tokens it was busy about 40% and its TTFT p90 of 1.7x stayed undecided
+# on a busy host. 280 requests (272 judged) make 8 time blocks of 16 s, the least the paired
+# checks decide on. Eager: compiling on CPU stalls an engine for seconds in its first minute of
+# load (examples/specs/vllm-cpu.yaml).
+VLLM_RATE = 2.0
 VLLM_REQUESTS = 280
-VLLM_MAX_TOKENS = 8
+VLLM_MAX_TOKENS = 16
 VLLM_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
 VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache

@@ -121,10 +121,9 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
 
 
 def test_one_sequence_slot_against_eight_holds_naming_ttft(bed: Path, tmp_path: Path) -> None:
-    """`--max-num-seqs 1` serves one request at a time: at 3/s of 8-token answers requests
-    queue behind each other whenever two arrive within one's service, and the TTFT the
-    candidate's users wait grows several-fold in its upper part while the eight-slot reference
-    batches them."""
+    """`--max-num-seqs 1` serves one request at a time: at 2/s of 16-token answers its slot is
+    busy about 70% of the time, requests queue behind each other, and the TTFT the candidate's
+    users wait grows several-fold while the eight-slot reference batches them."""
     doc = run(
         tmp_path,
         engine(bed, "--max-num-seqs", "8"),
