@@ -112,8 +112,9 @@ def _parser() -> argparse.ArgumentParser:
         "--engine-rate",
         type=float,
         default=None,
-        help="requests per second of each --engines gate (default 40: a 20 s scenario; at "
-        "more than about 50 its 808 requests are too short for the paired checks)",
+        help="requests per second of each --engines gate (sim: default 40, a 20 s scenario; "
+        "at more than about 50 its 808 requests are too short for the paired checks; vllm: "
+        "default 2, what two servers and the gate on two cores serve)",
     )
     cal.add_argument(
         "--case",

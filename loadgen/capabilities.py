@@ -48,6 +48,9 @@ class Capabilities:
     prompt_token_ids: bool = False
     stream_usage: bool = False
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # Asked with vLLM's `return_tokens_as_token_ids`, it named every token `token_id:N` (in its
+    # tokens and top-k keys): ids, where its text keys would merge tokens of the same text.
+    tokens_by_id: bool = False
 
     FEATURES: ClassVar[tuple[str, ...]] = (
         "completions",
@@ -196,6 +199,7 @@ async def discover(
 
     top_max: int | None = None
     token_ids_from_entries = False
+    tokens_by_id = False
     for k in _TOP_K_TRIES:
         # vLLM keys its top logprobs by text, and tokens with the same text collapse into one
         # key (logprobs.py): asked to name them by id, it counts them all. An engine that does
@@ -208,6 +212,7 @@ async def discover(
             if all(len(t) >= k for t in parsed.top_ids or parsed.top):
                 top_max = k
                 token_ids_from_entries = parsed.ids is not None
+                tokens_by_id = parsed.shape == "completions" and parsed.top_ids is not None
                 break
             problem = f"asked for {k} top logprobs, got {min(len(t) for t in parsed.top)}"
         note(f"logprobs {k}", problem, "no logprobs in the answer")
@@ -252,4 +257,5 @@ async def discover(
         prompt_token_ids=prompt_token_ids,
         stream_usage=stream_usage,
         problems=tuple(p[:300] for p in problems[:20]),
+        tokens_by_id=tokens_by_id,
     )

@@ -428,7 +428,7 @@ def knob_problems(name: str, knobs: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _check_knobs(entry: Any) -> None:
     """Refuse the first bad knob of a new entry (:func:`knob_problems`)."""
-    values = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
+    values = {f.name: getattr(entry, f.name) for f in _knob_fields(entry)}
     problems = knob_problems(entry.name, values)
     if problems:
         raise KnobError(*problems[0])
@@ -711,6 +711,9 @@ class Correctness:
     top_logprobs: int = 5
     teacher_forced: bool = True
     envelope_load: int = 16
+    # set by the gate (gate/runs/probes.py adapt_to) when both engines name tokens by id; never
+    # a spec's: against an engine that answers text it would make every position differ
+    tokens_by_id: bool = field(default=False, metadata={"knob": False})
 
     def __post_init__(self) -> None:
         _check_knobs(self)
@@ -728,8 +731,9 @@ class Correctness:
                     "logprobs": self.top_logprobs,
                     "return_token_ids": True,
                     # vLLM then names the top-k by id, not by a text several tokens share
-                    # (loadgen/logprobs.py); engines that do not know it ignore it
-                    "return_tokens_as_token_ids": True,
+                    # (loadgen/logprobs.py); asked only when both engines do (tokens_by_id),
+                    # since a text-keyed answer cannot be compared with an id-keyed one
+                    **({"return_tokens_as_token_ids": True} if self.tokens_by_id else {}),
                     "ignore_eos": True,
                 },
             )
@@ -766,15 +770,20 @@ def get(name: str, **overrides: Any) -> Scenario:
     return scenario
 
 
+def _knob_fields(entry: Any) -> list[dataclasses.Field[Any]]:
+    """An entry's fields a spec may set: all but those the gate sets itself (`knob: False`)."""
+    return [f for f in dataclasses.fields(entry) if f.metadata.get("knob", True)]
+
+
 def knobs(name: str) -> list[str]:
     """The overridable fields of a suite entry, for help texts and spec validation."""
-    return [f.name for f in dataclasses.fields(get(name))]
+    return [f.name for f in _knob_fields(get(name))]
 
 
 def _replace(obj: Any, overrides: Mapping[str, Any]) -> Any:
     if not overrides:
         return obj
-    names = {f.name for f in dataclasses.fields(obj)}
+    names = {f.name for f in _knob_fields(obj)}
     unknown = sorted(set(overrides) - names)
     if unknown:
         known = ", ".join(sorted(names))

@@ -444,6 +444,10 @@ def saturation_checks(
     # too, even where its rise missed a condition of a growing queue (its queue may have
     # stopped growing at a plateau): a candidate's growing queue beside it is the test bed's
     # overload, not the candidate's (seen on real vLLM: both at 38-43% of 7.9/s).
+    # Its completions alone do not say it: a healthy reference whose answers vary widely in
+    # length (e2e 0.5-20 s) completes over a wider span than it was sent over and reads a share
+    # of 0.8 in a short scenario; so its TTFT must show the queue too (rose MIN_GROWTH-fold,
+    # or queued QUEUEING_FACTOR-fold over its first requests).
     ref_behind = ref is not None and (
         ref.saturated
         or (
@@ -451,6 +455,7 @@ def saturation_checks(
             and cand.saturated
             and ref.served_share is not None
             and ref.served_share <= MAX_SERVED_SHARE
+            and (ref.growth >= MIN_GROWTH or queueing_warning(s) is not None)
         )
     )
     if ref is not None and ref_behind:

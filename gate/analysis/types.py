@@ -248,8 +248,9 @@ class Check:
 
     @property
     def not_shown(self) -> bool:
-        """An undecided check that does not hold: what a continue could not show."""
-        return self.decision == "undecided" and not self.required
+        """An undecided check that does not hold: what a continue could not show (a test bed's
+        warning, `gate.environment`, is no claim about the candidate: it is a warning only)."""
+        return self.decision == "undecided" and not self.required and self.metric != "environment"
 
     id: str
     group: CheckGroup

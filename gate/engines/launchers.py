@@ -184,6 +184,9 @@ class ProcessEngine:
                     raise
                 old = self.port
                 self._reap()
+                # the relaunch logs its startup again: its steps are its own, not the first's
+                for phase in LOG_PHASES:
+                    self.phases.reached.pop(phase, None)
                 self.port = free_port(self.host)
                 self.base_url = f"http://{self.host}:{self.port}"
                 self.phases.mark("port_retry", f"port {old} was taken; relaunching on {self.port}")
@@ -244,8 +247,8 @@ class ProcessEngine:
             raise _with_log_phase(exc, self.phases) from None
         finally:
             watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+            # waits for the watcher to end without swallowing a cancel of this task itself
+            await asyncio.wait([watching])
         watcher.drain()
 
     def _why_dead(self) -> str | None:

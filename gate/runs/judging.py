@@ -336,10 +336,11 @@ class CorrectnessRun:
     @property
     def by_id(self) -> bool:
         """Compare tokens by id: every answer gave its token ids and a top-k keyed by id
-        (llama.cpp's entries do; vLLM's do when asked with `return_tokens_as_token_ids`, as
-        the probes ask). Texts are not unique (every partial UTF-8 byte token reads
-        "\ufffd"), so a text key merges distinct tokens; an engine keyed by text keeps the
-        whole run on text, one kind for the whole run."""
+        (llama.cpp's entries do; vLLM's do when asked with `return_tokens_as_token_ids`, which
+        the probes ask only when both engines honour it: probes.adapt_to). Texts are not
+        unique (every partial UTF-8 byte token reads "\ufffd"), so a text key merges distinct
+        tokens; an engine keyed by text keeps the whole run on text, one kind for the whole
+        run."""
         answered = [
             r for r in (*self.reference, *self.candidate, *self.reference_loaded) if r.error is None
         ]

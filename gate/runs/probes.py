@@ -94,13 +94,18 @@ def adapt_to(
     reference: Capabilities | None,
     name: str,
     notes: list[str],
+    candidate: Capabilities | None = None,
 ) -> suite_catalogue.Correctness:
     """The suite as far as the reference supports it: no more top logprobs than it returns,
     and no teacher-forced scoring where it has no prompt logprobs or prompt token ids (the
-    free-run comparison remains). What the candidate lost is a compatibility check's."""
+    free-run comparison remains). What the candidate lost is a compatibility check's. Tokens
+    are asked by id (vLLM's `return_tokens_as_token_ids`) only when both engines name them so:
+    one engine's `token_id:N` against the other's text would differ at every position."""
     if reference is None:
         return cfg
     changes: dict[str, object] = {}
+    if reference.tokens_by_id and candidate is not None and candidate.tokens_by_id:
+        changes["tokens_by_id"] = True
     k = reference.top_logprobs_max
     if k is not None and k < cfg.top_logprobs:
         changes["top_logprobs"] = k
@@ -151,7 +156,7 @@ async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> Co
         )
         empty = CorrectnessRun(sc.name, cfg.max_tokens, [], [], [])
         return CorrectnessResult(empty, divergence_samples(empty, ctx.notes), ctx.spec.policy)
-    cfg = adapt_to(cfg, reference, sc.name, ctx.notes)
+    cfg = adapt_to(cfg, reference, sc.name, ctx.notes, engines.capabilities.get("candidate"))
     api = probe_api(reference, sc.name, ctx.notes)
     if api == "chat":
         cfg = dataclasses.replace(cfg, teacher_forced=False)

@@ -167,6 +167,10 @@ class CapabilitiesDoc(_Doc):
     prompt_token_ids: bool = False
     stream_usage: bool = False
     problems: list[str] = Field(default_factory=list, description="what each failed ask said")
+    tokens_by_id: bool = Field(
+        default=False,
+        description="asked with vLLM's return_tokens_as_token_ids, it named tokens by id",
+    )
 
 
 class EngineDoc(_Doc):

@@ -337,3 +337,11 @@ def test_nesting_depth_is_counted_without_recursion() -> None:
     for _ in range(200_000):
         deep = {"a": deep}
     assert nesting_depth(deep, 4) == 5  # stops counting past the limit
+
+
+def test_asking_tokens_by_id_is_the_gates_choice_never_a_specs() -> None:
+    """`tokens_by_id` is set by the gate when both engines name tokens by id (probes.adapt_to);
+    a spec that set it against an engine answering text would make every position differ."""
+    assert "tokens_by_id" not in knobs("correctness")
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) tokens_by_id"):
+        get("correctness", tokens_by_id=True)

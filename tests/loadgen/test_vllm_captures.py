@@ -116,6 +116,16 @@ def test_the_capability_probe_counts_top_logprobs_by_id() -> None:
 
     caps = asyncio.run(main())
     assert caps.top_logprobs_max == 20 and caps.logprobs and caps.token_ids
+    assert caps.tokens_by_id  # so the probes may ask by id when the other engine does too
+
+
+def test_an_engine_answering_text_keys_does_not_name_tokens_by_id() -> None:
+    async def main() -> Capabilities:
+        async with replay("vllm-completions-logprobs20.http") as url:
+            return await discover(Target("vllm", url, timeout_s=5.0))
+
+    caps = asyncio.run(main())
+    assert not caps.tokens_by_id  # the field ignored (text keys): never asked by id
 
 
 def test_tokenize_at_the_root_counts_a_prompt() -> None:

@@ -142,10 +142,13 @@ def test_a_reference_behind_the_load_without_a_growing_queue_is_still_the_enviro
     rate sent (completions at most MAX_SERVED_SHARE of it) is the test bed's overload."""
     sent = arrivals(21)
     cand = engine(22, sent, 1.6)
-    # the reference: behind from the start (completions spread over 2.5x the send span), its
-    # TTFT high but flat, so its queue is not called growing
+    # the reference: behind the rate sent (completions spread over 2.5x the send span), its
+    # first requests served at once and the rest waiting 15-35 s, up and down with no trend
+    # to the end (as the real one's 3 s, 18 s, 30 s, 22 s, 18 s, 34 s, 30 s, 17 s): its queue
+    # is not called growing
     e2e = 60_000.0 + sent * 1500.0  # completes at 1/2.5 of the rate sent
-    ttft = np.full(sent.size, 40_000.0) + np.random.default_rng(23).normal(0, 2000, sent.size)
+    ttft = 25_000.0 + 10_000.0 * np.sin(sent / 10.0)
+    ttft[np.argsort(sent)[:8]] = 100.0
     ref = arm(sent, ttft, e2e)
     g = queue_growth(ref, "reference", offered_rate=RATE)
     assert g is not None and not g.saturated and g.served_share is not None
@@ -155,6 +158,24 @@ def test_a_reference_behind_the_load_without_a_growing_queue_is_still_the_enviro
     assert checks[0].decision == "undecided" and checks[0].required
     assert "The reference fell behind in steady too" in checks[0].message
     assert "The candidate's queue grows too" in checks[0].message
+
+
+def test_a_healthy_reference_with_varied_answers_does_not_excuse_a_saturated_candidate() -> None:
+    """A reference whose answers vary from 0.5 s to 20 s completes over a wider span than it
+    was sent over, and in a short scenario reads a share of completions near 0.8; its TTFT is
+    flat and fast. That is no test-bed overload: the candidate's growing queue is its own
+    (found in review: rule (a) alone sent it to gate.environment)."""
+    sent = arrivals(41, n=300, rate=10.0)
+    rng = np.random.default_rng(42)
+    ttft = rng.lognormal(math.log(60.0), 0.2, sent.size)
+    e2e = ttft + rng.uniform(500.0, 20_000.0, sent.size)
+    ref = arm(sent, ttft, e2e)
+    g = queue_growth(ref, "reference", offered_rate=10.0)
+    assert g is not None and g.served_share is not None and g.served_share <= MAX_SERVED_SHARE
+    cand = engine(43, sent, 1.6)
+    checks = saturation_checks(scenario(ref, cand), [], offered_rate=10.0)
+    assert [c.id for c in checks] == ["steady.saturation.candidate"]
+    assert checks[0].decision == "fail"
 
 
 def test_a_reference_whose_queue_grows_is_the_environment_alone() -> None:

@@ -60,3 +60,21 @@ def test_a_reference_that_serves_only_chat_gets_the_probes_on_chat() -> None:
     assert probe_api(None, "c", []) == "completions"
     neither = dataclasses.replace(FULL, completions=False, chat=False)
     assert probe_api(neither, "c", []) == "completions"  # its failures say the rest
+
+
+def test_tokens_are_asked_by_id_only_when_both_engines_name_them_so() -> None:
+    """vLLM names tokens `token_id:N` when asked (return_tokens_as_token_ids); an engine that
+    ignores the field answers text, and a `token_id:9906` against a "Hello" differs at every
+    position. So the probes ask only when both engines showed they honour it."""
+    by_id = dataclasses.replace(FULL, tokens_by_id=True)
+    cfg = suite.Correctness()
+    for ref, cand, want in (
+        (by_id, by_id, True),
+        (by_id, FULL, False),
+        (FULL, by_id, False),
+        (by_id, None, False),
+    ):
+        got = adapt_to(cfg, ref, "correctness", [], cand)
+        assert got.tokens_by_id is want
+        asked = ["return_tokens_as_token_ids" in r.extra for r in got.requests(0)]
+        assert asked == [want] * cfg.probes_count
