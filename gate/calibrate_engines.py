@@ -18,6 +18,7 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -171,6 +172,8 @@ class EngineGate:
     reasons: tuple[str, ...]
     baseline_held: bool
     baseline_requests: int | None
+    wall_s: float = 0.0  # the whole gate, launch to teardown
+    warnings: tuple[str, ...] = ()  # checks in the warning tier (a continue's "with N warnings")
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,8 @@ class EngineCaseResult:
             "median_requests_to_hold": statistics.median(held) if held else None,
             "reasons": dict(sorted(reasons.items())),
             "baseline_hold_rate": sum(g.baseline_held for g in self.gates) / runs if runs else None,
+            "wall_s": [round(g.wall_s, 1) for g in self.gates],
+            "warnings": dict(sorted(Counter(w for g in self.gates for w in g.warnings).items())),
             "baseline_median_requests_to_hold": statistics.median(
                 [r for r in b_held if r is not None]
             )
@@ -316,9 +321,11 @@ def run_engine_gate(
 ) -> EngineGate:
     spec = parse_spec(spec_for(case, k, seed, rate, kind), f"calibration case {case.name!r}")
     db_url = f"sqlite:///{work / 'calibration.db'}"
+    started = time.monotonic()
     out = asyncio.run(
         run_gate(spec, Settings(data_dir=work / ".gate"), report_dir=None, db_url=db_url)
     )
+    wall_s = time.monotonic() - started
     doc = out.document
     held = doc["verdict"] == "hold"
     reasons = tuple(r["check"] for r in doc.get("reasons") or [])
@@ -337,7 +344,10 @@ def run_engine_gate(
         b_held, b_requests = baseline_on_samples(
             cols["reference"], cols["candidate"], Policy().warmup_requests
         )
-    return EngineGate(held, requests if held else None, reasons, b_held, b_requests)
+    warnings = tuple(w["check"] for w in doc.get("warnings") or [])
+    return EngineGate(
+        held, requests if held else None, reasons, b_held, b_requests, wall_s, warnings
+    )
 
 
 def calibrate_engines(
@@ -361,6 +371,9 @@ def calibrate_engines(
                 verdict = "hold" if gate.held else "continue"
                 why = f" ({', '.join(gate.reasons[:3])})" if gate.reasons else ""
                 at = f" at {gate.requests} requests per arm" if gate.requests else ""
-                progress(f"engines: {case.name} gate {k + 1}/{runs}: {verdict}{at}{why}")
+                progress(
+                    f"engines: {case.name} gate {k + 1}/{runs}: {verdict}{at}{why} "
+                    f"in {gate.wall_s:.0f} s"
+                )
         results.append(EngineCaseResult(case.name, tuple(gates)))
     return results
