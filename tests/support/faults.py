@@ -8,13 +8,22 @@ them when the session ends, and nothing needs a session hook or a fixture: a tes
 tests/gate/faults imports this module and calls one function.
 
 Where: `$GATE_FAULT_TABLE` if set, else `.gate/fault-table.md` at the repository root (a
-gitignored data directory)."""
+gitignored data directory).
+
+Under pytest-xdist each worker is a process of its own with its own rows, so each process keeps
+its rows in a file of its own beside the table (`fault-table.md.rows/SESSION-PID.json`) and
+renders the table from every row file of its session, under a lock. The session is xdist's
+test run id, shared by all workers of one run; a plain pytest run is a session by itself. Row
+files of other sessions are removed when a row is written, so the table holds one session's
+rows, as before."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 COLUMNS = ("fault", "what the operator sees", "final state", "GPUs", "orphans", "lost", "test")
@@ -92,9 +101,31 @@ def fault_row(
     with _lock:
         _rows.append(row)
         path = table_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(render(_rows))
-        partial.replace(path)
+        rows_dir = path.with_name(path.name + ".rows")
+        rows_dir.mkdir(parents=True, exist_ok=True)
+        session = _session()
+        mine = rows_dir / f"{session}-{os.getpid()}.json"
+        _write(mine, json.dumps([asdict(r) for r in _rows]))
+        with (rows_dir / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            everyone: list[FaultRow] = []
+            for f in sorted(rows_dir.glob("*.json")):
+                if not f.name.startswith(f"{session}-"):
+                    f.unlink(missing_ok=True)  # another session's rows
+                    continue
+                everyone += [FaultRow(**r) for r in json.loads(f.read_text())]
+            _write(path, render(everyone))
     print(f"\nFAULT {row.fault}: {row.final_state}; {row.gpus}; orphans {row.orphans}")
     return row
+
+
+def _session() -> str:
+    """One pytest run: xdist's test run id (the same in every worker), else this process."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"run{os.getpid()}"
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file whole, so that a reader never sees half of it."""
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_text(text)
+    partial.replace(path)
