@@ -17,6 +17,8 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
+from gate.engines.logphases import LOG_PHASES
+
 pytestmark = pytest.mark.slow
 
 SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
@@ -146,7 +148,11 @@ def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     assert ref["placement"]["gpus"] != cand["placement"]["gpus"]
     for e in (ref, cand):
         # Every lifecycle phase of a launched engine and its teardown, in order on the gate's clock.
-        assert list(e["phases"]) == [
+        # A phase read from the engine's log (the sim's `weights_loaded`) is marked only if a
+        # poll of the log (every 0.2 s) comes before the engine is ready: on a busy machine it
+        # does, on an idle one the sim is ready first. Either is right.
+        lifecycle = [p for p in e["phases"] if p not in LOG_PHASES]
+        assert lifecycle == [
             "launched",
             "process_up",
             "port_open",

@@ -15,6 +15,7 @@ import pytest
 from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
 from gate.engines.launchers import EndpointEngine, ProcessEngine, free_port, render_argv
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, Clock, PhaseLog
+from gate.engines.logphases import LOG_PHASES
 from gate.reservations.allocator import EnginePlacement
 
 SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
@@ -91,7 +92,9 @@ def test_process_engine_walks_every_phase_and_sets_gpus(
         await eng.stop()
 
     asyncio.run(go())
-    assert list(eng.phases.reached) == list(PROCESS_PHASES)
+    # A phase read from the engine's log (the sim's `weights_loaded`, its 0.2 s of warm-up) is
+    # marked only if a poll of the log (every 0.2 s) falls inside it: a matter of timing.
+    assert [p for p in eng.phases.reached if p not in LOG_PHASES] == list(PROCESS_PHASES)
     times = [eng.phases.reached[p] for p in PROCESS_PHASES]
     assert times == sorted(times)
     # --load-s 0.2 keeps the port closed, then 0.2 s of warm-up answers 503: both are visible.

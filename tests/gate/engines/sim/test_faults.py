@@ -150,7 +150,14 @@ def test_long_slow_start_is_interruptible(launcher: SimPool, tmp_path: Path) -> 
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     proc = launcher.spawn("--load-s", "600", "--warmup-s", "600", port=port)
-    time.sleep(1.0)
+    # Its signal handlers are set before it says it is loading (a fixed sleep raced a slow
+    # start on a busy machine: SIGTERM came before them and killed it, -15).
+    stderr = tmp_path / "sim-0.stderr"
+    deadline = time.monotonic() + 60
+    while "sim: loading weights" not in stderr.read_text() and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    assert "sim: loading weights" in stderr.read_text()
     assert proc.poll() is None
     assert _closed(port)  # still "loading weights"
     proc.send_signal(signal.SIGTERM)
