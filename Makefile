@@ -27,8 +27,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite in two runs. First most tests in parallel workers (pytest-xdist): the gates they
+# run mostly wait on engine processes, so three workers on two cores cut the wall time. Then,
+# alone, the tests marked `serial` (they cannot share the machine) and the real-vLLM ones
+# (marked `vllm`: six vLLM processes beside a parallel run starve each other). Both runs always
+# run; the target fails if either failed. `pytest` by itself still runs everything, serially.
+TEST_WORKERS ?= 3
+
 test: lint
-	$(BIN)/pytest
+	@rc=0; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial and not vllm" || rc=$$?; \
+	$(BIN)/pytest -p no:xdist -m "serial or vllm" || rc=$$?; \
+	exit $$rc
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -14,6 +14,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.core.database import make_engine, make_sessionmaker, upgrade
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a parallel run (`make test`: pytest-xdist with --dist loadgroup) the tests of a module
+    that share a module-scoped fixture (a browser and the gate it shows, a pool of sim
+    processes) go to one worker, so the fixture is set up once rather than once per worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # `-p no:xdist`: no workers, and no xdist_group marker to set
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(d and d[-1].scope == "module" for d in info.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'gate.db'}"

@@ -4,6 +4,7 @@ as routers, and the argv each process gets."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def grouped(tmp_path: Path, prefill: list[str], decode: list[str]) -> GroupedEng
         log_dir=tmp_path,
         placement=placement(),
         readiness_timeout_s=5,
-        gate_id="t",
+        gate_id=f"t-{uuid.uuid4().hex[:8]}",  # teardown kills by gate id: each test its own
         term_grace_s=1,
     )
 

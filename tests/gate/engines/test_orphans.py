@@ -37,6 +37,9 @@ def _gone(proc: subprocess.Popen[bytes], within_s: float = 5.0) -> bool:
     return False
 
 
+# The two tests that sweep run in the serial phase (`make test`): every `gate run`, worker and
+# service sweeps at its start, so one in a parallel test could take this test's orphans first.
+@pytest.mark.serial
 def test_the_sweep_kills_what_a_dead_owner_left_and_spares_a_live_owners(tag: str) -> None:
     dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_owner.wait()
@@ -45,14 +48,14 @@ def test_the_sweep_kills_what_a_dead_owner_left_and_spares_a_live_owners(tag: st
     ns = orphans.pid_namespace()
     orphan = _detached(tag, f"{ns}:{dead_owner.pid}:{start}:gate-a:reference")
     elsewhere = _detached(tag, f"{ns + 1}:{dead_owner.pid}:{start}:gate-c:reference")
-    ours = _detached(tag, orphans.mark_for("gate-b", "candidate"))
+    ours = _detached(tag, orphans.mark_for(f"gate-b-{tag}", "candidate"))
     try:
         time.sleep(0.3)  # exec'd, environment readable
         killed = orphans.sweep_orphans()
         assert orphan.pid in killed and _gone(orphan)
         assert ours.poll() is None, "a process of a live gate was swept"
         assert elsewhere.poll() is None, "a mark of another pid namespace was swept"
-        assert orphans.kill_marked("gate-b", "candidate") == [ours.pid] and _gone(ours)
+        assert orphans.kill_marked(f"gate-b-{tag}", "candidate") == [ours.pid] and _gone(ours)
     finally:
         for p in (orphan, ours, elsewhere):
             p.kill()
@@ -107,7 +110,7 @@ def test_an_engine_grandchild_that_detached_dies_at_teardown(
         phases=PhaseLog("candidate", Clock()),
         log_path=tmp_path / "candidate.log",
         readiness_timeout_s=60,
-        gate_id="gate-teardown",
+        gate_id=f"gate-teardown-{tag}",
     )
 
     async def run() -> list[int]:
@@ -120,7 +123,7 @@ def test_an_engine_grandchild_that_detached_dies_at_teardown(
     during = asyncio.run(run())
     assert len(during) >= 2, f"the engine and its detached grandchild should both run: {during}"
     if script is HIDDEN:
-        assert orphans.kill_marked("gate-teardown") == [], "the hidden grandchild has no mark"
+        assert orphans.kill_marked(f"gate-teardown-{tag}") == [], "the hidden one has no mark"
     assert _wait_none(find_processes, tag, 5) == []
 
 
@@ -136,6 +139,7 @@ def test_the_keeper_exits_as_its_engine_did() -> None:
     assert missing.returncode == 127
 
 
+@pytest.mark.serial
 def test_a_sigkilled_keeper_still_leaves_nothing_the_sweep_cannot_find(
     tmp_path: Path, tag: str, find_processes: Callable[[str], list[int]]
 ) -> None:
