@@ -13,6 +13,9 @@ import pytest
 
 from loadgen import RequestRecord, RequestSpec, Target, make_client, request_body, send_request
 
+# serial: an armed request is checked to leave at its instant.
+pytestmark = pytest.mark.serial
+
 PROMPT = "one two three four"
 MS = 1_000_000
 

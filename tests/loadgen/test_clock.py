@@ -11,6 +11,9 @@ import pytest
 from loadgen import clock
 from loadgen.clock import PreciseTimer
 
+# serial: callbacks are checked to fire within half a millisecond of their instants.
+pytestmark = pytest.mark.serial
+
 MS = 1_000_000
 
 

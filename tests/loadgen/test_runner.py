@@ -22,6 +22,9 @@ from loadgen import (
     synthetic_prompts,
 )
 
+# serial: sends are checked against their instants to the millisecond.
+pytestmark = pytest.mark.serial
+
 MS = 1_000_000
 
 

@@ -26,6 +26,10 @@ from gate.engines.sim.engine import (
 from gate.engines.sim.model import EOS_TOKEN_ID, ToyModel, ToyTokenizer
 from gate.engines.sim.timing import CostModel, StepTimer
 
+# serial: the engine's steps are timed on a real event loop; another process on the cores
+# makes them late.
+pytestmark = pytest.mark.serial
+
 VOCAB = 4096
 TOKENIZER = ToyTokenizer(VOCAB)
 MODEL = ToyModel(VOCAB, seed=0)

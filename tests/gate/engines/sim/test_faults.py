@@ -173,6 +173,8 @@ def _truth(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+# serial: the steps' stretch is measured on the wall clock, which other processes stretch too.
+@pytest.mark.serial
 def test_degradation_stretches_steps_over_time(launcher: SimPool, tmp_path: Path) -> None:
     truth = tmp_path / "truth.jsonl"
     # 100% of the start step time per second: 5 ms steps at first, ~2.5x after 1.5 s.

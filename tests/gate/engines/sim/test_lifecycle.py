@@ -232,6 +232,8 @@ async def _count_events(port: int, body: bytes, streams: int) -> int:
     return sum(counts)
 
 
+# serial: a throughput on the wall clock, for the cores to itself.
+@pytest.mark.serial
 def test_sustains_thousands_of_events_per_second(launcher: SimPool) -> None:
     sim = launcher.start(
         "--load-s", "0", "--warmup-s", "0", "--ttft-ms", "10", "--itl-ms", "10",

@@ -11,8 +11,12 @@ import statistics
 import time
 
 import httpx
+import pytest
 
 from gate.engines.sim.launch import SimPool
+
+# serial: TTFT under overload is measured on the wall clock.
+pytestmark = pytest.mark.serial
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
