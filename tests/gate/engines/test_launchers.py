@@ -142,7 +142,9 @@ def test_stuck_in_warmup_names_healthy(
     tmp_path: Path, find_processes: Callable[[str], list[int]]
 ) -> None:
     tag = uuid.uuid4().hex
-    eng = _engine(tmp_path, [*SIM, "--warmup-s", "30", "--tag", tag], timeout=1.5)
+    # 6 s for the port to open (a sim opens it in well under one; 1.5 s was sometimes too
+    # little on busy cores, which then named port_open), then stuck in its 60 s of warm-up.
+    eng = _engine(tmp_path, [*SIM, "--warmup-s", "60", "--tag", tag], timeout=6.0)
 
     with pytest.raises(ReadinessTimeout) as info:
         _start_then_stop(eng)

@@ -130,6 +130,8 @@ def test_startup_phases(launcher: SimPool) -> None:
     assert positions == sorted(positions)
 
 
+# serial: a start-up time on the wall clock.
+@pytest.mark.serial
 def test_process_listens_quickly(launcher: SimPool) -> None:
     started = time.monotonic()
     proc = launcher.spawn("--load-s", "0", "--warmup-s", "0")

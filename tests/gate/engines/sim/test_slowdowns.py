@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gate.engines.sim.launch import SimPool
+
+# serial: stalls, creeps and slow shares are read off wall-clock TTFTs of a few requests.
+pytestmark = pytest.mark.serial
 
 TINY = ("--profile", "tiny", "--jitter", "0")
 GREEDY = {"temperature": 0, "ignore_eos": True}
