@@ -153,14 +153,15 @@ VLLM_CASES: tuple[EngineCase, ...] = (
     EngineCase("A/A"),
     # one sequence at a time against eight: requests queue behind each other
     EngineCase("one slot (--max-num-seqs 1)", ("--max-num-seqs", "1")),
-    # a KV cache of 3 blocks of 32 tokens (96) for requests of 48 (2 blocks each): a second
-    # request in flight takes the third block for its prompt, and one of the two is preempted
-    # when it needs one more (vllm:num_preemptions_total counts them). vLLM refuses to start
-    # when its context does not fit its KV cache ("gate.engine_error" with --max-model-len
-    # 1024), so the context is 96 too (the correctness probes: 32 + 32 tokens).
+    # a KV cache of 3 usable blocks of 32 tokens (96; vLLM keeps one of the 4 for itself) for
+    # requests of 48 (2 blocks each): a second request in flight takes the third block for its
+    # prompt, and one of the two is preempted when it needs one more
+    # (vllm:num_preemptions_total counts them). vLLM refuses to start when its context does not
+    # fit its KV cache ("the estimated maximum model length is 64" with 3 blocks), so the
+    # context is 96 too (the correctness probes: 32 + 32 tokens).
     EngineCase(
         "KV cache of 96 tokens (preempts)",
-        ("--block-size", "32", "--num-gpu-blocks-override", "3", "--max-model-len", "96"),
+        ("--block-size", "32", "--num-gpu-blocks-override", "4", "--max-model-len", "96"),
     ),
     EngineCase("other weights", weights="tiny-b"),
     EngineCase("bfloat16 against float32", ("--dtype", "bfloat16")),
