@@ -117,8 +117,14 @@ def test_closed_loop_honours_concurrency_per_target(stream_server: Any, concurre
     for recs in result.records.values():
         assert [r.request_id for r in recs] == list(range(n))
         assert all(r.ok for r in recs)
-        # intended is when the slot took the request, so dispatch delay is tiny and >= 0
-        assert all(0 <= r.dispatch_delay_ns < 20 * MS for r in recs)
+        # intended is when the slot took the request (never the schedule's start): the send
+        # follows it, and with one slot it follows the end of the request before, on either
+        # target (the slot waits for both). A bound in milliseconds on the delay itself is
+        # timing luck on a busy machine (it failed at 20 ms under a parallel test run).
+        assert all(r.dispatch_delay_ns >= 0 for r in recs)
+        if concurrency == 1:
+            ends = [max(rs[i].end_ns or 0 for rs in result.records.values()) for i in range(n)]
+            assert all(recs[i].intended_ns >= ends[i - 1] for i in range(1, n))
     for _, pair in result.aligned():
         assert pair["ref"].intended_ns == pair["cand"].intended_ns
 
