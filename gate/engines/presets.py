@@ -85,36 +85,25 @@ class Preset:
         return [*head, *self.args, *extra]
 
 
+# vLLM's server flags, the same for `vllm serve MODEL` and the API server module's `--model`.
+_VLLM_FLAGS = (
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--served-model-name",
+    "{model}",
+    "--tensor-parallel-size",
+    "{tp}",
+)
+
 PRESETS: dict[str, Preset] = {
     "vllm": Preset(
         "vllm",
         "vllm",
         None,
-        (
-            "serve",
-            "{model}",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--served-model-name",
-            "{model}",
-            "--tensor-parallel-size",
-            "{tp}",
-        ),
-        (
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "{model}",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--served-model-name",
-            "{model}",
-            "--tensor-parallel-size",
-            "{tp}",
-        ),
+        ("serve", "{model}", *_VLLM_FLAGS),
+        ("vllm.entrypoints.openai.api_server", "--model", "{model}", *_VLLM_FLAGS),
     ),
     "sglang": Preset(
         "sglang",
