@@ -17,6 +17,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -39,6 +40,13 @@ PLACEHOLDERS = ("port", "model", "gpus", "tp", "host")
 GROUP_PLACEHOLDERS = ("role", "group_gpus")
 GROUP_REF_RE = re.compile(r"^(url|host|port):([a-z0-9-]{1,16})$")
 MAX_SPEC_BYTES = 1_000_000
+# Every string a spec holds is stored with its gate and shown back: three gates whose URLs had
+# 300,000-character paths once made every gate list and the `/` page 1.8 MB. A URL or an image
+# is shown in every gate list (the engines' labels, 500 characters in the database); any other
+# string (an argv item, an env value, a region, a key) is at most MAX_SPEC_STRING.
+MAX_SPEC_STRING = 4_096
+MAX_URL_CHARS = 500
+MAX_LIST_ITEMS = 256  # regions, providers, pools, tolerations, pull secrets: names, not data
 
 
 def _check_name(v: str) -> str:
@@ -51,7 +59,7 @@ Name = Annotated[str, AfterValidator(_check_name)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=MAX_SPEC_STRING)
 
 
 _DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
@@ -233,7 +241,9 @@ class KubernetesSpec(_Strict):
     clique) when it is several, and a Service, all owned by the gate's Lease. The reserved
     shape decides the GPUs, the nodes and the clique; this says what runs there."""
 
-    image: str = Field(description="the engine's image, pinned by a tag or a digest")
+    image: str = Field(
+        max_length=MAX_URL_CHARS, description="the engine's image, pinned by a tag or a digest"
+    )
     namespace: str = Field(description="namespace of the engine's objects and the gate's Lease")
     command: list[str] = Field(
         default_factory=list, description="replaces the image's entrypoint (an argv list)"
@@ -392,7 +402,9 @@ class EngineSpec(_Strict):
         "the interpreter to use (a virtualenv's python)",
     )
     args: list[str] = Field(default_factory=list, description="with a preset: extra arguments")
-    url: str | None = Field(default=None, description="Base URL of a running engine.")
+    url: str | None = Field(
+        default=None, max_length=MAX_URL_CHARS, description="Base URL of a running engine."
+    )
     kubernetes: KubernetesSpec | None = Field(
         default=None, description="run the engine as pods on the nodes the gate reserves"
     )
@@ -916,9 +928,13 @@ class ShapeSpec(_Strict):
         description="groups of one engine that share one domain of a level, e.g. "
         "{groups: [prefill, decode], level: clique}",
     )
-    regions: list[str] = Field(default_factory=list, description="allowed regions (any if empty)")
-    providers: list[str] = Field(default_factory=list)
-    pools: list[str] = Field(default_factory=list)
+    regions: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="allowed regions (any if empty)",
+    )
+    providers: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    pools: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
     headroom_gpus: int = Field(default=0, ge=0, description="GPUs to leave free in the domain")
     wait_s: float = Field(
         default=0.0, ge=0, le=86_400, description="wait this long for capacity when blocked"
@@ -965,6 +981,16 @@ class ShapeSpec(_Strict):
         )
 
 
+def _yaml_switch(v: Any) -> Any:
+    """YAML 1.1 (PyYAML, what reads every spec file) reads a bare `off` as false and `on` as
+    true: `correctness: off`, as documented, arrives as False. A switch means what it says."""
+    if v is False:
+        return "off"
+    if v is True:
+        return "auto"
+    return v
+
+
 class GateSpec(_Strict):
     name: Name
     model: str = Field(
@@ -983,12 +1009,13 @@ class GateSpec(_Strict):
         default=None, description="inventory YAML; default: settings, then the local example"
     )
     policy: Policy = Field(default_factory=Policy)
-    correctness: Literal["auto", "off"] = Field(
+    correctness: Annotated[Literal["auto", "off"], BeforeValidator(_yaml_switch)] = Field(
         default="auto",
-        description="'auto': when no scenario is a correctness suite, the gate runs a short "
-        "one (the suite's defaults: 8 greedy probes, seconds) after the listed scenarios, so "
-        "numerical divergence is judged in every gate; 'off': none is added (the verdict says "
-        "so in a note; the load scenarios' outputs are still compared for gross divergence).",
+        description="'auto' (or true): when no scenario is a correctness suite, the gate runs "
+        "a short one (the suite's defaults: 8 greedy probes, seconds) after the listed "
+        "scenarios, so numerical divergence is judged in every gate; 'off' (or false, what "
+        "YAML makes of a bare `off`): none is added (the verdict says so in a note; the load "
+        "scenarios' outputs are still compared for gross divergence).",
     )
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     deadline_s: float | None = Field(
