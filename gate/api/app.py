@@ -15,12 +15,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
-from gate.core.errors import GateError, SpecError, transient
+from gate.core.errors import MAX_PROBLEMS, GateError, SpecError, transient
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
 from gate.http.deps import Ctx
 from gate.http.guards import FiniteJson, SessionGuard
-from gate.http.guards import problem as _problem
+from gate.http.problems import AnswerLimit, mistakes
+from gate.http.problems import problem as _problem
 from gate.runs.dispatch import InProcessDispatcher, Reaper
 from gate.runs.execute import open_factory
 from gate.worker.dispatch import CeleryDispatcher, make_dispatcher
@@ -67,17 +68,21 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         version="1",
         description=DESCRIPTION,
         lifespan=lifespan,
-        openapi_url="/v1/openapi.json",
-        docs_url="/v1/docs",
+        # The docs page is ours (gate.api.apidocs: no CDN, under the pages' CSP); both are
+        # public unless the operator hides them (GATE_API_DOCS=false).
+        openapi_url="/v1/openapi.json" if settings.api_docs else None,
+        docs_url=None,
         redoc_url=None,
     )
     app.state.ctx = ctx
 
-    # Outermost last: BodyLimit bounds what the guards read; SessionGuard refuses a cross-site
-    # request before FiniteJson parses its body.
+    # Outermost last: AnswerLimit bounds every answer, the guards' and the routes' alike;
+    # BodyLimit bounds what the guards read; SessionGuard refuses a cross-site request before
+    # FiniteJson parses its body.
     app.add_middleware(FiniteJson)
     app.add_middleware(SessionGuard, settings=settings, sessions=ctx.sessions)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(AnswerLimit, limit=settings.max_answer_bytes)
 
     @app.exception_handler(SpecError)
     async def spec_error(_request: Request, exc: SpecError) -> JSONResponse:
@@ -118,19 +123,23 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # 60,000 bad keys once made a 6 MB answer: the first MAX_PROBLEMS are named, the rest
+        # counted (gate.http.problems), and only those are turned into text.
+        errors = exc.errors()
         problems = [
             {
                 "path": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)",
                 "message": e["msg"],
             }
-            for e in exc.errors()
+            for e in errors[: MAX_PROBLEMS + 1]
         ]
-        lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
-        return _problem(422, "invalid_request", f"request has mistakes: {lines}", problems)
+        return mistakes(422, "invalid_request", "request has mistakes", problems, len(errors))
 
-    from gate.api import gates, integrations, ops
+    from gate.api import apidocs, gates, integrations, ops
     from gate.web import pages
 
+    if settings.api_docs:
+        app.include_router(apidocs.router, prefix="/v1")
     app.include_router(gates.router, prefix="/v1")
     app.include_router(integrations.router, prefix="/v1")
     app.include_router(ops.router, prefix="/v1")

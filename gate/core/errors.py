@@ -55,7 +55,7 @@ class SpecError(GateError):
             ]
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
-        count = len(problems)
+        count = len(self.all_problems)  # all of them, though only the first are listed
         noun = "mistake" if count == 1 else "mistakes"
         super().__init__(f"{source} has {count} {noun}:\n{lines}")
 

@@ -173,6 +173,17 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=1_000_000, gt=0, description="Largest request body the API accepts."
     )
+    max_answer_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=65_536,
+        description="Largest answer the service writes (an error answer: at most 64 KiB); a "
+        "larger one is replaced by a 500 `answer_too_large` and logged (gate.http.problems).",
+    )
+    api_docs: bool = Field(
+        default=True,
+        description="Serve the API docs page (/v1/docs) and the OpenAPI document "
+        "(/v1/openapi.json) to anyone; false answers 404 for both.",
+    )
 
     # -- caps on what one spec may make the gate spend (gate/core/limits.py) ----------------
     max_scenario_requests: int = Field(

@@ -10,7 +10,8 @@ cannot forget them), and the app's error shape they answer in.
 - FiniteJson: JSON has no NaN or Infinity, but Python's parser (and pydantic's) accept them,
   and a NaN compares false with everything: `abs(nan) > max_age` let a NaN timestamp through
   the CI webhook's replay window. Any body that parses as JSON with a non-finite number is
-  refused (422, naming the field) before a route sees it.
+  refused (422, naming the field) before a route sees it; the answer names the first ones
+  and counts the rest (gate.http.problems: it once listed every NaN of a 1 MB body, 29 MB).
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from __future__ import annotations
 import hmac
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gate.access.sessions import SessionChecker
+from gate.core.errors import MAX_PROBLEMS
 from gate.core.settings import Settings
+from gate.http.problems import mistakes, problem
+
+__all__ = ["FiniteJson", "SessionGuard", "problem"]  # problem: its old home, re-exported
 
 SESSION_COOKIE = "gate_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -35,16 +40,6 @@ CSRF_FIELD = "csrf_token"
 LOGIN_PATH = "/login"  # no session yet: the login handler checks the Origin itself
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 FORM = "application/x-www-form-urlencoded"
-
-
-def problem(
-    status: int, code: str, message: str, problems: list[dict[str, str]] | None = None
-) -> JSONResponse:
-    """The app's error shape: {"error": {"code", "message", "problems": [{"path", "message"}]}}."""
-    error: dict[str, object] = {"code": code, "message": message}
-    if problems is not None:
-        error["problems"] = problems
-    return JSONResponse({"error": error}, status_code=status)
 
 
 async def read_body(receive: Receive) -> tuple[bytes | None, Receive]:
@@ -189,12 +184,11 @@ class SessionGuard:
         elif not hmac.compare_digest(given.encode(), session.csrf.encode()):
             problems.append({"path": where, "message": "is not this session's CSRF token"})
         if problems:
-            lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
-            refused = problem(
+            refused = mistakes(
                 403,
                 "forbidden",
                 "refused: a state-changing request signed in by the session cookie must come "
-                f"from this service's pages: {lines}",
+                "from this service's pages",
                 problems,
             )
             await refused(scope, receive, send)
@@ -219,13 +213,23 @@ def _float(text: str) -> float | _NonFinite:
 
 def nonfinite_paths(body: bytes) -> list[tuple[str, str]] | None:
     """(path, literal) of every NaN, Infinity, -Infinity or overflowing number in a JSON
-    body, paths dotted as the validation errors' (`spec.scenarios.0.rate`); None when the body
-    is not JSON at all (the route decides what to make of it)."""
-    seen = False
+    body, sorted, paths dotted as the validation errors' (`spec.scenarios.0.rate`); None when
+    the body is not JSON at all (the route decides what to make of it)."""
+    found = nonfinite_first(body, limit=None)
+    return None if found is None else sorted(found[0])
+
+
+def nonfinite_first(
+    body: bytes, limit: int | None = MAX_PROBLEMS + 1
+) -> tuple[list[tuple[str, str]], int] | None:
+    """The first `limit` non-finite numbers of a JSON body in document order (path, literal),
+    and how many it has; None when it is not JSON. The parser counts them, the walk stops at
+    `limit`: 200,000 NaN cost the parse alone, never 200,000 paths."""
+    count = 0
 
     def mark(text: str) -> _NonFinite:
-        nonlocal seen
-        seen = True
+        nonlocal count
+        count += 1
         return _NonFinite(text)
 
     def number(text: str) -> float | _NonFinite:
@@ -236,19 +240,24 @@ def nonfinite_paths(body: bytes) -> list[tuple[str, str]] | None:
         doc = json.loads(body, parse_constant=mark, parse_float=number)
     except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
         return None
-    if not seen:
-        return []
     found: list[tuple[str, str]] = []
-    stack: list[tuple[str, Any]] = [("", doc)]
-    while stack:  # no recursion: a deep body must not exhaust the stack here
-        path, value = stack.pop()
+    # a stack of iterators, not of items: a list of 200,000 values is never copied
+    stack: list[tuple[str, Iterator[tuple[Any, Any]]]] = [("", iter([("", doc)]))] if count else []
+    while stack and (limit is None or len(found) < limit):  # no recursion: a deep body
+        prefix, items = stack[-1]  # must not exhaust the stack here
+        step = next(items, None)
+        if step is None:
+            stack.pop()
+            continue
+        key, value = step
+        path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, _NonFinite):
             found.append((path or "(body)", value.text))
         elif isinstance(value, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+            stack.append((path, iter(value.items())))
         elif isinstance(value, list):
-            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value))
-    return sorted(found)
+            stack.append((path, enumerate(value)))
+    return found, count
 
 
 class FiniteJson:
@@ -268,18 +277,17 @@ class FiniteJson:
             await self.app(scope, receive, send)
             return
         body, receive = await read_body(receive)
-        found = nonfinite_paths(body) if body else None
-        if found:
+        found = nonfinite_first(body) if body else None
+        if found is not None and found[1]:
+            first, count = found
             problems = [
                 {
                     "path": path,
                     "message": f"{text} is not a number JSON allows: give a finite number",
                 }
-                for path, text in found
+                for path, text in first
             ]
-            lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
-            await problem(422, "invalid_request", f"request has mistakes: {lines}", problems)(
-                scope, receive, send
-            )
+            refused = mistakes(422, "invalid_request", "request has mistakes", problems, count)
+            await refused(scope, receive, send)
             return
         await self.app(scope, receive, send)
