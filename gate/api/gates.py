@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
@@ -14,10 +13,11 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
+from gate.core.clock import Timestamp
 from gate.core.errors import DocumentUnreadable, FieldProblem, GateConflict, SpecError
 from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
-from gate.core.vocabulary import FINISHED
+from gate.core.vocabulary import FINISHED, GateState
 from gate.http.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
 from gate.runs import store
 from gate.runs.rejudge import rejudge
@@ -38,7 +38,7 @@ REJUDGE_CONCURRENCY = 2  # whole judges on request, per API process (each bounde
 _REJUDGES = threading.BoundedSemaphore(REJUDGE_CONCURRENCY)
 
 
-State = Literal["pending", "running", "complete", "error", "cancelled"]
+State = GateState  # one name for a gate's state on every endpoint (gate/core/vocabulary.py)
 
 
 class Links(BaseModel):
@@ -76,9 +76,9 @@ class GateView(BaseModel):
     source: str
     reference: str | None = Field(description="the reference engine's label")
     candidate: str | None = Field(description="the candidate engine's label")
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
     attempts: int
     worker: str | None
     cancel_requested: bool
@@ -93,7 +93,7 @@ class CallbackState(BaseModel):
     url: str
     context: str
     attempts: int
-    sent_at: datetime | None
+    sent_at: Timestamp | None
     result: str | None = Field(description="what the last attempt got, e.g. 'sent: HTTP 201'")
 
 
@@ -110,7 +110,7 @@ class VerdictSummary(BaseModel):
     same words as the terminal, the report and the commit status (gate/verdict/summary.py)."""
 
     id: str
-    state: Literal["pending", "running", "complete", "error"]
+    state: State = Field(description="the gate's state, as `/v1/gates/{id}` names it")
     verdict: Literal["continue", "hold"] | None
     reason: str | None
     summary: str | None = Field(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from gate.api.gates import ERRORS, CreateGate, VerdictSummary, caller_of, submit
 from gate.core.errors import ClusterError, FieldProblem, SpecError
+from gate.core.vocabulary import GateState
 from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
 from gate.integrations.flagger import HookType, RolloutImages, annotate, hook_answer, read_rollout
@@ -62,7 +63,7 @@ class FlaggerAnswer(BaseModel):
     words every surface uses (`summary`, `warnings`, `not_shown`: gate/verdict/summary.py)."""
 
     id: str | None
-    state: Literal["pending", "running", "complete", "error"] | None
+    state: GateState | None
     verdict: Literal["continue", "hold"] | None
     reason: str | None
     summary: str | None = Field(description="the verdict in one line, null until decided")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -16,6 +15,7 @@ from pydantic import BaseModel
 
 from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.api.gates import ERRORS
+from gate.core.clock import Timestamp
 from gate.core.errors import FieldProblem, SpecError
 from gate.http.deps import Ctx, CtxDep, ReadDep, get_ctx, require
 from gate.reservations.allocator import ShapeRequest
@@ -72,9 +72,9 @@ class ReservationView(BaseModel):
     state: str
     inventory: str
     placement: dict[str, Any]
-    created_at: datetime
-    expires_at: datetime
-    released_at: datetime | None
+    created_at: Timestamp
+    expires_at: Timestamp
+    released_at: Timestamp | None
     release_reason: str | None
 
 

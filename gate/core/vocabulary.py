@@ -16,9 +16,6 @@ STATES: Final[tuple[GateState, ...]] = get_args(GateState)
 FINISHED: Final[tuple[FinishedState, ...]] = get_args(FinishedState)
 ACTIVE: Final[tuple[GateState, ...]] = ("pending", "running")
 
-# The state rollout controllers poll (Argo Rollouts' web metric): a cancel reads as an error.
-ControllerState = Literal["pending", "running", "complete", "error"]
-
 GateDecision = Literal["continue", "hold"]  # the gate's verdict
 VERDICTS: Final[tuple[GateDecision, ...]] = get_args(GateDecision)
 CheckDecision = Literal["pass", "fail", "undecided"]  # one check's

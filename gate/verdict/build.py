@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gate.analysis.types import Check, Verdict
+from gate.core.clock import utc_text
 from gate.core.errors import GateError, SpecError
 from gate.core.vocabulary import (
     EXIT_CONTINUE,
@@ -113,8 +114,8 @@ def gate_document(
         probes=evidence.probes,
         correctness=evidence.correctness,
         divergence_examples=evidence.divergence_examples[:MAX_DIVERGENCE_EXAMPLES],
-        started_at=header.started_at.isoformat(),
-        finished_at=header.finished_at.isoformat(),
+        started_at=utc_text(header.started_at),
+        finished_at=utc_text(header.finished_at),
         duration_s=round(header.duration_s, 3),
         exit_code=exit_code(state, verdict),
     )
@@ -141,7 +142,7 @@ def ended_document(
         checks=[],
         notes=[UNFINISHED_NOTE],
         error=ErrorDoc(code=check.removeprefix("gate."), message=message),
-        finished_at=finished_at.isoformat(),
+        finished_at=utc_text(finished_at),
         exit_code=exit_code(state, None),
     )
 
