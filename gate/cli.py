@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="gate",
         description="Decide whether a candidate LLM engine image may keep rolling out.",
     )
+    p.add_argument("--version", action="version", version=f"gate {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a gate from a spec file (YAML or JSON)")
@@ -72,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=1, help="gates run at once by this worker (default 1)"
     )
 
-    tok = sub.add_parser("token", help="make or revoke API tokens (stored hashed)")
+    tok = sub.add_parser("token", help="make, list or revoke API tokens (stored hashed)")
     tok_sub = tok.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     tok_create = tok_sub.add_parser("create", help="make a token; it is printed once")
     tok_create.add_argument("name", help="who or what uses it, e.g. argo-rollouts")
@@ -81,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     tok_revoke = tok_sub.add_parser("revoke", help="revoke every token with this name")
     tok_revoke.add_argument("name")
+    tok_list = tok_sub.add_parser(
+        "list", help="the tokens: name, scopes, when made and last used (never a secret)"
+    )
+    tok_list.add_argument("--all", action="store_true", help="revoked tokens too")
+    tok_list.add_argument("--json", action="store_true", help="print them as JSON")
 
     cal = sub.add_parser("calibrate", help="simulate gates: false-hold rate and power vs Kayenta")
     cal.add_argument("--runs", type=int, help="simulated gates per case (default 20)")
@@ -167,6 +175,16 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     return p
+
+
+def _version() -> str:
+    """The installed package's version (`pip install -e .` too); a bare source tree has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llm-deploy-gate")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -346,11 +364,51 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     from gate.worker.logs import configure_logging
 
     configure_logging()  # logfmt lines carrying the gate id, as the workers write them
+    # The port is bound here, before anything is said or started: "serving on" is printed
+    # only once it is true, and a busy port is one clear line and exit 2.
+    try:
+        sock = _listen(host, port)
+    except OSError as exc:
+        print(f"gate: cannot serve on {host}:{port}: {_bind_problem(exc, port)}", file=sys.stderr)
+        return EXIT_ERROR
     app = create_app(settings)
     mode = f"Celery via {settings.broker_url}" if settings.broker_url else "in-process worker"
-    print(f"gate: serving on http://{host}:{port} (API /v1, docs /v1/docs; gates run by {mode})")
-    uvicorn.run(app, host=host, port=port, log_level="info", log_config=None)
+    where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+    print(f"gate: serving on {where} (API /v1, docs /v1/docs; gates run by {mode})", flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", log_config=None)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening, as uvicorn binds one (SO_REUSEADDR: a
+    restart does not wait out TIME_WAIT; on Linux it never lets two servers listen on one
+    port). Listening at once, a client that connects after "serving on" waits in the backlog
+    while the app starts, instead of being refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_problem(exc: OSError, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} is already in use (another `gate serve`, or another program); "
+            "stop it, or choose another port with --port"
+        )
+    if exc.errno == errno.EACCES:
+        return f"not allowed to bind port {port} (ports below 1024 need privileges)"
+    if exc.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME) or isinstance(exc, socket.gaierror):
+        return "no such address on this machine (--host takes one of its addresses, or 0.0.0.0)"
+    return exc.strerror or str(exc)
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
@@ -358,6 +416,8 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
     from gate.runs.execute import open_factory
 
     factory = open_factory(settings)
+    if args.token_command == "list":
+        return _token_list(factory, args.all, args.json)
     if args.token_command == "revoke":
         n = revoke(factory, args.name)
         print(f"revoked {n} token(s) named {args.name!r}")
@@ -370,6 +430,44 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print(token)
     print(f"(token {args.name!r} with scopes {','.join(scopes)}; shown once)", file=sys.stderr)
+    return 0
+
+
+def _token_list(factory: Any, revoked: bool, as_json: bool) -> int:
+    from gate.access.tokens import list_tokens
+    from gate.core.clock import utc_text
+
+    rows = list_tokens(factory, revoked=revoked)
+    if as_json:
+        out = [
+            {
+                "id": t.id,
+                "name": t.name,
+                "scopes": t.scopes.split(","),
+                "created_at": utc_text(t.created_at),
+                "last_used_at": utc_text(t.last_used_at) if t.last_used_at else None,
+                "revoked_at": utc_text(t.revoked_at) if t.revoked_at else None,
+            }
+            for t in rows
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    if not rows:
+        print("no tokens" + ("" if revoked else " (--all shows revoked ones)"), file=sys.stderr)
+        return 0
+
+    def when(t: Any) -> str:
+        return "never" if t is None else utc_text(t)[:19].replace("T", " ") + " UTC"
+
+    table = [("ID", "NAME", "SCOPES", "CREATED", "LAST USED", *(("REVOKED",) if revoked else ()))]
+    for t in rows:
+        extra = (when(t.revoked_at) if t.revoked_at else "-",) if revoked else ()
+        table.append(
+            (str(t.id), t.name, t.scopes, when(t.created_at), when(t.last_used_at), *extra)
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 

@@ -9,6 +9,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -57,6 +59,30 @@ def revoke(factory: sessionmaker[Session], name: str) -> int:
                 .returning(ApiToken.id)
             ).all()
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """What `gate token list` shows of a token: never the token, never its hash."""
+
+    id: int
+    name: str
+    scopes: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+def list_tokens(factory: sessionmaker[Session], *, revoked: bool = False) -> list[TokenInfo]:
+    """The tokens in the order they were made; revoked ones only when asked."""
+    query = select(ApiToken).order_by(ApiToken.id)
+    if not revoked:
+        query = query.where(ApiToken.revoked_at.is_(None))
+    with transaction(factory) as s:
+        return [
+            TokenInfo(t.id, t.name, t.scopes, t.created_at, t.last_used_at, t.revoked_at)
+            for t in s.scalars(query)
+        ]
 
 
 class TokenChecker:

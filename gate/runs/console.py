@@ -3,6 +3,7 @@ and a summary table at the end. Everything goes to stderr so `--json` keeps stdo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
@@ -22,6 +23,13 @@ from gate.verdict.document import CheckDoc, VerdictDocument
 from gate.verdict.summary import summary_of
 
 STYLE = {"reference": "blue", "candidate": "dark_orange", "gate": "white"}
+# An engine that ended the gate (it died, or never got ready) has its last lines shown under
+# the verdict, bounded: its own words are usually the reason (a CUDA error, a bad flag), and
+# the report is one more step away. Escape sequences are dropped: an engine's colours are not
+# ours to print.
+TAIL_LINES = 12
+TAIL_CHARS = 300
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])?")
 DECISION_STYLE = {"pass": "green", "fail": "red", "undecided": "yellow"}
 
 
@@ -46,8 +54,8 @@ class ConsoleProgress:
     def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
         style = STYLE.get(role, "white")
         # An engine's words (its log lines, its argv) are text, never markup: "[model.py:733]"
-        # in vLLM's log would otherwise vanish as an unknown tag.
-        extra = f"  [dim]{escape(detail)}[/dim]" if detail else ""
+        # in vLLM's log would otherwise vanish as an unknown tag; its escape codes are dropped.
+        extra = f"  [dim]{escape(_ESCAPES.sub('', detail))}[/dim]" if detail else ""
         line = f"[dim]{at_s:7.2f}s[/dim] [{style}]{role:<10}[/{style}] {phase}{extra}"
         if self._bar is not None:
             self._bar.console.print(line)
@@ -148,8 +156,45 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
     if doc.verdict == "continue":  # a hold's reasons say what matters
         for r in summary.not_shown:
             console.print(f"  [yellow]not shown[/yellow] {escape(r.message)}")
+    for who, lines, log in engine_tails(doc):
+        shown = f"last {len(lines)} lines" if len(lines) > 1 else "last line"
+        where = f" (all of it: {log})" if log else ""
+        console.print(f"[dim]{escape(who)} engine's {shown}{escape(where)}:[/dim]")
+        for line in lines:
+            console.print(f"  [dim]|[/dim] {escape(line)}")
     if doc.report:
         console.print(f"report: {doc.report}")
+
+
+def engine_tails(doc: VerdictDocument) -> list[tuple[str, list[str], str | None]]:
+    """(who, its last lines, its log file) of each engine, or worker group, that ended a held
+    gate: one that crashed, or one the gate's error names that never became ready."""
+    if doc.verdict != "hold" or not doc.engines:
+        return []
+    error = doc.error.message if doc.error is not None else ""
+    out = []
+    for role, engine in doc.engines.items():
+        if engine.groups:
+            for group in engine.groups:
+                if group.crashed and group.log_tail:
+                    out.append((f"{role} {group.role}", _bounded(group.log_tail), group.log))
+            if any(g.crashed and g.log_tail for g in engine.groups):
+                continue
+        if engine.crash is not None:
+            tail = engine.crash.log_tail or engine.log_tail
+        elif f"{role} engine" in error and "ready" not in engine.phases:
+            tail = engine.log_tail
+        else:
+            continue
+        if tail:
+            out.append((role, _bounded(tail), engine.log))
+    return out
+
+
+def _bounded(lines: list[str]) -> list[str]:
+    kept = [_ESCAPES.sub("", line).rstrip() for line in lines]
+    kept = [line for line in kept if line.strip()][-TAIL_LINES:]
+    return [line if len(line) <= TAIL_CHARS else line[: TAIL_CHARS - 3] + "..." for line in kept]
 
 
 def _shape_words(doc: dict[str, Any]) -> str:

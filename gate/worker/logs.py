@@ -10,6 +10,7 @@ The gate id comes from the record's `extra`, else from the gate the thread is ru
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -17,8 +18,19 @@ from typing import Any
 
 from gate.runs.execute import CURRENT_GATE
 
-# Record attributes that are not extras; Celery's `data` repeats what its message says.
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "data"}
+# Record attributes that are not extras; Celery's `data` repeats what its message says, and
+# uvicorn's `color_message` repeats its message with terminal colour codes in it.
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "data",
+    "color_message",
+}
+# Terminal control sequences (CSI, OSC and lone escapes): a log line is for files and
+# collectors, where `\x1b[36m` is noise, so none is written, whatever an engine or a library
+# put in its text.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _FIRST = ("gate_id", "worker", "role", "phase", "scenario", "state", "verdict")
 
 
@@ -35,7 +47,7 @@ class GateIdFilter(logging.Filter):
 
 
 def _value(v: Any) -> str:
-    s = str(v)
+    s = _ESCAPES.sub("", str(v)).replace("\x1b", "")
     if s and not any(c in s for c in ' "=\n\t'):
         return s
     escaped = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
