@@ -74,10 +74,12 @@ def _page(
     status: int = 200,
     *,
     look_up_session: bool = True,  # False from async handlers: the lookup may block
+    session: BrowserSession | None = None,  # the one this response signs in
     **ctx: Any,
 ) -> HTMLResponse:
     nonce = secrets.token_urlsafe(18)
-    session = _session(request) if look_up_session else None
+    if session is None and look_up_session:
+        session = _session(request)
     html = (
         _env()
         .get_template(template)
@@ -378,7 +380,20 @@ async def login(request: Request) -> Response:
         return _login_page(request, 401, target, error)
     if (old := request.cookies.get(SESSION_COOKIE)) is not None:
         await run_in_threadpool(ctx.sessions.revoke, old)  # a new sign-in replaces the old
-    resp = RedirectResponse(target, status_code=303)
+    resp: Response
+    if allow_run and "run" not in made.session.scopes:
+        # Asked to run gates with a token that may only read: signed in, and told so, rather
+        # than sent on to find out at the first cancel button that does nothing.
+        resp = _page(
+            request,
+            "signed_in.html.j2",
+            look_up_session=False,
+            session=made.session,
+            title="Signed in, read only",
+            next=target,
+        )
+    else:
+        resp = RedirectResponse(target, status_code=303)
     resp.set_cookie(
         SESSION_COOKIE,
         made.secret,

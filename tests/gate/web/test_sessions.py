@@ -64,7 +64,8 @@ def sign_in(site: Site, scope: str, *, allow_run: bool = False) -> str:
     if allow_run:
         form["allow_run"] = "1"
     r = site.client.post("/login", data=form, headers=OURS, follow_redirects=False)
-    assert r.status_code == 303, r.text
+    told = allow_run and scope == "read"  # signed in, and told it may only read
+    assert r.status_code == (200 if told else 303), r.text
     page = site.client.get("/")
     assert page.status_code == 200 and "Sign out" in page.text
     found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
@@ -122,6 +123,28 @@ def test_session_cookie_is_not_the_token(site: Site) -> None:
     # Nor does a session secret sent as a bearer token.
     site.client.cookies.clear()
     assert site.client.get("/v1/gates", headers=auth(secret)).status_code == 401
+
+
+def test_a_read_token_asking_to_run_is_told_it_cannot(site: Site) -> None:
+    """Issue 30: a read-only sign-in with "allow running" ticked said nothing, and the browser
+    found out at its first cancel. It is signed in (read), and the page says why not run."""
+    form = {"token": site.tokens["read"], "next": "/gates/abc?x=1", "allow_run": "1"}
+    r = site.client.post("/login", data=form, headers=OURS, follow_redirects=False)
+    assert r.status_code == 200 and "gate_session" in r.headers["set-cookie"]
+    assert "cannot run gates" in r.text and "<code>run</code> scope" in r.text
+    assert 'href="/gates/abc?x=1"' in r.text  # on to where it was going
+    assert "Sign out" in r.text  # the header knows it is signed in
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    assert session_rows(site)[-1].scopes == "read"
+    assert site.client.get("/v1/gates").status_code == 200  # reads work
+
+    for scope in ("run", "admin"):  # a token that may run: straight on, nothing to say
+        form = {"token": site.tokens[scope], "next": "/", "allow_run": "1"}
+        r = site.client.post("/login", data=form, headers=OURS, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/", scope
+    form = {"token": site.tokens["read"], "next": "/"}  # not asked: nothing to say either
+    r = site.client.post("/login", data=form, headers=OURS, follow_redirects=False)
+    assert r.status_code == 303
 
 
 def test_session_is_read_only_unless_asked(site: Site) -> None:
