@@ -361,6 +361,7 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     import uvicorn
 
     from gate.api.app import create_app
+    from gate.http.server import server_config
     from gate.worker.logs import configure_logging
 
     configure_logging()  # logfmt lines carrying the gate id, as the workers write them
@@ -375,7 +376,7 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     mode = f"Celery via {settings.broker_url}" if settings.broker_url else "in-process worker"
     where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
     print(f"gate: serving on {where} (API /v1, docs /v1/docs; gates run by {mode})", flush=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", log_config=None)
+    config = server_config(app, settings, host, port)  # slow clients cut, connections capped
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

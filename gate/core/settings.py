@@ -164,6 +164,43 @@ class Settings(BaseSettings):
         default_factory=list,
         description="URL prefixes a CI webhook may name as its commit-status callback.",
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="`gate serve`: a request's line and headers must arrive within this, from "
+        "the connection's opening or the request's first byte; past it, 408 and the "
+        "connection is closed (a client trickling its head holds nothing longer).",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="`gate serve`: a request's whole body must arrive within this after its "
+        "head (time the server was not reading does not count); past it, 408 and closed.",
+    )
+    keep_alive_s: float = Field(
+        default=5.0,
+        ge=1,
+        le=3600,
+        description="`gate serve`: an idle connection between requests is closed after this "
+        "(uvicorn's timeout_keep_alive, whole seconds).",
+    )
+    max_connections: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="`gate serve`: open connections at most (and at most half the process's "
+        "open-file limit); one past it gets 503 and is closed at once.",
+    )
+    max_connections_per_client: int = Field(
+        default=32,
+        ge=0,
+        le=100_000,
+        description="`gate serve`: open connections from one client address at most (0: no "
+        "such cap); one past it gets 503 and is closed at once. Behind a reverse proxy every "
+        "connection is the proxy's: set it to 0 and cap clients at the proxy.",
+    )
     public_url: str = Field(
         default="http://127.0.0.1:8080",
         description="Where the service is reachable: the start of report links in verdicts "
