@@ -1,13 +1,15 @@
 # Two commands do all the setup on a fresh machine with Python 3.11+ and make:
 #   make demo   creates .venv, installs the project, runs a full gate on two local sim engines
 #   make test   same setup, then lint, type-check and the whole test suite
+# and one more starts the service locally (README, "Try the service on this machine"):
+#   make serve  gate serve on http://127.0.0.1:8080 with the dev profile
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-clean test lint fmt clean vllm
+.PHONY: demo demo-clean serve test lint fmt clean vllm
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
@@ -21,6 +23,17 @@ demo: $(STAMP)
 
 demo-clean: $(STAMP)
 	$(BIN)/gate demo --clean
+
+# The dev profile: the service's closed defaults (tokens required, no caller argv, no caller
+# URLs) plus the example named specs and engine templates (examples/specs, its engines/), the
+# embedded SQLite, reports and engine logs under .gate/, the example inventory. A GATE_*
+# variable already in the environment wins; SERVE_PORT picks the port (and the public URL).
+SERVE_PORT ?= 8080
+
+serve: $(STAMP)
+	GATE_SPEC_DIR="$${GATE_SPEC_DIR:-examples/specs}" \
+	GATE_PUBLIC_URL="$${GATE_PUBLIC_URL:-http://127.0.0.1:$(SERVE_PORT)}" \
+	exec $(BIN)/gate serve --port $(SERVE_PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
