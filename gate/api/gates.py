@@ -395,7 +395,7 @@ async def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> Response:
             store.read_verdict, ctx.factory, gate_id, ctx.settings.public_url
         )
         hit = json.dumps(summary, separators=(",", ":")).encode()
-        if summary["state"] in ("complete", "error"):
+        if summary["state"] in FINISHED:  # its answer never changes again
             if len(cache) > 50_000:
                 cache.clear()
             cache[gate_id] = hit
