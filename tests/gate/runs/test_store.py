@@ -135,12 +135,14 @@ def test_list_filters_escape_like_wildcards(factory: sessionmaker[Session]) -> N
     assert store.list_gates(factory, store.GateFilter(name="b"))[1] == 1
 
 
-def test_verdict_summary_maps_states() -> None:
+def test_verdict_summary_keeps_the_gates_state() -> None:
+    """The verdict object names the state as every endpoint does (issue 30: a cancelled gate
+    read `error` here and `cancelled` in /v1/gates/{id}); a cancel is a hold all the same."""
     run = GateRun(id="x", state="cancelled", verdict="hold", reason="r", phase="finished")
     s = store.verdict_summary(run, "http://g/")
     assert s == {
         "id": "x",
-        "state": "error",
+        "state": "cancelled",
         "verdict": "hold",
         "reason": "r",
         "summary": "hold: r",  # no document: the row's reason
