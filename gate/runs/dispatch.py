@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
 from gate.runs import store
-from gate.runs.execute import execute_gate, running_gates, worker_name
+from gate.runs.execute import execute_gate, recovery_wait_s, running_gates, worker_name
+from gate.runs.liveness import ProcessMark, dead_workers
 from gate.runs.notify import notify_due
 from gate.runs.sweep import sweep_lost_gates
 
@@ -49,10 +50,19 @@ class InProcessDispatcher:
         self.worker = worker_name("api")
         self._pending = 0
         self._running: set[str] = set()
+        self._recovered: set[str] = set()  # pending at the previous process's end
         self._lock = threading.Lock()
         self._closing = False
+        self._mark: ProcessMark | None = None
+
+    def _marked(self) -> None:
+        """Hold this process's liveness mark before it claims any gate (gate.runs.liveness)."""
+        with self._lock:
+            if self._mark is None:
+                self._mark = ProcessMark(self.settings.data_dir, self.worker)
 
     def submit(self, gate_id: str) -> None:
+        self._marked()
         with self._lock:
             if self._closing:
                 return  # it stays pending; the next start of the service picks it up
@@ -66,7 +76,9 @@ class InProcessDispatcher:
                 return
             self._running.add(gate_id)
         try:
-            execute_gate(gate_id, self.settings, self.worker, self.factory)
+            recovered = gate_id in self._recovered
+            wait = recovery_wait_s(self.settings) if recovered else 0.0
+            execute_gate(gate_id, self.settings, self.worker, self.factory, min_wait_s=wait)
         except Exception:
             log.exception("gate %s failed outside the runner", gate_id, extra={"gate_id": gate_id})
         finally:
@@ -77,9 +89,16 @@ class InProcessDispatcher:
         return self._pending
 
     def resubmit_pending(self) -> int:
-        """After a restart: queue every gate still pending (their submissions died with the
-        previous process)."""
+        """After a restart: end the gates of the previous process if it is proven dead (its
+        GPUs are free at once, not GATE_LOST_AFTER_S later), then queue every gate still
+        pending (their submissions died with it). A resubmitted gate waits for held GPUs at
+        least as long as a lost gate takes to be reaped (`recovery_wait_s`): the ones the
+        dead process held but this one cannot prove dead (another host's, say) are freed
+        by a reaper, never failed on as `lease_conflict`."""
+        end_dead_predecessors(self.settings, self.factory, self.worker)
         ids = store.pending_gate_ids(self.factory)
+        with self._lock:
+            self._recovered.update(ids)
         for gid in ids:
             self.submit(gid)
         return len(ids)
@@ -101,6 +120,30 @@ class InProcessDispatcher:
             else:
                 log.warning("service stopping: gate %s cancelled", gid, extra={"gate_id": gid})
         self.pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            mark, self._mark = self._mark, None
+        if mark is not None:
+            mark.release()
+
+
+def end_dead_predecessors(settings: Settings, factory: sessionmaker[Session], me: str) -> list[str]:
+    """At a start, before this process claims anything: end the running gates whose worker
+    is proven dead by its liveness mark in GATE_DATA_DIR (a previous `gate serve` or `gate
+    worker` here, SIGKILLed; `gate.runs.liveness`), their GPUs released. Others are left to
+    the reapers' heartbeat rule."""
+    try:
+        dead = dead_workers(settings.data_dir, store.running_workers(factory))
+        ended = store.end_dead_workers(factory, dead, me)
+    except Exception:
+        log.exception("ending the gates of dead predecessors failed; the reapers will")
+        return []
+    for gid in ended:
+        log.warning(
+            "gate %s: its worker died before this process started: ended in hold",
+            gid,
+            extra={"gate_id": gid},
+        )
+    return ended
 
 
 KUBE_SWEEP_S = 60.0

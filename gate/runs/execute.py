@@ -26,6 +26,7 @@ from gate.core.errors import GateError
 from gate.core.errors import WorkerStopping as WorkerStopping  # it lived here: re-exported
 from gate.core.settings import Settings
 from gate.reservations import leases
+from gate.reservations.service import MAX_WAIT_DELAY_S
 from gate.runs import store
 from gate.runs.journal import persist_sync
 from gate.runs.runner import GateOutcome, GateRunner
@@ -159,19 +160,33 @@ class ProofOfLife(Protocol):
     def forget(self, gate_id: str) -> None: ...
 
 
+def recovery_wait_s(settings: Settings) -> float:
+    """How long a gate pending at a crash waits for GPUs held elsewhere, at least: as long as
+    a reaper takes to end a gate whose worker died with the crash and release its GPUs (its
+    heartbeat GATE_LOST_AFTER_S old, then a reaper's pass), plus the reservation's longest
+    pause between tries."""
+    return settings.lost_after_s + 2 * settings.heartbeat_s + MAX_WAIT_DELAY_S
+
+
 def execute_gate(
     gate_id: str,
     settings: Settings,
     worker: str,
     factory: sessionmaker[Session] | None = None,
     liveness: ProofOfLife | None = None,
+    *,
+    min_wait_s: float = 0.0,
 ) -> str:
     """Run the stored gate `gate_id`; returns what happened: its final state, or `skipped`
     when it was not pending (already run, running elsewhere, or cancelled). `liveness`: a
-    second proof of life beside the database heartbeat (the broker's, gate/worker)."""
+    second proof of life beside the database heartbeat (the broker's, gate/worker).
+    `min_wait_s`: wait at least this long for held GPUs, whatever the spec's `shape.wait_s`
+    (a gate recovered after a crash, `recovery_wait_s`; at most GATE_MAX_WAIT_S)."""
     token = CURRENT_GATE.set(gate_id)
     try:
-        return _execute(gate_id, settings, worker, factory or open_factory(settings), liveness)
+        return _execute(
+            gate_id, settings, worker, factory or open_factory(settings), liveness, min_wait_s
+        )
     finally:
         CURRENT_GATE.reset(token)
         if liveness is not None:
@@ -202,6 +217,7 @@ def _execute(
     worker: str,
     factory: sessionmaker[Session],
     liveness: ProofOfLife | None = None,
+    min_wait_s: float = 0.0,
 ) -> str:
     extra = {"gate_id": gate_id}
     if _stopping is not None:
@@ -215,6 +231,10 @@ def _execute(
         _fail(factory, gate_id, "gate.invalid_spec", exc.message, settings.state_write_retry_s)
         _notify(factory, gate_id, settings, run.callback)
         return "error"
+    wait = min(min_wait_s, settings.max_wait_s)
+    if wait > spec.shape.wait_s:
+        log.info("gate %s waits up to %.0f s for held GPUs (recovered)", gate_id, wait, extra=extra)
+        spec = spec.model_copy(update={"shape": spec.shape.model_copy(update={"wait_s": wait})})
     runner = GateRunner(
         spec,
         settings,

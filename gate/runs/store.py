@@ -119,21 +119,9 @@ def create_gate(
     try:
         with transaction(factory) as s:
             if max_active is not None and owner is not None:
-                # The count and the insert in one transaction, under the owner's lock: 40
-                # concurrent creates from one token left 34-40 active gates against a cap of
-                # 20 when the count was read in a transaction of its own.
-                _lock_owner(s, owner)
-                if idempotency_key is not None:
-                    existing = s.scalars(
-                        select(GateRun).where(GateRun.idempotency_key == idempotency_key)
-                    ).first()
-                    if existing is not None:  # a concurrent ensure made it while we waited
-                        return _reused(existing, spec, source), False
-                if _count_active(s, owner) >= max_active:
-                    raise TooManyGates(
-                        f"this caller already has {max_active} pending or running gates "
-                        "(GATE_MAX_ACTIVE_GATES_PER_TOKEN); wait for one to finish"
-                    )
+                existing = _within_quota(s, owner, max_active, idempotency_key)
+                if existing is not None:  # a concurrent ensure made it while we waited
+                    return _reused(existing, spec, source), False
             s.add(run)
     except IntegrityError:
         if idempotency_key is None:
@@ -145,6 +133,28 @@ def create_gate(
     return run, True
 
 
+def _within_quota(
+    s: Session, owner: str, max_active: int, idempotency_key: str | None
+) -> GateRun | None:
+    """Inside the create's transaction, under the owner's lock: TooManyGates past the cap, or
+    the gate a concurrent request made under the same key meanwhile. The count and the insert
+    are one transaction: 40 concurrent creates from one token left 27-40 active gates against
+    a cap of 20 when the count was read in a transaction of its own."""
+    _lock_owner(s, owner)
+    if idempotency_key is not None:
+        existing = s.scalars(
+            select(GateRun).where(GateRun.idempotency_key == idempotency_key)
+        ).first()
+        if existing is not None:
+            return existing
+    if _count_active(s, owner) >= max_active:
+        raise TooManyGates(
+            f"this caller already has {max_active} pending or running gates "
+            "(GATE_MAX_ACTIVE_GATES_PER_TOKEN); wait for one to finish"
+        )
+    return None
+
+
 QUOTA_LOCK = 0x6A7E_0002  # pg_advisory_xact_lock namespace: one owner's creates, one at a time
 
 
@@ -152,7 +162,9 @@ def _lock_owner(s: Session, owner: str) -> None:
     """Serialise the creates of one owner until this transaction ends. PostgreSQL: a
     transaction-scoped advisory lock on (namespace, hash of the owner), so two owners rarely
     wait on each other and nothing is left locked by a crash. SQLite: the transaction's BEGIN
-    IMMEDIATE already holds the database's one write lock, taken before the count is read."""
+    IMMEDIATE already holds the database's one write lock, taken before the count is read.
+    Under READ COMMITTED (PostgreSQL's default) the count, a later statement, sees every
+    create committed before the lock was granted."""
     if s.get_bind().dialect.name == "postgresql":
         s.execute(
             text(
@@ -431,13 +443,56 @@ def _end_lost(s: Session, run: GateRun, at: datetime, broker: bool) -> None:
         if broker
         else "to the database (no broker to ask whether it is alive)"
     )
-    _end(
+    _end_released(
+        s,
         run,
-        "error",
-        "gate.worker_lost",
+        at,
         f"the worker running this gate ({worker}) stopped sending heartbeats "
         f"{ago:.0f}s ago, {silent}; the gate ended without a verdict",
     )
+
+
+def running_workers(factory: sessionmaker[Session]) -> list[str]:
+    """The worker names of the running gates."""
+    with reading(factory) as s:
+        return sorted(
+            w
+            for w in s.scalars(select(GateRun.worker).where(GateRun.state == "running").distinct())
+            if w
+        )
+
+
+def end_dead_workers(
+    factory: sessionmaker[Session], workers: Collection[str], by: str
+) -> list[str]:
+    """End the running gates of `workers`, processes `by` (a successor) proved dead
+    (`gate.runs.liveness.dead_workers`): as a reaper ends a lost gate, without waiting for
+    their heartbeats to age."""
+    if not workers:
+        return []
+    ended: list[str] = []
+    with transaction(factory) as s:
+        at = db_now(s)
+        runs = s.scalars(
+            select(GateRun)
+            .where(GateRun.state == "running", GateRun.worker.in_(list(workers)))
+            .with_for_update(skip_locked=True)
+        ).all()
+        for run in runs:
+            _end_released(
+                s,
+                run,
+                at,
+                f"the worker running this gate ({run.worker}) died: {by}, started after it, "
+                "found it gone; the gate ended without a verdict",
+            )
+            ended.append(run.id)
+    return ended
+
+
+def _end_released(s: Session, run: GateRun, at: datetime, message: str) -> None:
+    """End a gate whose worker is gone (`worker_lost`), its reservations released."""
+    _end(run, "error", "gate.worker_lost", message)
     held = list(
         s.scalars(
             select(Reservation.id)

@@ -31,8 +31,9 @@ from typing import Any
 
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
-from gate.runs.dispatch import Reaper
+from gate.runs.dispatch import Reaper, end_dead_predecessors
 from gate.runs.execute import open_factory, running_gates, stop_running_gates, worker_name
+from gate.runs.liveness import ProcessMark
 from gate.worker.celery_app import QUEUE, make_celery
 from gate.worker.dispatch import CeleryDispatcher
 from gate.worker.liveness import BrokerLiveness
@@ -99,6 +100,11 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
 
+    # A previous worker of this data directory that died (SIGKILL, OOM) is proven dead by its
+    # liveness mark: its gates end now, not GATE_LOST_AFTER_S later. Then our own mark, before
+    # any claim (gate/runs/liveness.py).
+    end_dead_predecessors(settings, factory, name)
+    mark = ProcessMark(settings.data_dir, name)
     reaper = Reaper(
         settings,
         factory,
@@ -122,6 +128,7 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
         worker.start()
     finally:
         reaper.stop()
+        mark.release()
     code = int(getattr(worker, "exitcode", 0) or 0)
     log.info("%s stopped (exit %d)", name, code, extra={"worker": name})
     return code
