@@ -154,3 +154,42 @@ def test_an_engine_that_dies_at_start_shows_its_last_lines_in_the_terminal(
     assert "candidate.log" in tail.splitlines()[0]
     assert "\x1b" not in out
     assert "reference engine's" not in out  # the reference was healthy: no tail of its
+
+
+def run_on_a_terminal(env: dict[str, str], *args: str) -> bytes:
+    """`gate ARGS` with a pseudo-terminal as its stdout and stderr: what a person sees."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gate", *args], env=env, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=120)
+    os.close(leader)
+    return out
+
+
+COLOUR = re.compile(rb"\x1b\[(?:[0-9;]*;)?(?:3[0-7]|9[0-7]|38;5;\d+)(?:;[0-9;]*)?m")
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "dies.yaml"
+    spec.write_text(DIES)
+    env = {k: v for k, v in env.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    assert COLOUR.search(run_on_a_terminal(env, "run", str(spec)))  # a person's terminal
+    plain = run_on_a_terminal({**env, "NO_COLOR": "1"}, "run", str(spec))
+    assert b"HOLD" in plain and not COLOUR.search(plain)  # no-color.org: no colour at all
+    piped = gate(env, "run", str(spec), timeout=120)
+    assert "HOLD" in piped.stderr and "\x1b" not in piped.stderr  # not a terminal
