@@ -162,6 +162,21 @@ def test_the_readme_service_walkthrough_runs_as_written(served: Served, tmp_path
         assert r.status_code == 202, r.text
         got = client.get(f"/v1/gates/{created['id']}").json()
         assert got["created_at"] == created["created_at"]  # one form, POST and GET alike
+        # What the README says of the same spec with an argv or a loopback URL: refused,
+        # naming the field and the setting that would allow it.
+        sent = re.search(r"-d '(\{\"spec\".*?)'\n", inline, re.S)
+        assert sent is not None, inline
+        body = json.loads(sent.group(1))
+        for engine, field, setting in (
+            ({"command": ["python", "-m", "gate.engines.sim"]}, "command", "GATE_SPEC_DIR"),
+            ({"url": "http://127.0.0.1:9"}, "url", "GATE_ENGINE_URL_ALLOW"),
+        ):
+            spec = {**body["spec"], "reference": engine}
+            r = client.post("/v1/gates", json={"spec": spec})
+            assert r.status_code == 422, r.text
+            problems = r.json()["error"]["problems"]
+            assert [p["path"] for p in problems] == [f"reference.{field}"], problems
+            assert setting in problems[0]["message"], problems
 
     # The README's own verdict command again, until the gate decides: the hold it shows.
     verdict_line = start_gate.strip().splitlines()[-1]
