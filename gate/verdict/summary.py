@@ -61,9 +61,13 @@ def _percent(ratio: float) -> str:
 
 
 def latency_label(check: CheckDoc) -> str:
-    """'TTFT p90 in steady', 'ITL tail in burst': how people name a latency check."""
+    """'TTFT p90 in steady', 'ITL tail in burst', 'TTFT window in steady': how people name a
+    latency check (a check of no quantile by the last part of its id: tail, window, creep)."""
     metric = METRIC_WORDS.get(check.metric or "", check.metric or check.id)
-    what = "tail" if check.quantile is None else f"p{round(check.quantile * 100.0, 6):g}"
+    if check.quantile is not None:
+        what = f"p{round(check.quantile * 100.0, 6):g}"
+    else:
+        what = check.id.rsplit(".", 1)[-1]
     where = f" in {check.scenario}" if check.scenario else ""
     return f"{metric} {what}{where}"
 

@@ -86,6 +86,7 @@ def _page(
         .render(
             nonce=nonce,
             signed_in=session is not None,
+            api_docs=get_ctx(request).settings.api_docs,  # GATE_API_DOCS=false: no link to a 404
             csrf_field=CSRF_FIELD,
             csrf=session.csrf if session is not None else "",
             **ctx,

@@ -41,6 +41,8 @@ def test_the_operator_can_hide_the_docs(settings: Settings) -> None:
             assert r.status_code == 404, path
             assert r.json()["error"]["code"] == "not_found"
         assert client.get("/v1/gates").status_code == 401  # the API itself is served
+        assert 'href="/v1/docs"' not in client.get("/login").text  # no link to a 404
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/openapi.json").status_code == 200
+        assert 'href="/v1/docs"' in client.get("/login").text
         assert client.get("/docs").status_code == 404  # FastAPI's own CDN page: never

@@ -109,6 +109,11 @@ def test_not_shown_names_the_tail_and_other_checks_by_their_message() -> None:
     tail = check_doc(replace(NOT_SHOWN, id="burst.itl.tail", metric="itl", scenario="burst"))
     tail = tail.model_copy(update={"quantile": None})
     assert not_shown_phrase(tail) == "ITL tail in burst within +10% (shown: at most +14%)"
+    # the window and creep checks have no quantile either: named as what they are, not "tail"
+    for kind in ("window", "creep"):
+        scan = check_doc(replace(NOT_SHOWN, id=f"steady.ttft.{kind}", scenario="steady"))
+        scan = scan.model_copy(update={"quantile": None})
+        assert not_shown_phrase(scan).startswith(f"TTFT {kind} in steady within +10%")
     other = check_doc(replace(ERRORS, decision="undecided", required=False))
     assert not_shown_phrase(other) == ERRORS.message
 
