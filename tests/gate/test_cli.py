@@ -414,14 +414,50 @@ def test_blocked_by_another_gate_waits_then_holds(tmp_path: Path, tag: str) -> N
 
 
 def test_waits_for_an_expiring_lease_then_runs(tmp_path: Path, tag: str) -> None:
-    _hold_all_gpus(tmp_path, ttl_s=8)  # outlives the CLI start-up even on a busy machine
+    """Another gate's lease holds every GPU until the gate says it waits; then the lease
+    expires (its end moved into the past, as if its TTL ran out): the gate takes the GPUs and
+    runs. Ordered by what the gate prints, not by a TTL racing the CLI's start-up."""
+    _hold_all_gpus(tmp_path, ttl_s=600)
     p = spec(
-        tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, shape={"wait_s": 60}, requests=200
+        tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, shape={"wait_s": 120}, requests=200
     )
-    out = gate(tmp_path, "run", str(p), "--json")
-    doc = json.loads(out.stdout)
-    assert doc["reservation"]["state"] == "released", out.stderr
-    assert "waiting_for_capacity" in out.stderr
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gate",
+                "run",
+                str(p),
+                "--json",
+                "--db",
+                f"sqlite:///{tmp_path / 'g.db'}",
+                "--report-dir",
+                str(tmp_path / "reports"),
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "waiting_for_capacity" not in err.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.2)
+            past = "2000-01-01 00:00:00.000000"
+            eng = create_engine(f"sqlite:///{tmp_path / 'g.db'}")
+            with eng.begin() as c:
+                c.execute(text("update reservations set expires_at = :t"), {"t": past})
+                c.execute(text("update gpu_leases set expires_at = :t"), {"t": past})
+            eng.dispose()
+            stdout, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    doc = json.loads(stdout)
+    assert doc["reservation"]["state"] == "released", err.read_text()
     assert db_rows(tmp_path, "select state from reservations order by id") == [
         ("expired",),
         ("released",),
