@@ -28,11 +28,18 @@ report: /tmp/x/reports/demo-ttft-regression-3d272b14.html
 
 @pytest.mark.slow
 def test_the_readme_shows_the_verdict_the_demo_prints(tmp_path: Path) -> None:
-    run = run_demo(tmp_path)
-    assert run.returncode == 0, run.stderr
-    printed = verdict_block(run.stderr)
-    shown = readme_block(README.read_text(encoding="utf-8"))
-    assert structure(shown) == structure(printed), (
+    """One run that prints another structure is run again: a stale example differs every
+    time, while a machine busy enough to slow one engine's start past a startup threshold
+    (other tests share the cores) rarely does so twice."""
+    shown = structure(readme_block(README.read_text(encoding="utf-8")))
+    printed: list[str] = []
+    for attempt in range(2):
+        run = run_demo(tmp_path / f"run{attempt}")
+        assert run.returncode == 0, run.stderr
+        printed = structure(verdict_block(run.stderr))
+        if printed == shown:
+            return
+    assert printed == shown, (
         "README.md's verdict example is stale: `make readme-verdict` writes it again"
     )
 

@@ -39,6 +39,7 @@ GATE_ID = re.compile(r"\b[0-9a-f]{32}\b")
 def run_demo(workdir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`gate demo` as `make demo` runs it, with its database, reports and engine logs under
     `workdir` (stderr is not a terminal: rich prints the table 120 columns wide, no colours)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [
             sys.executable,
