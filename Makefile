@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-clean serve test lint fmt clean vllm
+.PHONY: demo demo-clean serve test lint fmt clean vllm readme-verdict
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
@@ -23,6 +23,11 @@ demo: $(STAMP)
 
 demo-clean: $(STAMP)
 	$(BIN)/gate demo --clean
+
+# README.md's verdict example, written again from a run of `gate demo` (between its
+# <!-- verdict:start/end --> markers); tests/docs/test_readme_verdict.py fails when it is stale.
+readme-verdict: $(STAMP)
+	$(BIN)/python tests/support/readme_verdict.py --write
 
 # The dev profile: the service's closed defaults (tokens required, no caller argv, no caller
 # URLs) plus the example named specs and engine templates (examples/specs, its engines/), the

@@ -13,7 +13,7 @@ Whole engines of several worker groups (disaggregated prefill and decode), also 
   subblock, each engine's prefill and decode in one block (RDMA), both engines in one block;
 - `pd_h200_cluster`: the same groups with no rule between them and both engines in one of
   four 2,500-node clusters: the search scans domains that large for every gate it counts, so
-  this capacity is the slow case (over the target: see the README figures);
+  this capacity is the slow case (over the target: see docs/performance.md);
 - `pd_gb200`: on a 10,000-node GB200 NVL72-style fleet (cliques of 18 hosts x 4 GPUs, a
   third of the hosts busy or held), prefill 1 host x 4 GPUs, decode 2 hosts x 4 GPUs, each
   engine's prefill and decode in one NVLink clique, both engines in one clique.

@@ -1,6 +1,6 @@
 """The numerics calibration (gate/analysis/calibration_numerics.py): against a deterministic
 reference, benign noise continues and bugs hold, in every one of a few dozen simulated gates
-(docs/statistics.md's table comes from `gate calibrate --numerics-runs 1000`)."""
+(docs/calibration.md's table comes from `gate calibrate --numerics-runs 1000`)."""
 
 from __future__ import annotations
 

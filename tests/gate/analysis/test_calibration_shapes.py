@@ -4,7 +4,7 @@ ones, on whole simulated gates (the sequential judge with its looks and early st
 
 Each cell is seeded, so it is deterministic; the bounds asserted are the gate's own alpha (5%)
 for the boundary cells and 1% for A/A with episodes, with the sample sizes said, and the power
-cells assert what the published grid (docs/statistics.md, `gate calibrate --shapes`) shows with
+cells assert what the published grid (docs/calibration.md, `gate calibrate --shapes`) shows with
 a margin."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_a_candidate_at_its_tolerance_is_held_within_alpha_under_dependence(
     requests at a time (longer than a block): judge v2 held 6-20x its alpha there. 60 gates
     per cell: at most 3 held (the gate's alpha is 5%). A drift of 60 s is judged over 100 s
     (2,000 requests); over 50 s it is slower than the looks and breaks the bound (the
-    published grid says by how much: docs/statistics.md)."""
+    published grid says by how much: docs/calibration.md)."""
     assert _held(case, stress, size, 60) <= 3 / 60
 
 
