@@ -40,7 +40,8 @@ def test_injected_cases_hold_and_aa_does_not() -> None:
 
 
 def test_calibrate_command_prints_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--runs", "2", "--limit", "4000", "--json"]) == 0
+    # every case, at the smallest size the command takes: the document's shape
+    assert main(["calibrate", "--runs", "1", "--limit", "1000", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {"alpha", "aa_false_hold_rate", "cases"} <= set(doc)
     for case in doc["cases"]:
@@ -51,9 +52,13 @@ def test_calibrate_command_prints_the_json_document(capsys: pytest.CaptureFixtur
             "baseline_hold_rate",
             "baseline_median_requests_to_hold",
         } <= set(case)
+    assert {c["name"] for c in doc["cases"]} == {c.name for c in CASES}
+    # and what it measures: a tail regression is held more often than identical engines
+    argv = ["calibrate", "--runs", "2", "--limit", "4000", "--json", "--case", "A/A"]
+    assert main([*argv, "--case", "tail >p95 x1.30"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     x130 = next(c for c in doc["cases"] if c["name"] == "tail >p95 x1.30")
     assert doc["aa_false_hold_rate"] < x130["hold_rate"]
-    assert {c["name"] for c in doc["cases"]} == {c.name for c in CASES}
 
 
 def test_calibrate_command_table_and_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
