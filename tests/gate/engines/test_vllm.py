@@ -124,7 +124,7 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     bed: Path, tmp_path: Path
 ) -> None:
     """`--max-num-seqs 1` serves one request at a time: at 2/s of 16-token answers its slot is
-    busy about a third of the time and requests that arrive together queue, so the TTFT its
+    busy about a third of the time (here 4/s) and requests that arrive together queue, so the TTFT its
     users wait grows (measured here: p50 1.3-1.7x, p90 1.7-2.5x the eight-slot reference's).
     On this test bed (two vLLM servers and the gate on two cores, which stall each other in
     turn) the eight blocks of one scenario do not show it with confidence: the gate holds on
@@ -136,6 +136,9 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
         engine(bed, "--max-num-seqs", "8"),
         engine(bed, "--max-num-seqs", "1"),
         correctness="off",
+        # twice the A/A's rate: half its wall time, and the one slot busier (a saturated test
+        # bed holds on gate.environment, which this test accepts: it never claims a pass)
+        scenarios=[{**STEADY, "rate": 2 * VLLM_RATE}],
     )
     checks = decisions(doc)
     for q in ("p90", "tail"):
