@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from gate.engines.sim.launch import SimPool
+from simengine.launch import SimPool
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 KEYS = {

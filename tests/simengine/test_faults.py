@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.engines.sim.launch import SimPool, health_status
+from simengine.launch import SimPool, health_status
 
 TINY = ("--profile", "tiny")
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 
-from gate.engines.sim import rxstamp
+from simengine import rxstamp
 
 MAX_BODY_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 * 1024

@@ -15,20 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from gate.engines.sim.features import (
+from simengine.features import (
     DEFAULT_MAX_LOGPROBS,
     FEATURES,
     Feature,
     Served,
     parse_features,
 )
-from gate.engines.sim.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
-from gate.engines.sim.timing import CostModel
+from simengine.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
+from simengine.timing import CostModel
 
 Role = Literal["both", "prefill", "decode"]
 """What one sim process is in a serving unit (README "Disaggregated prefill and decode"):
 ``both`` a whole engine (the default, and what every sim was before roles); ``prefill`` and
-``decode`` the two worker groups of a disaggregated engine, behind ``gate.engines.sim.router``."""
+``decode`` the two worker groups of a disaggregated engine, behind ``simengine.router``."""
 ROLES: tuple[Role, ...] = get_args(Role)
 
 
@@ -176,7 +176,7 @@ def _profile_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gate.engines.sim",
+        prog="python -m simengine",
         description=(
             "OpenAI-compatible streaming server that imitates vLLM with a toy model, a "
             "continuous-batching performance model and faults on demand."
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pd = parser.add_argument_group(
         "disaggregated prefill and decode",
-        "one worker group of a two-group engine, behind python -m gate.engines.sim.router",
+        "one worker group of a two-group engine, behind python -m simengine.router",
     )
     pd.add_argument(
         "--role",

@@ -24,10 +24,10 @@ import time
 import httpx
 import pytest
 
-from gate.engines.sim.config import parse_args
-from gate.engines.sim.http11 import ConnectionHabits
-from gate.engines.sim.launch import SimHandle, SimPool
 from loadgen.transport import LoadgenTransport
+from simengine.config import parse_args
+from simengine.http11 import ConnectionHabits
+from simengine.launch import SimHandle, SimPool
 
 FAST = ("--profile", "tiny")
 

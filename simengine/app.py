@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gate.engines.sim.config import SimConfig
-from gate.engines.sim.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
-from gate.engines.sim.faults import FaultPlan, StreamFaults
-from gate.engines.sim.features import Served
-from gate.engines.sim.http11 import ConnectionStats, Request, Responder
-from gate.engines.sim.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
-from gate.engines.sim.protocol import (
+from simengine.config import SimConfig
+from simengine.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
+from simengine.faults import FaultPlan, StreamFaults
+from simengine.features import Served
+from simengine.http11 import ConnectionStats, Request, Responder
+from simengine.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
+from simengine.protocol import (
     DONE_EVENT,
     ApiError,
     ApiRequest,
@@ -39,8 +39,8 @@ from gate.engines.sim.protocol import (
     parse_tokenize_request,
     stream_error_event,
 )
-from gate.engines.sim.timing import StepTimer
-from gate.engines.sim.truth import TruthLog, TruthRecord
+from simengine.timing import StepTimer
+from simengine.truth import TruthLog, TruthRecord
 
 Route = Callable[[Request, Responder], Awaitable[None]]
 Parser = Callable[[bytes, ToyTokenizer, str, int, Served], ApiRequest]

@@ -18,10 +18,10 @@ import sys
 import time
 import traceback
 
-from gate.engines.sim import rxstamp
-from gate.engines.sim.announce import base_url, format_listening_line
-from gate.engines.sim.config import SimConfig
-from gate.engines.sim.http11 import ConnectionHabits, HttpProtocol, start_server
+from simengine import rxstamp
+from simengine.announce import base_url, format_listening_line
+from simengine.config import SimConfig
+from simengine.http11 import ConnectionHabits, HttpProtocol, start_server
 
 
 def log(message: str) -> None:
@@ -75,9 +75,9 @@ async def serve(config: SimConfig) -> int:
     started = time.monotonic()
     log("sim: loading weights")
     # Imported here, not at the top: numpy's import time belongs to the loading phase.
-    from gate.engines.sim.app import SimApp
-    from gate.engines.sim.model import Numerics, ToyModel, ToyTokenizer
-    from gate.engines.sim.truth import TruthLog
+    from simengine.app import SimApp
+    from simengine.model import Numerics, ToyModel, ToyTokenizer
+    from simengine.truth import TruthLog
 
     tokenizer = ToyTokenizer(config.vocab_size)
     numerics = Numerics(config.logit_noise, config.numeric_bug, config.seed)

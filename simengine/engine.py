@@ -30,9 +30,9 @@ from typing import Protocol
 
 import numpy as np
 
-from gate.engines.sim.model import EOS_TOKEN_ID, TokenLogprobs, ToyModel, ToyTokenizer
-from gate.engines.sim.scheduler import Scheduler, SeqState, SeqStatus, StepPlan
-from gate.engines.sim.timing import StepTimer
+from simengine.model import EOS_TOKEN_ID, TokenLogprobs, ToyModel, ToyTokenizer
+from simengine.scheduler import Scheduler, SeqState, SeqStatus, StepPlan
+from simengine.timing import StepTimer
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ import dataclasses
 import httpx
 import pytest
 
-from gate.engines.sim.config import SimConfig, build_parser, parse_args
-from gate.engines.sim.launch import SimPool
-from gate.engines.sim.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
+from simengine.config import SimConfig, build_parser, parse_args
+from simengine.launch import SimPool
+from simengine.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
 
 
 def test_defaults() -> None:

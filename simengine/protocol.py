@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gate.engines.sim.engine import GenerationRequest, StreamEvent
-from gate.engines.sim.features import ALL_SERVED, Served
-from gate.engines.sim.model import PromptTokenLogprobs, TokenLogprobs, ToyTokenizer, render_chat
+from simengine.engine import GenerationRequest, StreamEvent
+from simengine.features import ALL_SERVED, Served
+from simengine.model import PromptTokenLogprobs, TokenLogprobs, ToyTokenizer, render_chat
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DONE_EVENT = b"data: [DONE]\n\n"

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from gate.core.vocabulary import EXIT_CONTINUE, EXIT_HOLD
-from gate.engines.sim.launch import SimPool
+from simengine.launch import SimPool
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 STEADY = {"name": "steady", "arrival": "poisson", "rate": 10, "requests": 60}
 
 

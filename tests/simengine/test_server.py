@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gate.engines.sim.launch import SimHandle, SimPool
+from simengine.launch import SimHandle, SimPool
 
 # Fast timing for wire-format tests: they check content, not latency.
 FAST_FLAGS = (

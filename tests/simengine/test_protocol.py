@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gate.engines.sim.engine import Decoder, StreamEvent
-from gate.engines.sim.model import ToyModel, ToyTokenizer
-from gate.engines.sim.protocol import (
+from simengine.engine import Decoder, StreamEvent
+from simengine.model import ToyModel, ToyTokenizer
+from simengine.protocol import (
     ApiError,
     ApiRequest,
     StreamEncoder,

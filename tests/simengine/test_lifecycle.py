@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.engines.sim.launch import SimPool, health_status, read_announcement
+from simengine.launch import SimPool, health_status, read_announcement
 
 FAST = ("--load-s", "0", "--warmup-s", "0", "--ttft-ms", "5", "--itl-ms", "1")
 GREEDY = {"temperature": 0, "ignore_eos": True}

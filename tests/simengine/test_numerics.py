@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.engines.sim.launch import SimHandle, SimPool
+from simengine.launch import SimHandle, SimPool
 
 FAST = ("--profile", "tiny")
 GREEDY = {"temperature": 0, "ignore_eos": True}

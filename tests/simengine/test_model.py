@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.engines.sim.model import (
+from simengine.model import (
     BUG_MIN_GAP,
     BUG_MIN_RANK,
     EOS_TOKEN_ID,

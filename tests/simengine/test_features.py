@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.engines.sim.config import SimConfig, build_parser, parse_args
-from gate.engines.sim.features import FEATURES, Served, parse_features
-from gate.engines.sim.launch import SimHandle, SimPool
-from gate.engines.sim.protocol import NO_CHAT_TEMPLATE
+from simengine.config import SimConfig, build_parser, parse_args
+from simengine.features import FEATURES, Served, parse_features
+from simengine.launch import SimHandle, SimPool
+from simengine.protocol import NO_CHAT_TEMPLATE
 
 FAST = ("--load-s", "0", "--warmup-s", "0", "--ttft-ms", "1", "--itl-ms", "1", "--jitter", "0")
 GREEDY = {"temperature": 0, "ignore_eos": True}

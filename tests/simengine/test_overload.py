@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from gate.engines.sim.launch import SimPool
+from simengine.launch import SimPool
 
 # serial: TTFT under overload is measured on the wall clock.
 pytestmark = pytest.mark.serial

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.engines.sim.engine import (
+from simengine.engine import (
     Decoder,
     EngineSeq,
     GenerationRequest,
@@ -23,8 +23,8 @@ from gate.engines.sim.engine import (
     StreamEvent,
     merge_events,
 )
-from gate.engines.sim.model import EOS_TOKEN_ID, ToyModel, ToyTokenizer
-from gate.engines.sim.timing import CostModel, StepTimer
+from simengine.model import EOS_TOKEN_ID, ToyModel, ToyTokenizer
+from simengine.timing import CostModel, StepTimer
 
 # serial: the engine's steps are timed on a real event loop; another process on the cores
 # makes them late.

@@ -2,7 +2,7 @@
 
 Used by tests here and by anything else in the gate that needs a throwaway engine. Stdlib
 only: launching must not import numpy into the caller. The router of a disaggregated sim
-(``gate.engines.sim.router``) announces itself the same way, so the same helpers start it
+(``simengine.router``) announces itself the same way, so the same helpers start it
 (``module=ROUTER_MODULE``); ``SimPool.start_pd`` starts a whole two-group engine.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from gate.engines.sim.announce import parse_listening_line
+from simengine.announce import parse_listening_line
 
-SIM_MODULE = "gate.engines.sim"
-ROUTER_MODULE = "gate.engines.sim.router"
+SIM_MODULE = "simengine"
+ROUTER_MODULE = "simengine.router"
 
 
 class SimStartError(RuntimeError):

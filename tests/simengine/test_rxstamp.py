@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gate.engines.sim import rxstamp
+from simengine import rxstamp
 
 needs_linux = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's"

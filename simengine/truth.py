@@ -36,7 +36,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from gate.engines.sim.protocol import dumps
+from simengine.protocol import dumps
 
 
 @dataclass(slots=True)

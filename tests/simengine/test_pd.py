@@ -30,10 +30,10 @@ import pytest
 
 from gate.engines.lifecycle import ENDPOINT_PHASES, Clock, PhaseLog
 from gate.engines.readiness import wait_ready
-from gate.engines.sim.launch import ROUTER_MODULE, PdSim, SimHandle, SimPool, health_status
-from gate.engines.sim.router import RouterConfig, parse_args, prefill_body
+from simengine.launch import ROUTER_MODULE, PdSim, SimHandle, SimPool, health_status
+from simengine.router import RouterConfig, parse_args, prefill_body
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 FAST = ("--load-s", "0", "--warmup-s", "0", "--ttft-ms", "5", "--itl-ms", "1", "--jitter", "0")
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gate.engines.sim.scheduler import Scheduler, SeqState, SeqStatus
-from gate.engines.sim.timing import CostModel, StepTimer
+from simengine.scheduler import Scheduler, SeqState, SeqStatus
+from simengine.timing import CostModel, StepTimer
 
 
 def seq(prompt: int, at: int = 0) -> SeqState:

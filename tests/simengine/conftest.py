@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gate.engines.sim.launch import SimPool
+from simengine.launch import SimPool
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gate.engines.sim.launch import SimPool
+from simengine.launch import SimPool
 
 # serial: stalls, creeps and slow shares are read off wall-clock TTFTs of a few requests.
 pytestmark = pytest.mark.serial

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gate.engines.sim.config import SimConfig
+from simengine.config import SimConfig
 
 
 @dataclass(frozen=True, slots=True)
