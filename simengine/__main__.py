@@ -6,7 +6,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from simengine.config import parse_args
+from simengine.cli import parse_args
 from simengine.server import serve
 
 

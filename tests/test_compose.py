@@ -23,7 +23,7 @@ from gate.cli import _parser
 from gate.core.settings import Settings
 from gate.spec import load_spec
 from gate.worker.main import alive_file
-from simengine.config import parse_args as sim_args
+from simengine.cli import parse_args as sim_args
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -27,7 +27,7 @@ from gate.cli import main
 from gate.core.settings import Settings
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
-from simengine.config import parse_args
+from simengine.cli import parse_args
 
 # serial: the gates' samples are checked for the sim's tail, stall and creep, which a busy
 # machine blurs.

@@ -7,7 +7,8 @@ import dataclasses
 import httpx
 import pytest
 
-from simengine.config import SimConfig, build_parser, parse_args
+from simengine.cli import build_parser, parse_args
+from simengine.config import SimConfig
 from simengine.launch import SimPool
 from simengine.profiles import DEFAULT_PROFILE, PROFILE_FIELDS, PROFILES
 

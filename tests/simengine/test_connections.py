@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from loadgen.transport import LoadgenTransport
-from simengine.config import parse_args
+from simengine.cli import parse_args
 from simengine.http11 import ConnectionHabits
 from simengine.launch import SimHandle, SimPool
 

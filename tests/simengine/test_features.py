@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from simengine.config import SimConfig, build_parser, parse_args
+from simengine.cli import build_parser, parse_args
+from simengine.config import SimConfig
 from simengine.features import FEATURES, Served, parse_features
 from simengine.launch import SimHandle, SimPool
 from simengine.protocol import NO_CHAT_TEMPLATE
