@@ -14,12 +14,12 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
+from simengine import metrics
 from simengine.config import SimConfig
 from simengine.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
-from simengine.faults import FaultPlan, StreamFaults
+from simengine.faults import FaultCounters, FaultPlan, StreamFaults
 from simengine.features import Served
 from simengine.http11 import ConnectionStats, Request, Responder
 from simengine.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
@@ -48,23 +48,10 @@ Parser = Callable[[bytes, ToyTokenizer, str, int, Served], ApiRequest]
 # this decode worker takes a prefill's KV ("receive"), or None: served as a whole engine.
 KvPart = Literal["send", "receive"] | None
 
-FINISH_REASONS = ("stop", "length", "abort")
 SIM_VERSION = "0.2.0-sim"
 # Prompt positions scored between yields to the event loop: scoring costs ~80 us a position,
 # and a long prompt scored in one go would stall every stream of the process.
 _SCORE_CHUNK = 24
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-@dataclass(slots=True)
-class FaultCounters:
-    """Faults that struck inside streams, counted when they strike (for /metrics)."""
-
-    hung_streams: int = 0
-    stream_errors: int = 0
 
 
 class StreamOutput:
@@ -287,137 +274,7 @@ class SimApp:
         responder.send(200, dumps({"prompt": text}).encode())
 
     async def _metrics(self, request: Request, responder: Responder) -> None:
-        engine = self.engine
-        stats = engine.stats
-        labels = f'model_name="{_label(self.config.model)}"'
-
-        def metric(name: str, kind: str, help_text: str, value: float) -> list[str]:
-            return [
-                f"# HELP {name} {help_text}",
-                f"# TYPE {name} {kind}",
-                f"{name}{{{labels}}} {float(value)}",
-            ]
-
-        lines = [
-            *metric(
-                "vllm:num_requests_running",
-                "gauge",
-                "Number of requests in model execution batches.",
-                engine.running,
-            ),
-            *metric(
-                "vllm:num_requests_waiting",
-                "gauge",
-                "Number of requests waiting to be processed.",
-                engine.waiting,
-            ),
-            *metric(
-                "vllm:kv_cache_usage_perc",
-                "gauge",
-                "KV-cache usage. 1 means 100 percent usage.",
-                engine.scheduler.kv_usage,
-            ),
-            *metric(
-                "vllm:num_preemptions_total",
-                "counter",
-                "Cumulative number of preemption from the engine.",
-                engine.scheduler.num_preemptions,
-            ),
-            "# HELP vllm:request_success_total Count of finished requests by finish reason.",
-            "# TYPE vllm:request_success_total counter",
-        ]
-        lines.extend(
-            f'vllm:request_success_total{{finished_reason="{reason}",{labels}}} '
-            f"{float(stats.finished[reason])}"
-            for reason in FINISH_REASONS
-        )
-        lines += [
-            *metric(
-                "vllm:prompt_tokens_total",
-                "counter",
-                "Number of prefill tokens processed.",
-                stats.prompt_tokens,
-            ),
-            *metric(
-                "vllm:generation_tokens_total",
-                "counter",
-                "Number of generation tokens processed.",
-                stats.generation_tokens,
-            ),
-            *metric(
-                "sim:generation_requests_total",
-                "counter",
-                "Generation requests accepted by the sim.",
-                self.started_generations,
-            ),
-            *metric(
-                "sim:injected_errors_total",
-                "counter",
-                "Requests failed on purpose by --error-rate.",
-                self.injected_errors,
-            ),
-            *metric(
-                "sim:shed_requests_total",
-                "counter",
-                "Requests refused by --max-waiting.",
-                self.shed_requests,
-            ),
-            *metric(
-                "sim:slow_requests_total",
-                "counter",
-                "Generation requests whose TTFT was multiplied by --slow-factor (--slow-share).",
-                self.slow_requests,
-            ),
-            *metric(
-                "sim:stream_errors_total",
-                "counter",
-                "Streams ended by an error event (--stream-error-rate).",
-                self.stream_faults.stream_errors,
-            ),
-            *metric(
-                "sim:hung_streams_total",
-                "counter",
-                "Streams silenced by --hang-after-tokens.",
-                self.stream_faults.hung_streams,
-            ),
-            *metric("sim:engine_steps_total", "counter", "Engine steps run.", stats.steps),
-            *metric(
-                "sim:connections_opened_total",
-                "counter",
-                "Client connections accepted.",
-                self.connections.opened,
-            ),
-            "# HELP sim:connections_closed_total Connections the server closed, by habit "
-            "(--keep-alive-timeout, --max-requests-per-connection).",
-            "# TYPE sim:connections_closed_total counter",
-            f'sim:connections_closed_total{{reason="idle",{labels}}} '
-            f"{float(self.connections.closed_idle)}",
-            f'sim:connections_closed_total{{reason="limit",{labels}}} '
-            f"{float(self.connections.closed_at_limit)}",
-            *metric(
-                "sim:requests_dropped_total",
-                "counter",
-                "Requests closed unanswered: their connection had served its limit, silently.",
-                self.connections.dropped,
-            ),
-        ]
-        if self.config.role != "both":
-            lines += [
-                *metric(
-                    "sim:kv_handoffs_total",
-                    "counter",
-                    "Prefills whose KV this worker handed on to a decode worker (--role prefill).",
-                    self.kv_handoffs,
-                ),
-                *metric(
-                    "sim:kv_transfers_total",
-                    "counter",
-                    "Requests decoded from a prefill worker's KV (--role decode).",
-                    self.kv_transfers,
-                ),
-            ]
-        body = ("\n".join(lines) + "\n").encode()
-        responder.send(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")
+        responder.send(200, metrics.render(self), content_type=metrics.CONTENT_TYPE)
 
     # -- generation ------------------------------------------------------------------------
 

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 from simengine.config import SimConfig
 
 
+@dataclass(slots=True)
+class FaultCounters:
+    """Faults that struck inside streams, counted when they strike (for /metrics)."""
+
+    hung_streams: int = 0
+    stream_errors: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class StreamFaults:
     """Faults of one stream, as token counts after which they strike (None: not hit)."""

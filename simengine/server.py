@@ -17,11 +17,16 @@ import socket
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from simengine import rxstamp
 from simengine.announce import base_url, format_listening_line
 from simengine.config import SimConfig
 from simengine.http11 import ConnectionHabits, HttpProtocol, start_server
+
+if TYPE_CHECKING:  # numpy-backed: imported for real inside the loading phase
+    from simengine.model import ToyModel, ToyTokenizer
+    from simengine.truth import TruthLog
 
 
 def log(message: str) -> None:
@@ -76,15 +81,9 @@ async def serve(config: SimConfig) -> int:
     log("sim: loading weights")
     # Imported here, not at the top: numpy's import time belongs to the loading phase.
     from simengine.app import SimApp
-    from simengine.model import Numerics, ToyModel, ToyTokenizer
     from simengine.truth import TruthLog
 
-    tokenizer = ToyTokenizer(config.vocab_size)
-    numerics = Numerics(config.logit_noise, config.numeric_bug, config.seed)
-    model = ToyModel(config.vocab_size, config.model_seed, numerics=numerics)
-    # Everything loaded so far lives as long as the process: keeping it out of the cyclic
-    # collector's scans avoids pauses of several milliseconds in the middle of streams.
-    gc.freeze()
+    tokenizer, model = _load(config)
     # Real construction work counts towards --load-s instead of adding to it.
     if await _stopped_within(stop, config.load_s - (time.monotonic() - started)):
         log("sim: stopped while loading")
@@ -134,6 +133,31 @@ async def serve(config: SimConfig) -> int:
     log("sim: shutting down")
     if crash is not None:
         crash.cancel()
+    await _shut_down(server, connections, engine_task, truth)
+    log(f"sim: {app.connections.line()}")
+    return 0
+
+
+def _load(config: SimConfig) -> tuple[ToyTokenizer, ToyModel]:
+    """The toy tokenizer and weights, kept out of the garbage collector's way."""
+    from simengine.model import Numerics, ToyModel, ToyTokenizer
+
+    tokenizer = ToyTokenizer(config.vocab_size)
+    numerics = Numerics(config.logit_noise, config.numeric_bug, config.seed)
+    model = ToyModel(config.vocab_size, config.model_seed, numerics=numerics)
+    # Everything loaded so far lives as long as the process: keeping it out of the cyclic
+    # collector's scans avoids pauses of several milliseconds in the middle of streams.
+    gc.freeze()
+    return tokenizer, model
+
+
+async def _shut_down(
+    server: asyncio.Server,
+    connections: set[HttpProtocol],
+    engine_task: asyncio.Task[None],
+    truth: TruthLog | None,
+) -> None:
+    """Stop listening, cut every connection, stop the engine, close the truth log."""
     server.close()
     handlers = [t for c in connections if (t := c.task) is not None]
     for connection in list(connections):
@@ -145,5 +169,3 @@ async def serve(config: SimConfig) -> int:
     await server.wait_closed()
     if truth is not None:
         truth.close()
-    log(f"sim: {app.connections.line()}")
-    return 0

@@ -227,6 +227,7 @@ def test_the_function_size_rule_sees_a_long_function(tmp_path: Path) -> None:
 # -- the sim engine (issue 31): a product of its own, beside the gate, never inside it ---------
 
 SIMENGINE = ROOT / "simengine"
+SIM_FUNCTION_MAX_LINES = 80
 
 
 def _imports_of(package: Path, forbidden: str) -> list[str]:
@@ -243,6 +244,16 @@ def test_simengine_imports_nothing_from_the_gate() -> None:
     assert any(SIMENGINE.rglob("*.py")), "simengine/ moved: update this rule"
     offences = _imports_of(SIMENGINE, "gate")
     assert not offences, "simengine stands alone:\n" + "\n".join(offences)
+
+
+def test_no_function_in_simengine_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for path in sorted(SIMENGINE.rglob("*.py"))
+        for name, n in _functions(path)
+        if n > SIM_FUNCTION_MAX_LINES
+    ]
+    assert not long, f"functions over {SIM_FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
 
 
 def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
