@@ -5,7 +5,8 @@ Every process is killed in a finaliser, whatever the test did to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,11 @@ def launcher(tmp_path: Path) -> Iterator[SimPool]:
 def module_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPool]:
     with SimPool(workdir=tmp_path_factory.mktemp("sim"), cwd=REPO_ROOT) as pool:
         yield pool
+
+
+@pytest.fixture
+def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
+    """A tag for this test's sim processes; after the test, none may be left (as tests/gate's)."""
+    t = uuid.uuid4().hex
+    yield t
+    assert find_processes(t) == [], "a sim process outlived its test"
