@@ -1,5 +1,5 @@
 # The project image: the API (`gate serve`), the Celery worker (`gate worker`) and the sim
-# engine (`python -m gate.engines.sim`) all run from it; docker-compose.yml picks the command.
+# engine (`python -m simengine`) all run from it; docker-compose.yml picks the command.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -10,6 +10,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gate ./gate
 COPY loadgen ./loadgen
+COPY simengine ./simengine
 COPY migrations ./migrations
 COPY examples ./examples
 RUN pip install . \

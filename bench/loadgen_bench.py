@@ -5,7 +5,7 @@ Run: ``.venv/bin/python bench/loadgen_bench.py [--quick] [--guidellm PATH] [--js
 environment (default ``/tmp/guidellm-venv``, see ``guidellm_peer``); without guidellm there,
 only loadgen is measured.
 
-Everything runs on this host: the sim engine (``python -m gate.engines.sim``, started as a
+Everything runs on this host: the sim engine (``python -m simengine``, started as a
 process; nothing from ``gate`` is imported) with short TTFT/ITL, one token per event and its
 ``--truth-log``, which records for every request when it arrived and when each event was
 emitted, on the monotonic clock. Both clients are run as commands against that same sim, one
@@ -154,7 +154,7 @@ class Run:
 def sim(truth_log: Path | None) -> Iterator[str]:
     flags = [*SIM_FLAGS, *(["--truth-log", str(truth_log)] if truth_log else [])]
     proc = subprocess.Popen(
-        [PYTHON, "-m", "gate.engines.sim", "--port", "0", *flags],
+        [PYTHON, "-m", "simengine", "--port", "0", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -179,7 +179,7 @@ def sim(truth_log: Path | None) -> Iterator[str]:
 
 def sim_has_truth_log() -> bool:
     out = subprocess.run(
-        [PYTHON, "-m", "gate.engines.sim", "--help"], capture_output=True, text=True, cwd=ROOT
+        [PYTHON, "-m", "simengine", "--help"], capture_output=True, text=True, cwd=ROOT
     )
     return "--truth-log" in out.stdout
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gate.engines.sim.launch import SimHandle, launch  # noqa: E402
+from simengine.launch import SimHandle, launch  # noqa: E402
 
 BUCKET_NS = 50_000_000
 SIM_BASE = (

@@ -37,7 +37,7 @@ from gate.models import SampleSet
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
-SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 BASE_FLAGS = ("--ttft-ms", "40", "--itl-ms", "12")
 # 40/s: the steady scenario lasts about 20 s, 10 time blocks of 2 s; judge v3 refuses a
 # scenario of fewer than 8 (analysis/paired.py MIN_BLOCKS), which 808 requests at 80/s were.

@@ -11,7 +11,7 @@ from typing import Any
 
 from gate.spec import GateSpec, parse_spec
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 REFERENCE_TTFT_MS = 40
 REGRESSED_TTFT_MS = 60  # 1.5x: large enough to see in the report, small enough to be realistic
 

@@ -222,3 +222,41 @@ def test_the_function_size_rule_sees_a_long_function(tmp_path: Path) -> None:
     path = tmp_path / "m.py"
     path.write_text(f"def long():\n{body}\n\ndef short():\n    return 1\n")
     assert dict(_functions(path)) == {"long": FUNCTION_MAX_LINES + 1, "short": 2}
+
+
+# -- the sim engine (issue 31): a product of its own, beside the gate, never inside it ---------
+
+SIMENGINE = ROOT / "simengine"
+SIM_FUNCTION_MAX_LINES = 80
+
+
+def _imports_of(package: Path, forbidden: str) -> list[str]:
+    """`file:line imports name` for every import of `forbidden` (or below it) in `package`."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}"
+        for path in sorted(package.rglob("*.py"))
+        for imported, node in _imported_modules(path)
+        if imported == forbidden or imported.startswith(forbidden + ".")
+    ]
+
+
+def test_simengine_imports_nothing_from_the_gate() -> None:
+    assert any(SIMENGINE.rglob("*.py")), "simengine/ moved: update this rule"
+    offences = _imports_of(SIMENGINE, "gate")
+    assert not offences, "simengine stands alone:\n" + "\n".join(offences)
+
+
+def test_no_function_in_simengine_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for path in sorted(SIMENGINE.rglob("*.py"))
+        for name, n in _functions(path)
+        if n > SIM_FUNCTION_MAX_LINES
+    ]
+    assert not long, f"functions over {SIM_FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
+    """`python -m simengine` in an argv, never an import: the gate runs any engine the same way."""
+    offences = _imports_of(GATE, "simengine") + _imports_of(ROOT / "loadgen", "simengine")
+    assert not offences, "start the sim as a process:\n" + "\n".join(offences)

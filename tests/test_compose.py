@@ -21,15 +21,15 @@ from sqlalchemy.engine import make_url
 
 from gate.cli import _parser
 from gate.core.settings import Settings
-from gate.engines.sim.config import parse_args as sim_args
 from gate.spec import load_spec
 from gate.worker.main import alive_file
+from simengine.cli import parse_args as sim_args
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
-SIM = ["python", "-m", "gate.engines.sim"]
+SIM = ["python", "-m", "simengine"]
 GATE_SERVICES = ("api", "worker", "sim-reference", "sim-candidate")
 DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
 

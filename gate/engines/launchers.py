@@ -76,7 +76,7 @@ def render_argv(template: list[str], values: dict[str, str]) -> list[str]:
             item = item.replace("{" + key + "}", val)
         out.append(item)
     if out and out[0] in ("python", "python3"):
-        # The gate's own interpreter, so `python -m gate.engines.sim` works inside any venv.
+        # The gate's own interpreter, so `python -m simengine` works inside any venv.
         out[0] = sys.executable
     return out
 

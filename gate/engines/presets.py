@@ -24,7 +24,7 @@ Quirks, per preset:
   (the gate's warm-up requests cover that).
 - trtllm (`trtllm-serve MODEL`): tensor parallelism is `--tp_size`; an engine build or a
   checkpoint conversion can take many minutes on first start (raise `readiness_timeout_s`).
-- sim (`python -m gate.engines.sim`): our simulated engine, the test and demo default.
+- sim (`python -m simengine`): our simulated engine, the test and demo default.
 
 Worker groups (an engine with `groups`, e.g. prefill and decode): a preset in a group adds its
 role's flags (`GROUP_FLAGS`), and a `router: {preset: NAME}` is that engine's own router
@@ -51,7 +51,7 @@ role's flags (`GROUP_FLAGS`), and a `router: {preset: NAME}` is that engine's ow
   different ones in `args`, and the router must be told with `--prefill-bootstrap-ports`.
   The router is `python -m sglang.srt.disaggregation.launch_lb --prefill URL --decode URL`
   (`python/sglang/srt/disaggregation/launch_lb.py`; newer releases point to `sglang_router`).
-- sim: a worker gets `--role {role}`; the router is `python -m gate.engines.sim.router`.
+- sim: a worker gets `--role {role}`; the router is `python -m simengine.router`.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ PRESETS: dict[str, Preset] = {
     "sim": Preset(
         "sim",
         "python",
-        "gate.engines.sim",
+        "simengine",
         ("--host", "{host}", "--port", "{port}", "--model", "{model}"),
     ),
 }
@@ -154,7 +154,7 @@ ROUTERS: dict[str, Preset] = {
     "sim": Preset(
         "sim",
         "python",
-        "gate.engines.sim.router",
+        "simengine.router",
         (
             "--host",
             "{host}",

@@ -168,7 +168,7 @@ def test_the_readme_service_walkthrough_runs_as_written(served: Served, tmp_path
         assert sent is not None, inline
         body = json.loads(sent.group(1))
         for engine, field, setting in (
-            ({"command": ["python", "-m", "gate.engines.sim"]}, "command", "GATE_SPEC_DIR"),
+            ({"command": ["python", "-m", "simengine"]}, "command", "GATE_SPEC_DIR"),
             ({"url": "http://127.0.0.1:9"}, "url", "GATE_ENGINE_URL_ALLOW"),
         ):
             spec = {**body["spec"], "reference": engine}

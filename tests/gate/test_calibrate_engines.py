@@ -25,9 +25,9 @@ from gate.calibrate_engines import (
 )
 from gate.cli import main
 from gate.core.settings import Settings
-from gate.engines.sim.config import parse_args
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
+from simengine.cli import parse_args
 
 # serial: the gates' samples are checked for the sim's tail, stall and creep, which a busy
 # machine blurs.

@@ -21,7 +21,7 @@ from gate.engines.logphases import LOG_PHASES
 
 pytestmark = pytest.mark.slow
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 
 
 def sim(tag: str, *flags: str) -> list[str]:
@@ -218,7 +218,7 @@ def test_demo_holds_on_ttft_and_exits_zero(tmp_path: Path) -> None:
 def test_url_candidate_that_runs(tmp_path: Path, tag: str) -> None:
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gate.engines.sim", "--port", str(port), "--tag", tag],
+        [sys.executable, "-m", "simengine", "--port", str(port), "--tag", tag],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -253,7 +253,7 @@ def test_spec_with_three_mistakes(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text(
         "name: bad\nmodel: demo-model\n"
-        "reference: {command: [python, -m, gate.engines.sim], url: 'http://x:1'}\n"
+        "reference: {command: [python, -m, simengine], url: 'http://x:1'}\n"
         "candidate: {url: 'http://127.0.0.1:8001'}\n"
         "scenarios:\n  - {name: steady, rate: -1, requests: 10, max_tokens: 0}\n"
     )

@@ -123,7 +123,7 @@ name: dies-at-start
 model: demo-model
 correctness: off
 reference:
-  command: ["python", "-m", "gate.engines.sim", "--port", "{port}"]
+  command: ["python", "-m", "simengine", "--port", "{port}"]
 candidate:
   command: ["python", "-c", "import sys; [print('early line', n, file=sys.stderr) for n in \
 range(40)]; print('x' * 5000, file=sys.stderr); print('\\x1b[31mRuntimeError: CUDA error: out \

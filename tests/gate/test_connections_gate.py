@@ -25,7 +25,7 @@ from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 HABITS = ["--keep-alive-timeout", "5", "--max-requests-per-connection", "100"]
 LIMIT = 100
 

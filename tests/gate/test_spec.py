@@ -14,7 +14,7 @@ EXAMPLE = """
 name: example
 model: demo-model
 reference:
-  command: ["python", "-m", "gate.engines.sim", "--port", "{port}"]
+  command: ["python", "-m", "simengine", "--port", "{port}"]
 candidate:
   url: "http://127.0.0.1:8001"
 scenarios:
@@ -56,7 +56,7 @@ def test_three_mistakes_are_all_named() -> None:
     bad = {
         "name": "example",
         "model": "demo-model",
-        "reference": {"command": ["python", "-m", "gate.engines.sim"], "url": "http://x:1"},
+        "reference": {"command": ["python", "-m", "simengine"], "url": "http://x:1"},
         "candidate": {"url": "http://127.0.0.1:8001"},
         "scenarios": [
             {"name": "steady", "arrival": "poisson", "rate": -3, "requests": 300},
@@ -351,7 +351,7 @@ def test_kubernetes_engine_rules_across_fields() -> None:
 def test_kubernetes_engines_pair_with_each_other_on_one_cluster() -> None:
     base = yaml_example()
     base["reference"] = {"kubernetes": kube_engine(kubeconfig="/a")}
-    base["candidate"] = {"command": ["python", "-m", "gate.engines.sim", "--port", "{port}"]}
+    base["candidate"] = {"command": ["python", "-m", "simengine", "--port", "{port}"]}
     with pytest.raises(SpecError) as info:
         parse_spec(base)
     paths = {p.path: p.message for p in info.value.problems}

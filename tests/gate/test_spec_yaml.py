@@ -18,9 +18,9 @@ name: yaml-words
 model: demo-model
 correctness: {value}
 reference:
-  command: ["python", "-m", "gate.engines.sim", "--port", "{{port}}"]
+  command: ["python", "-m", "simengine", "--port", "{{port}}"]
 candidate:
-  command: ["python", "-m", "gate.engines.sim", "--port", "{{port}}", "--seed", "2"]
+  command: ["python", "-m", "simengine", "--port", "{{port}}", "--seed", "2"]
 scenarios:
   - {{name: steady, rate: 20, requests: 400, prompt_tokens: 16, max_tokens: 8}}
 """

@@ -381,7 +381,7 @@ def threaded_server() -> Iterator[ThreadedServer]:
 
 
 # --------------------------------------------------------------------------- the real sim engine
-# Started as a process (``python -m gate.engines.sim``), never imported: loadgen and its tests
+# Started as a process (``python -m simengine``), never imported: loadgen and its tests
 # must not depend on ``gate`` as a library.
 
 FAST = ["--load-s", "0", "--warmup-s", "0", "--ttft-ms", "2", "--itl-ms", "1", "--jitter", "0"]
@@ -391,7 +391,7 @@ FAST = ["--load-s", "0", "--warmup-s", "0", "--ttft-ms", "2", "--itl-ms", "1", "
 def _sim(*args: str, timeout_s: float = 60.0) -> Iterator[str]:
     """Yield the base URL of a running sim; stop it afterwards."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gate.engines.sim", "--port", "0", *FAST, *args],
+        [sys.executable, "-m", "simengine", "--port", "0", *FAST, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -15,7 +15,7 @@ from gate.core.settings import Settings
 SECRET = "test-webhook-secret"
 
 
-SIM_ARGV = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM_ARGV = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 SIM_TEMPLATE: dict[str, Any] = {
     "description": "the simulated engine, as an operator would offer it to API callers",
     "engine": {

@@ -23,7 +23,7 @@ from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
 from gate.spec import GateSpec, parse_spec
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 
 # An engine that first starts a grandchild in a session of its own with an empty environment
 # (no mark, no CUDA_VISIBLE_DEVICES; as a tensor-parallel worker that calls setsid may), then
@@ -32,7 +32,7 @@ HIDDEN = (
     "import os, subprocess, sys; "
     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
     " start_new_session=True, env=dict()); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
+    "os.execv(sys.executable, [sys.executable, '-m', 'simengine', '--port', sys.argv[2],"
     " '--model', sys.argv[3], '--tag', sys.argv[1]])"
 )
 

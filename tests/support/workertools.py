@@ -30,7 +30,7 @@ from gate.worker.dispatch import CeleryDispatcher
 
 
 def sim(tag: str, *flags: str) -> list[str]:
-    argv = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+    argv = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
     return [*argv, "--tag", tag, *flags]
 
 

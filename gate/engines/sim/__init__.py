@@ -1,8 +1,16 @@
-"""Sim engine: an OpenAI-compatible server that imitates vLLM with a toy model.
+"""Deprecated entry points of the sim engine, which is its own package now: `simengine`.
 
-It is the engine every other part of the gate is tested against, so it speaks vLLM's wire
-format exactly, schedules like a continuous-batching engine (named performance profiles, every
-figure a flag) and fails on demand. Run it with ``python -m gate.engines.sim``; README.md in
-this directory lists the flags, profiles, faults and the ground-truth log. Importing this
-package stays cheap (no numpy); the modules are imported where used.
+Specs written before the move start ``python -m gate.engines.sim`` and
+``python -m gate.engines.sim.router``; these forward to ``python -m simengine`` and
+``python -m simengine.router`` with one line on stderr, and nothing else lives here.
 """
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+
+def forward(old: str, new: str) -> None:
+    print(f"`python -m {old}` is deprecated: run `python -m {new}`", file=sys.stderr, flush=True)
+    runpy.run_module(new, run_name="__main__", alter_sys=True)

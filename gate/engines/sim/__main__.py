@@ -1,19 +1,6 @@
-"""Entry point: ``python -m gate.engines.sim --port P [flags]``."""
+"""Deprecated: ``python -m gate.engines.sim`` runs ``python -m simengine``."""
 
-from __future__ import annotations
-
-import asyncio
-import sys
-from collections.abc import Sequence
-
-from gate.engines.sim.config import parse_args
-from gate.engines.sim.server import serve
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_args(argv)
-    return asyncio.run(serve(config))
-
+from gate.engines.sim import forward
 
 if __name__ == "__main__":
-    sys.exit(main())
+    forward("gate.engines.sim", "simengine")

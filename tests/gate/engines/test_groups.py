@@ -132,7 +132,7 @@ def test_each_process_gets_its_group_gpus_role_and_peers(tmp_path: Path) -> None
 
 
 def test_a_group_that_cannot_start_is_named_and_the_rest_is_stopped(tmp_path: Path) -> None:
-    sim = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+    sim = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
     eng = grouped(tmp_path, sim, ["/nonexistent/engine"])
 
     async def go() -> None:

@@ -18,7 +18,7 @@ from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, Clock, Phase
 from gate.engines.logphases import LOG_PHASES
 from gate.reservations.allocator import EnginePlacement
 
-SIM = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 
 
 def _engine(tmp_path: Path, argv: list[str], timeout: float = 20.0, **kw: object) -> ProcessEngine:
@@ -64,7 +64,7 @@ _RECORD_THEN_SIM = (
     "'cwd': os.getcwd(), 'gpus': gpus, 'tp': tp}, "
     "open(out, 'w')); "
     "sys.argv = ['sim', *sys.argv[4:]]; "
-    "runpy.run_module('gate.engines.sim', run_name='__main__')"
+    "runpy.run_module('simengine', run_name='__main__')"
 )
 
 
@@ -162,7 +162,7 @@ def test_exit_during_startup_is_reported_with_code(tmp_path: Path) -> None:
 
 def test_wrong_model_is_named(tmp_path: Path, find_processes: Callable[[str], list[int]]) -> None:
     tag = uuid.uuid4().hex
-    argv = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "other"]
+    argv = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "other"]
     eng = _engine(tmp_path, [*argv, "--tag", tag])
 
     with pytest.raises(EngineError, match="does not serve model 'demo-model'") as info:
@@ -180,7 +180,7 @@ def test_teardown_kills_the_whole_process_group(
         "import subprocess, sys, time; "
         f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{tag}-child']); "
         f"import runpy; sys.argv = ['sim', '--port', sys.argv[1], '--tag', '{tag}']; "
-        "runpy.run_module('gate.engines.sim', run_name='__main__')"
+        "runpy.run_module('simengine', run_name='__main__')"
     )
     eng = _engine(tmp_path, [sys.executable, "-c", script, "{port}"])
 

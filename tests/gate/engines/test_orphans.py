@@ -78,7 +78,7 @@ WRAPPER = (
     "import os, subprocess, sys; "
     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
     " start_new_session=True); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'gate.engines.sim', '--port', sys.argv[2],"
+    "os.execv(sys.executable, [sys.executable, '-m', 'simengine', '--port', sys.argv[2],"
     " '--model', sys.argv[3], '--tag', sys.argv[1]])"
 )
 

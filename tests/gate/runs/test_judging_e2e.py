@@ -15,7 +15,7 @@ from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 
 
 def sim(tag: str, *flags: str) -> dict[str, Any]:

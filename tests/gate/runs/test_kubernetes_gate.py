@@ -145,7 +145,7 @@ def sims(find_processes: Callable[[str], list[int]]) -> Iterator[dict[str, str]]
     procs, urls = [], {}
     for role, seed in (("reference", "1"), ("candidate", "2")):
         port = free_port()
-        argv = [sys.executable, "-m", "gate.engines.sim", "--port", str(port)]
+        argv = [sys.executable, "-m", "simengine", "--port", str(port)]
         argv += ["--model", MODEL, "--seed", seed, "--tag", tag]
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         urls[role] = f"http://127.0.0.1:{port}"

@@ -22,7 +22,7 @@ from gate.spec import parse_spec
 # serial: whether a queue grows is what the gates measure: other tests on the cores grow it.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
-SIM = ["python", "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 STEADY = {"name": "steady", "rate": 15, "requests": 300, "prompt_tokens": 32, "max_tokens": 8}
 
 

@@ -106,7 +106,7 @@ def page(browser: Any) -> Iterator[tuple[Any, Watch]]:
 
 
 def _spec(tag: str) -> dict[str, Any]:
-    sim = [sys.executable, "-m", "gate.engines.sim", "--port", "{port}", "--model", "{model}"]
+    sim = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "{model}"]
     return {
         "name": "browser-hold",
         "model": "demo-model",
