@@ -124,8 +124,8 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     bed: Path, tmp_path: Path
 ) -> None:
     """`--max-num-seqs 1` serves one request at a time: at 2/s of 16-token answers its slot is
-    busy about a third of the time (here 4/s) and requests that arrive together queue, so the TTFT its
-    users wait grows (measured here: p50 1.3-1.7x, p90 1.7-2.5x the eight-slot reference's).
+    busy about a third of the time (this test sends 4/s) and requests that arrive together
+    queue, so the TTFT its users wait grows (measured here: p50 1.3-1.7x, p90 1.7-2.5x the eight-slot reference's).
     On this test bed (two vLLM servers and the gate on two cores, which stall each other in
     turn) the eight blocks of one scenario do not show it with confidence: the gate holds on
     the warm-up it ran through (8 requests at once, serialised) or continues with TTFT
