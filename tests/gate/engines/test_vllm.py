@@ -125,11 +125,13 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
 ) -> None:
     """`--max-num-seqs 1` serves one request at a time: at 2/s of 16-token answers its slot is
     busy about a third of the time (this test sends 4/s) and requests that arrive together
-    queue, so the TTFT its users wait grows (measured here: p50 1.3-1.7x, p90 1.7-2.5x the eight-slot reference's).
-    On this test bed (two vLLM servers and the gate on two cores, which stall each other in
-    turn) the eight blocks of one scenario do not show it with confidence: the gate holds on
-    the warm-up it ran through (8 requests at once, serialised) or continues with TTFT
-    warnings. What it must never do is claim the candidate's TTFT within tolerance, or
+    queue, so the TTFT its users wait grows (measured: p50 1.3-1.7x, p90 1.7-2.5x the
+    eight-slot reference's). On this test bed (two vLLM servers and the gate on two cores,
+    which stall each other in turn; and on a CPU a step's cost grows with its batch, so eight
+    slots buy little: docs/calibration.md) the eight blocks of one scenario do not show it
+    with confidence: the gate holds on the warm-up it ran through (8 requests at once,
+    serialised) or continues with TTFT warnings. What it must never do is claim the
+    candidate's TTFT within tolerance, or
     continue without saying so."""
     doc = run(
         tmp_path,
