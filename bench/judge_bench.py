@@ -25,7 +25,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.stats import mannwhitneyu  # noqa: E402
 
-from gate.analysis import ArmSamples, EngineFacts, Policy, ScenarioSamples, judge  # noqa: E402
+from gate.analysis import ArmSamples, EngineFacts, Policy, ScenarioSamples  # noqa: E402
+from gate.analysis.judge import judge  # noqa: E402
 
 KINDS = ("http_5xx", "timeout", "stream_error")
 

@@ -13,7 +13,8 @@ power of both).
 
 The names below are imported on first use (PEP 562), so that importing one module of the package
 (the spec reads `gate.analysis.policy`) does not load scipy.stats for every command: `gate
---version` and the CLI's start-up stay fast."""
+--version` and the CLI's start-up stay fast. The judge itself is `gate.analysis.judge.judge`
+(a name of the package would be its submodule's once that is imported)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ _WHERE = {
     "count_bounds": "gate.analysis.sequences",
     "hd_quantile": "gate.analysis.estimates",
     "hd_quantiles": "gate.analysis.estimates",
-    "judge": "gate.analysis.judge",
     "kind_mixture_pvalues": "gate.analysis.counts",
     "min_samples_for_finite": "gate.analysis.sequences",
     "quantile_cs": "gate.analysis.sequences",
@@ -82,7 +82,6 @@ if TYPE_CHECKING:  # the names for type checkers, re-exported
     from gate.analysis.estimates import hd_quantile as hd_quantile
     from gate.analysis.estimates import hd_quantiles as hd_quantiles
     from gate.analysis.estimates import quantile_ratio as quantile_ratio
-    from gate.analysis.judge import judge as judge
     from gate.analysis.load import OverloadPhase as OverloadPhase
     from gate.analysis.load import PeakPhase as PeakPhase
     from gate.analysis.load import RequestLog as RequestLog

@@ -4,6 +4,8 @@ line and the spec, which read only `gate.analysis.policy`, must not pay for scip
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
 
@@ -19,6 +21,9 @@ def test_the_cli_and_the_spec_start_without_scipy_stats() -> None:
 
 
 def test_every_public_name_resolves_to_its_module() -> None:
+    # even once every submodule is imported (a submodule's name shadows a package attribute)
+    for info in pkgutil.iter_modules(gate.analysis.__path__):
+        importlib.import_module(f"gate.analysis.{info.name}")
     for name in gate.analysis.__all__:
         value = getattr(gate.analysis, name)
         assert getattr(value, "__name__", name) == name or name == "quantile_key", name
