@@ -1,6 +1,8 @@
 # Two commands do all the setup on a fresh machine with Python 3.11+ and make:
 #   make demo   creates .venv, installs the project, runs a full gate on two local sim engines
 #   make test   same setup, then lint, type-check and the whole test suite
+# and a developer's fast loop:
+#   make check  lint, type-check and the pure cores' tests (the `core` tier), about a minute
 # and one more starts the service locally (README, "Try the service on this machine"):
 #   make serve  gate serve on http://127.0.0.1:8080 with the dev profile
 SHELL := /bin/bash
@@ -9,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-clean serve test lint fmt clean vllm readme-verdict
+.PHONY: demo demo-clean serve check test lint fmt clean vllm readme-verdict
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version.split()[0]'
@@ -39,6 +41,11 @@ serve: $(STAMP)
 	GATE_SPEC_DIR="$${GATE_SPEC_DIR:-examples/specs}" \
 	GATE_PUBLIC_URL="$${GATE_PUBLIC_URL:-http://127.0.0.1:$(SERVE_PORT)}" \
 	exec $(BIN)/gate serve --port $(SERVE_PORT)
+
+# The fast tier: the tests tests/conftest.py marks `core` (the judge, the verdict, the spec and
+# the architecture rules: no process, socket or service), in two workers.
+check: lint
+	$(BIN)/pytest -n 2 -q -m core
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

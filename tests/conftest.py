@@ -13,9 +13,40 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import make_engine, make_sessionmaker, upgrade
 
+# The fast tier (`make check`): tests of the pure cores (no process, socket, database server or
+# browser), by where they live. A test there that runs many simulated gates is marked
+# `simulation` and left to `make test`.
+CORE_PATHS = (
+    "gate/analysis/",
+    "gate/verdict/",
+    "gate/spec/",
+    "gate/test_spec",
+    "test_architecture.py",
+    "docs/test_architecture_doc.py",
+    "test_docs_settings.py",
+)
+NOT_CORE = ("slow", "serial", "vllm", "simulation")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_core(items)
+    _group_module_fixtures(config, items)
+
+
+def _mark_core(items: list[pytest.Item]) -> None:
+    """Marks the fast tier's tests `core` (CORE_PATHS)."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            where = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if where.startswith(CORE_PATHS) and not any(item.get_closest_marker(m) for m in NOT_CORE):
+            item.add_marker(pytest.mark.core)
+
+
+def _group_module_fixtures(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In a parallel run (`make test`: pytest-xdist with --dist loadgroup) the tests of a module
     that share a module-scoped fixture (a browser and the gate it shows, a pool of sim
     processes) go to one worker, so the fixture is set up once rather than once per worker."""

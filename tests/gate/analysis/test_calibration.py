@@ -39,6 +39,7 @@ def test_injected_cases_hold_and_aa_does_not() -> None:
     assert [c["name"] for c in doc["cases"]] == ["A/A", "TTFT x1.5", "bug"]  # type: ignore[index]
 
 
+@pytest.mark.simulation
 def test_calibrate_command_prints_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
     # every case, at the smallest size the command takes: the document's shape
     assert main(["calibrate", "--runs", "1", "--limit", "1000", "--json"]) == 0

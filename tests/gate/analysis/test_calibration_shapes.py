@@ -24,6 +24,8 @@ from gate.analysis.policy import Policy
 P50_BOUNDARY = next(c for c in BOUNDARY_CASES if c.name.startswith("p50"))
 TAIL_BOUNDARY = next(c for c in BOUNDARY_CASES if c.name.startswith("p90"))
 
+pytestmark = pytest.mark.simulation  # hundreds of simulated gates per test
+
 
 def _stress(name: str, size: int) -> SimConfig:
     return next(s for s in STRESS if s.name == name).config(_mirrored(size))
