@@ -1,7 +1,7 @@
 """The Celery application: gate runs as tasks on `gate worker` processes.
 
 The database is the source of truth, so there is no result backend: the task is a thin
-wrapper that claims the stored gate and runs it (`gate.runs.execute.execute_gate`).
+wrapper that claims the stored gate and runs it (`gate.service.execution.execute_gate`).
 
 Delivery guarantees, and why each setting is what it is:
 
@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.errors import WorkerStopping
 from gate.core.settings import Settings
-from gate.runs.execute import execute_gate, open_factory, worker_name
-from gate.worker.liveness import BrokerLiveness
+from gate.service.execution import execute_gate, open_factory, worker_name
+from gate.worker.broker_liveness import BrokerLiveness
 
 log = logging.getLogger("gate.worker")
 
