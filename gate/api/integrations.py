@@ -28,7 +28,7 @@ from gate.service.schemas import VerdictSummary
 from gate.spec import GateSpec, parse_spec
 from gate.verdict.document import ReasonDoc
 
-if TYPE_CHECKING:  # the store's rows, for annotations only
+if TYPE_CHECKING:  # the service's rows, for annotations only
     from gate.models import WebhookDelivery
 
 log = logging.getLogger("gate.integrations")

@@ -137,7 +137,7 @@ class Heartbeat:
         while not self._stop.wait(self.ctx.settings.heartbeat_s):
             if self.alive is not None:
                 # The broker's copy: the reaper's proof of life when the database cannot be
-                # written (gate/worker/liveness.py). Its failures are its own to log.
+                # written (gate/worker/broker_liveness.py). Its failures are its own to log.
                 with contextlib.suppress(Exception):
                     self.alive()
             try:

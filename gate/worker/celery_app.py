@@ -8,7 +8,7 @@ Delivery guarantees, and why each setting is what it is:
 - `acks_late`: the message is acknowledged when the gate has ended, not when it was
   received; a worker that dies mid-gate leaves it unacknowledged, and Redis hands it out
   again after `visibility_timeout` (`GATE_BROKER_VISIBILITY_TIMEOUT_S`).
-- Redelivery is harmless: `store.claim` moves a gate from pending to running with a
+- Redelivery is harmless: `gate.service.service.claim` moves a gate from pending to running with a
   conditional update, so a second delivery of a claimed, finished or cancelled gate does
   nothing (`skipped`). A gate whose worker died after claiming it is ended by the reaper
   (heartbeat older than `GATE_LOST_AFTER_S`), not rerun: its evidence died with the engines.

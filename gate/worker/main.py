@@ -103,7 +103,7 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
 
     # A previous worker of this data directory that died (SIGKILL, OOM) is proven dead by its
     # liveness mark: its gates end now, not GATE_LOST_AFTER_S later. Then our own mark, before
-    # any claim (gate/runs/liveness.py).
+    # any claim (gate/service/process_marks.py).
     end_dead_predecessors(settings, factory, name)
     mark = ProcessMark(settings.data_dir, name)
     reaper = Reaper(

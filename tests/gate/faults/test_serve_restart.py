@@ -6,7 +6,7 @@ record named the dead process), and resubmitted B at once, which failed `lease_c
 against A's reservation: a gate that never ran reported a failure.
 
 Now the restarted service proves its predecessor dead by its liveness mark (a lock the kernel
-dropped with it: gate/runs/liveness.py) and ends A before it serves a request; B gets the
+dropped with it: gate/service/process_marks.py) and ends A before it serves a request; B gets the
 GPUs. Where the predecessor cannot be proven dead (no mark here: another host's, another data
 directory), B waits for a reaper to end A instead of failing on its GPUs."""
 

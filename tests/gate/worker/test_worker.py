@@ -256,7 +256,7 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     engines_gone_s = wait_engines_gone(find_processes, tag)  # parent-death signal
 
     # A second real worker on the same data directory: it proves the first dead by its
-    # liveness mark (gate/runs/liveness.py) and ends the gate at its start, without waiting
+    # liveness mark (gate/service/process_marks.py) and ends the gate at its start, without waiting
     # for the heartbeat to age; Redis redelivers the unacknowledged message to it after the
     # visibility timeout.
     second = start_worker(wait_ready=False)
