@@ -69,11 +69,12 @@ def wait_up(url: str, timeout: float = 30.0) -> None:
 def seed(data_dir: Path) -> tuple[str, str, str, dict[str, Any]]:
     """A finished gate, a running one and a read token in the service's database."""
     from gate.access.tokens import create_token
+    from gate.core.clock import now
     from gate.core.database import transaction
     from gate.core.settings import Settings
     from gate.models import GateRun
-    from gate.runs import store
-    from gate.runs.execute import open_factory
+    from gate.service import service
+    from gate.service.execution import open_factory
     from gate.spec import parse_spec
 
     settings = Settings(data_dir=data_dir)
@@ -87,19 +88,19 @@ def seed(data_dir: Path) -> tuple[str, str, str, dict[str, Any]]:
             "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
         }
     )
-    run, _ = store.create_gate(factory, spec)
+    run, _ = service.create_gate(factory, spec)
     with transaction(factory) as s:
         row = s.get(GateRun, run.id)
         assert row is not None
         row.state, row.verdict, row.phase = "complete", "hold", "finished"
         row.reason = "TTFT p50 in steady is 1.42x the reference (interval 1.40x-1.44x)."
-        summary = store.verdict_summary(row, settings.public_url)
-    running, _ = store.create_gate(factory, spec.model_copy(update={"name": "bench-running"}))
+        summary = service.verdict_summary(row, settings.public_url).model_dump(mode="json")
+    running, _ = service.create_gate(factory, spec.model_copy(update={"name": "bench-running"}))
     with transaction(factory) as s:
         row = s.get(GateRun, running.id)
         assert row is not None
         row.state, row.phase, row.worker = "running", "scenario:steady", "bench"
-        row.heartbeat_at = store.now()  # the service runs with GATE_LOST_AFTER_S of an hour
+        row.heartbeat_at = now()  # the service runs with GATE_LOST_AFTER_S of an hour
         row.progress = {"scenario": "steady", "done": 100, "total": 1000}
     token = create_token(factory, "bench", ["read"])
     return run.id, running.id, token, summary

@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if code in (0, 1) else code
     try:
         from gate.core.limits import Limits, spec_limit_problems
-        from gate.runs.requests import command_line_url_problems
+        from gate.service.admission import command_line_url_problems
         from gate.spec import load_spec
 
         spec = load_spec(args.spec)
@@ -414,7 +414,7 @@ def _bind_problem(exc: OSError, port: int) -> str:
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
     from gate.access.tokens import create_token, revoke
-    from gate.runs.execute import open_factory
+    from gate.service.execution import open_factory
 
     factory = open_factory(settings)
     if args.token_command == "list":

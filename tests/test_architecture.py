@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GATE = ROOT / "gate"
 
-# What an HTTP layer must not import: it calls store/service functions, which open the session.
-FORBIDDEN_IN_HTTP = ("sqlalchemy", "gate.models", "gate.core.database")
+# What an HTTP layer must not import: it calls service functions, which open the session.
+FORBIDDEN_IN_HTTP = ("sqlalchemy", "gate.models", "gate.core.database", "gate.service.repository")
 SESSION_CALLS = {"execute", "scalar", "scalars", "get", "query", "add", "delete", "merge", "flush"}
 HTTP_LAYERS = ("api", "web")
 
@@ -132,7 +132,8 @@ def test_no_cycles_between_gate_packages() -> None:
 
 
 def test_http_layers_build_no_queries() -> None:
-    """gate/api and gate/web call store/service functions; they never touch the ORM."""
+    """gate/api and gate/web call service functions; they never touch the ORM, nor the
+    service's repository (its queries run inside the service's transactions)."""
     offences = []
     for layer in HTTP_LAYERS:
         for path in sorted((GATE / layer).rglob("*.py")):
@@ -152,7 +153,7 @@ def test_http_layers_build_no_queries() -> None:
                     offences.append(
                         f"{rel}:{call.lineno} calls {call.func.value.id}.{call.func.attr}()"
                     )
-    assert not offences, "queries belong in store/service modules:\n" + "\n".join(offences)
+    assert not offences, "queries belong in gate/service/repository.py:\n" + "\n".join(offences)
 
 
 def test_find_cycle_names_the_loop() -> None:
@@ -171,12 +172,13 @@ def test_type_checking_imports_are_not_edges() -> None:
     assert "gate.web" not in names and "gate.runs" in names
 
 
-# -- the gate run's room (issue 15): a state machine over stages, the ORM behind the store ----
+# -- the gate run's room (issue 15): a state machine over stages, the ORM behind one module ----
 
 RUNS = GATE / "runs"
+SERVICE = GATE / "service"
 RUNNER_MAX_LINES = 300
 FUNCTION_MAX_LINES = 60
-ORM_ONLY_IN = {"store.py"}  # of gate/runs: the one module that reads and writes the ORM
+ORM_ONLY_IN = {"rows.py"}  # of gate/runs: the one module that writes the run's rows
 
 
 def _functions(path: Path) -> Iterator[tuple[str, int]]:
@@ -192,10 +194,10 @@ def test_the_runner_is_a_small_state_machine() -> None:
     assert lines < RUNNER_MAX_LINES, f"gate/runs/runner.py has {lines} lines"
 
 
-def test_no_function_in_gate_runs_is_longer_than_a_screen() -> None:
+def test_no_function_in_gate_runs_or_the_service_is_longer_than_a_screen() -> None:
     long = [
         f"{path.relative_to(ROOT)}::{name} ({n} lines)"
-        for path in sorted(RUNS.glob("*.py"))
+        for path in [*sorted(RUNS.glob("*.py")), *sorted(SERVICE.glob("*.py"))]
         for name, n in _functions(path)
         if n > FUNCTION_MAX_LINES
     ]
@@ -214,7 +216,53 @@ def test_only_the_store_of_gate_runs_touches_the_orm() -> None:
                 imported.startswith("sqlalchemy.") and not imported.startswith("sqlalchemy.orm")
             ):
                 offences.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}")
-    assert not offences, "persistence goes through gate/runs/store.py:\n" + "\n".join(offences)
+    assert not offences, "persistence goes through gate/runs/rows.py:\n" + "\n".join(offences)
+
+
+# -- the gate service apart from the pipeline (issue 31) ---------------------------------------
+
+# The session calls that run queries: gate/service/repository.py's alone.
+QUERY_CALLS = {"execute", "scalar", "scalars", "query"}
+
+
+def test_the_pipeline_does_not_import_the_service() -> None:
+    """gate/runs runs one gate wherever it is asked to; the service (gate/service) drives it.
+    The other way round would make the pipeline untestable without the service's database
+    rules, and bring back the one room of two packages issue 31 split."""
+    offences = [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}"
+        for path in sorted(RUNS.rglob("*.py"))
+        for imported, node in _imported_modules(path)
+        if imported == "gate.service" or imported.startswith("gate.service.")
+    ]
+    assert not offences, "gate/runs must not import gate/service:\n" + "\n".join(offences)
+
+
+def test_only_the_repository_of_the_service_builds_queries() -> None:
+    """The service's rules (service.py) and its machinery (dispatch, execution, reapers) ask
+    gate/service/repository.py; none of them writes a query of its own."""
+    offences = []
+    for path in sorted(SERVICE.glob("*.py")):
+        if path.name == "repository.py":
+            continue
+        rel = path.relative_to(ROOT)
+        for imported, node in _imported_modules(path):
+            if imported == "sqlalchemy" or (
+                imported.startswith("sqlalchemy.") and imported.split(".")[1] not in ("orm", "exc")
+            ):
+                offences.append(f"{rel}:{node.lineno} imports {imported}")
+        for call in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr in QUERY_CALLS
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in {"s", "session", "db"}
+            ):
+                offences.append(
+                    f"{rel}:{call.lineno} calls {call.func.value.id}.{call.func.attr}()"
+                )
+    assert not offences, "queries belong in gate/service/repository.py:\n" + "\n".join(offences)
 
 
 def test_the_function_size_rule_sees_a_long_function(tmp_path: Path) -> None:

@@ -22,10 +22,11 @@ from gate.http.deps import Ctx
 from gate.http.guards import FiniteJson, SessionGuard
 from gate.http.problems import AnswerLimit, mistakes
 from gate.http.problems import problem as _problem
-from gate.runs.dispatch import InProcessDispatcher, Reaper
-from gate.runs.execute import open_factory
-from gate.worker.dispatch import CeleryDispatcher, make_dispatcher
-from gate.worker.liveness import BrokerLiveness
+from gate.service.dispatch import InProcessDispatcher
+from gate.service.execution import open_factory
+from gate.service.reaper import Reaper
+from gate.worker.broker_liveness import BrokerLiveness
+from gate.worker.celery_dispatch import CeleryDispatcher, make_dispatcher
 
 log = logging.getLogger("gate.api")
 

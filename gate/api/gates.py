@@ -1,9 +1,8 @@
 """`/v1/gates`: create, read, list, cancel, re-judge; the rollout controllers' small verdict
-object. Thin: validation by pydantic and gate.spec, the work in gate.runs."""
+object. Thin: validation by pydantic and gate.spec, the work in gate.service."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -19,15 +18,16 @@ from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED, GateState
 from gate.http.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
-from gate.runs import store
-from gate.runs.rejudge import rejudge
-from gate.runs.requests import resolve_spec
+from gate.service import service
+from gate.service.admission import resolve_spec
+from gate.service.rejudge import rejudge
+from gate.service.schemas import CallbackTarget, GateFilter, VerdictSummary
 from gate.spec import GateSpec
 from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 from gate.verdict.document import ReasonDoc
 from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary, summarize
 
-if TYPE_CHECKING:  # the store's rows, for annotations only
+if TYPE_CHECKING:  # the service's rows, for annotations only
     from gate.models import GateRun
 
 log = logging.getLogger(__name__)
@@ -102,33 +102,6 @@ class GateList(BaseModel):
     limit: int
     offset: int
     gates: list[GateView]
-
-
-class VerdictSummary(BaseModel):
-    """What Argo Rollouts' web provider and other pollers read: 200 while running too.
-    `verdict` decides (binary); `summary`, `warnings` and `not_shown` say it in words, the
-    same words as the terminal, the report and the commit status (gate/verdict/summary.py)."""
-
-    id: str
-    state: State = Field(description="the gate's state, as `/v1/gates/{id}` names it")
-    verdict: Literal["continue", "hold"] | None
-    reason: str | None
-    summary: str | None = Field(
-        description="the verdict in one line (at most 140 characters), null until decided: "
-        "'continue', 'continue, with 2 warnings; not shown: TTFT p90 in steady within +10% "
-        "(shown: at most +14%)', 'hold: 2 checks failed (...)'"
-    )
-    warnings: list[ReasonDoc] = Field(
-        description=f"checks in the warning tier (a continue 'with N warnings'), at most "
-        f"{ANSWER_ITEMS}"
-    )
-    warnings_omitted: int = Field(description="warnings beyond those listed")
-    not_shown: list[ReasonDoc] = Field(
-        description=f"undecided checks that do not hold: what a continue could not show, at "
-        f"most {ANSWER_ITEMS}"
-    )
-    not_shown_omitted: int = Field(description="not-shown checks beyond those listed")
-    report_url: str
 
 
 class CreateGate(BaseModel):
@@ -228,21 +201,26 @@ def view(run: GateRun) -> GateView:
         worker=run.worker,
         cancel_requested=run.cancel_requested,
         progress=Progress(**run.progress) if run.progress else None,
-        callback=None
-        if not run.callback
-        else CallbackState(
-            url=str(run.callback.get("url", "")),
-            context=str(run.callback.get("context") or "llm-deploy-gate"),
-            attempts=run.callback_attempts or 0,
-            sent_at=run.callback_sent_at,
-            result=run.callback_result,
-        ),
+        callback=_callback_state(run),
         links=Links(
             self=base,
             verdict=f"{base}/verdict",
             document=f"{base}/document",
             report=f"/gates/{run.id}",
         ),
+    )
+
+
+def _callback_state(run: GateRun) -> CallbackState | None:
+    if not run.callback:
+        return None
+    target = CallbackTarget.model_validate(run.callback)
+    return CallbackState(
+        url=target.url,
+        context=target.status_context,
+        attempts=run.callback_attempts or 0,
+        sent_at=run.callback_sent_at,
+        result=run.callback_result,
     )
 
 
@@ -276,7 +254,7 @@ def submit(
     gate past the owner's share of active gates is refused (429). A broker that cannot take
     the task does not fail the request: the gate is stored, so the answer is its id (202),
     and the reapers queue it once the broker is back (GATE_REQUEUE_AFTER_S)."""
-    run, created = store.create_gate(
+    run, created = service.create_gate(
         ctx.factory,
         spec,
         source=source,
@@ -321,7 +299,7 @@ def create(
     caller = caller_of(ctx, request)
     key = None
     if idempotency_key is not None:
-        key = store.scoped_key("api", caller, idempotency_key)
+        key = service.scoped_key("api", caller, idempotency_key)
     run, created = submit(ctx, body.resolve(ctx.settings), "api", key, owner=caller)
     if not created:
         response.status_code = 200
@@ -340,13 +318,13 @@ def ensure(body: EnsureGate, ctx: CtxDep, _: RunDep, request: Request) -> Verdic
     Always 200 with the small verdict object; `verdict` is null until the gate is decided.
     The gate is this token's: another token with the same body gets its own gate."""
     spec = body.resolve(ctx.settings)
-    parts = [store.spec_key(spec)]
+    parts = [service.spec_key(spec)]
     if body.key is not None:  # another run of the same spec, never another spec's gate
         parts.append(body.key)
     caller = caller_of(ctx, request)
-    key = store.scoped_key("argo", caller, *parts)
+    key = service.scoped_key("argo", caller, *parts)
     run = submit(ctx, spec, "argo", key, owner=caller)[0]
-    return VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url))
+    return service.verdict_summary(run, ctx.settings.public_url)
 
 
 @router.get("/gates", response_model=GateList, responses=ERRORS, summary="List gates")
@@ -361,9 +339,9 @@ def list_(
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> GateList:
     """Newest first; `candidate` matches the start of the candidate engine's label."""
-    rows, total = store.list_gates(
+    rows, total = service.list_gates(
         ctx.factory,
-        store.GateFilter(state, verdict, candidate, name, limit=limit, offset=offset),
+        GateFilter(state, verdict, candidate, name, limit=limit, offset=offset),
     )
     return GateList(total=total, limit=limit, offset=offset, gates=[view(r) for r in rows])
 
@@ -375,7 +353,7 @@ def list_(
     summary="A gate: state, current phase, progress",
 )
 def get(gate_id: str, ctx: CtxDep, _: ReadDep) -> GateView:
-    return view(store.get_gate(ctx.factory, gate_id))
+    return view(service.get_gate(ctx.factory, gate_id))
 
 
 @router.get(
@@ -392,10 +370,10 @@ async def verdict(gate_id: str, ctx: CtxDep, _: ReadDep) -> Response:
     hit = cache.get(gate_id)
     if hit is None:
         summary = await run_in_threadpool(
-            store.read_verdict, ctx.factory, gate_id, ctx.settings.public_url
+            service.read_verdict, ctx.factory, gate_id, ctx.settings.public_url
         )
-        hit = json.dumps(summary, separators=(",", ":")).encode()
-        if summary["state"] in FINISHED:  # its answer never changes again
+        hit = summary.model_dump_json().encode()
+        if summary.state in FINISHED:  # its answer never changes again
             if len(cache) > 50_000:
                 cache.clear()
             cache[gate_id] = hit
@@ -422,7 +400,7 @@ def phases(
     _: ReadDep,
     after: Annotated[int, Query(ge=0, le=2**62, description="only phases after this id")] = 0,
 ) -> list[PhaseView]:
-    rows = store.list_phases(ctx.factory, gate_id, after)
+    rows = service.list_phases(ctx.factory, gate_id, after)
     return [
         PhaseView(id=p.id, role=p.role, phase=p.phase, at_s=p.at_s, detail=p.detail) for p in rows
     ]
@@ -434,7 +412,7 @@ def phases(
     summary="The whole verdict document: every check with its evidence",
 )
 def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
-    run = store.get_gate(ctx.factory, gate_id)
+    run = service.get_gate(ctx.factory, gate_id)
     if run.document is None:
         raise GateConflict(f"gate {gate_id} is {run.state}; its document comes at the end")
     try:
@@ -454,7 +432,9 @@ def document(gate_id: str, ctx: CtxDep, _: ReadDep) -> dict[str, Any]:
 def cancel(gate_id: str, ctx: CtxDep, scopes: RunDep, request: Request) -> GateView:
     """Only the token that started the gate (or an admin token) may cancel it."""
     caller = caller_of(ctx, request)
-    return view(store.request_cancel(ctx.factory, gate_id, caller=caller, admin="admin" in scopes))
+    return view(
+        service.request_cancel(ctx.factory, gate_id, caller=caller, admin="admin" in scopes)
+    )
 
 
 @router.post(
@@ -488,7 +468,7 @@ def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
         ]
         raise SpecError(problems, "policy") from None
     verdict = rejudge(ctx.factory, gate_id, policy)
-    run = store.get_gate(ctx.factory, gate_id)
+    run = service.get_gate(ctx.factory, gate_id)
     checks = [check_doc(c) for c in verdict.checks]
     said = summarize(verdict.decision, checks)
     return RejudgeResult(

@@ -15,19 +15,20 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from gate.api.gates import ERRORS, CreateGate, VerdictSummary, caller_of, submit
+from gate.api.gates import ERRORS, CreateGate, caller_of, submit
 from gate.core.errors import ClusterError, FieldProblem, SpecError
 from gate.core.vocabulary import GateState
 from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
 from gate.integrations.flagger import HookType, RolloutImages, annotate, hook_answer, read_rollout
 from gate.integrations.signatures import HEADER, verify
-from gate.runs import store
-from gate.runs.requests import resolve_spec
+from gate.service import service
+from gate.service.admission import resolve_spec
+from gate.service.schemas import VerdictSummary
 from gate.spec import GateSpec, parse_spec
 from gate.verdict.document import ReasonDoc
 
-if TYPE_CHECKING:  # the store's rows, for annotations only
+if TYPE_CHECKING:  # the service's rows, for annotations only
     from gate.models import WebhookDelivery
 
 log = logging.getLogger("gate.integrations")
@@ -220,8 +221,8 @@ def _flagger_key(
     if images is not None:
         identity = [images.target, images.container, images.candidate, images.reference]
     else:
-        identity = [store.spec_key(spec)]
-    return store.scoped_key(
+        identity = [service.spec_key(spec)]
+    return service.scoped_key(
         "flagger",
         caller,
         f"{hook.namespace}/{hook.name}",
@@ -287,13 +288,13 @@ def flagger(
         return _answer(code, None, why, ctx, images.candidate_run, images.reference_run)
     named, run_spec = _flagger_specs(ctx, md, images)
     key = _flagger_key(caller, hook, md, named, images)
-    run = store.find_by_key(ctx.factory, key)
+    run = service.find_by_key(ctx.factory, key)
     if run is None and hook_type == "confirm-rollout":
         run = submit(ctx, run_spec, "flagger", key, owner=caller)[0]
-    summary = store.verdict_summary(run, ctx.settings.public_url) if run is not None else None
+    summary = service.verdict_summary(run, ctx.settings.public_url) if run is not None else None
     code, why = hook_answer(
         hook_type,
-        summary["verdict"] if summary else None,
+        summary.verdict if summary else None,
         has_gate=summary is not None,
         progressing=images is not None and hook.phase in ("Progressing", "WaitingPromotion"),
     )
@@ -305,46 +306,46 @@ def flagger(
 
 def _answer(
     code: int,
-    summary: Mapping[str, Any] | None,
+    summary: VerdictSummary | None,
     why: str | None,
     ctx: CtxDep,
     candidate: str | None,
     reference: str | None,
 ) -> JSONResponse:
     body = FlaggerAnswer(
-        id=summary["id"] if summary else None,
-        state=summary["state"] if summary else None,
-        verdict=summary["verdict"] if summary else None,
-        reason=why if why is not None or summary is None else summary["reason"],
-        summary=summary["summary"] if summary else None,
-        warnings=summary["warnings"] if summary else [],
-        warnings_omitted=summary["warnings_omitted"] if summary else 0,
-        not_shown=summary["not_shown"] if summary else [],
-        not_shown_omitted=summary["not_shown_omitted"] if summary else 0,
-        report_url=summary["report_url"] if summary else None,
+        id=summary.id if summary else None,
+        state=summary.state if summary else None,
+        verdict=summary.verdict if summary else None,
+        reason=why if why is not None or summary is None else summary.reason,
+        summary=summary.summary if summary else None,
+        warnings=summary.warnings if summary else [],
+        warnings_omitted=summary.warnings_omitted if summary else 0,
+        not_shown=summary.not_shown if summary else [],
+        not_shown_omitted=summary.not_shown_omitted if summary else 0,
+        report_url=summary.report_url if summary else None,
         candidate=candidate,
         reference=reference,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=code)
 
 
-def _annotate(ctx: CtxDep, images: RolloutImages, summary: Mapping[str, Any]) -> None:
+def _annotate(ctx: CtxDep, images: RolloutImages, summary: VerdictSummary) -> None:
     """The decided verdict on the Canary, once per verdict (annotate compares first)."""
-    if summary["verdict"] is None:
+    if summary.verdict is None:
         return
     values = {
-        "verdict": str(summary["verdict"]),
-        "summary": str(summary["summary"] or ""),
-        "reason": str(summary["reason"] or ""),
-        "report": str(summary["report_url"]),
-        "gate": str(summary["id"]),
+        "verdict": summary.verdict,
+        "summary": summary.summary or "",
+        "reason": summary.reason or "",
+        "report": summary.report_url,
+        "gate": summary.id,
         "candidate": images.candidate,  # the template's name: stable once pods report digests
     }
     event = ""
-    if summary["verdict"] == "hold":
+    if summary.verdict == "hold":
         event = (
-            f"deploy gate held {images.candidate_run}: {summary['reason']} "
-            f"(report: {summary['report_url']}); the canary waits in Waiting until the target "
+            f"deploy gate held {images.candidate_run}: {summary.reason} "
+            f"(report: {summary.report_url}); the canary waits in Waiting until the target "
             "holds a new image, the primary's image again, or the hooks' metadata.key changes"
         )
     try:
@@ -428,7 +429,7 @@ async def ci_webhook(
         )
     delivery_key = f"ci:{delivery.delivery_id}"
     digest = _content_digest(delivery)
-    seen = store.find_delivery(ctx.factory, delivery_key)
+    seen = service.find_delivery(ctx.factory, delivery_key)
     if seen is not None:
         return _duplicate(ctx, delivery, seen, digest)
     if delivery.callback and not allowed(delivery.callback.url, ctx.settings.callback_allow):
@@ -445,11 +446,11 @@ async def ci_webhook(
         owner="ci",
     )
     # False when a concurrent redelivery recorded it first; the gate is the same (same key)
-    store.record_delivery(ctx.factory, delivery_key, "ci", digest, run.id)
+    service.record_delivery(ctx.factory, delivery_key, "ci", digest, run.id)
     out = CiAccepted(
         delivery_id=delivery.delivery_id,
         duplicate=not created,
-        gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
+        gate=service.verdict_summary(run, ctx.settings.public_url),
     )
     return JSONResponse(out.model_dump(mode="json"), status_code=202 if created else 200)
 
@@ -475,12 +476,12 @@ def _duplicate(
         raise HTTPException(
             409, detail=f"delivery_id {delivery.delivery_id!r} was used for a different body"
         )
-    run = store.get_gate(ctx.factory, seen.gate_id) if seen.gate_id else None
+    run = service.get_gate(ctx.factory, seen.gate_id) if seen.gate_id else None
     if run is None:
         raise HTTPException(410, detail="the gate of this delivery was deleted")
     out = CiAccepted(
         delivery_id=delivery.delivery_id,
         duplicate=True,
-        gate=VerdictSummary(**store.verdict_summary(run, ctx.settings.public_url)),
+        gate=service.verdict_summary(run, ctx.settings.public_url),
     )
     return JSONResponse(out.model_dump(mode="json"), status_code=200)

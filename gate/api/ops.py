@@ -22,7 +22,7 @@ from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import Inventory, load_inventory
 from gate.reservations.leases import held_gpus, list_reservations
 from gate.reservations.report import capacity_document, parse_shape
-from gate.runs import store
+from gate.service import service
 
 router = APIRouter(tags=["capacity"])
 metrics_router = APIRouter(include_in_schema=False)
@@ -122,7 +122,7 @@ def phase_durations(
     rows: Iterable[tuple[str, str, str, float]],
 ) -> dict[tuple[str, str], list[float]]:
     """Seconds spent in each phase, by (role, phase), from phase rows `(gate_id, role, phase,
-    at_s)` sorted by gate, role and `at_s` (`store.service_counts`): a phase lasts from its
+    at_s)` sorted by gate, role and `at_s` (`service.service_counts`): a phase lasts from its
     own `at_s` to the `at_s` of the next row of the same gate and role, so a phase with no
     next row (the last one, or the one a running gate is in now) has no duration yet. All
     `scenario:NAME` phases are one label, `scenario`: scenario names are the specs', not
@@ -167,7 +167,7 @@ class ServiceCollector(Collector):
             "are not counted.",
             labels=["phase"],
         )
-        db = store.service_counts(ctx.factory)
+        db = service.service_counts(ctx.factory)
         for state, verdict, n in db.gates:
             gates.add_metric([state, verdict or ""], n)
         active, held, rows = db.active_reservations, db.gpus_held, db.phases

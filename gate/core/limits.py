@@ -3,7 +3,7 @@
 A spec is a caller's document, and the gate turns it into GPU time, HTTP requests, memory and
 CPU. The field bounds of `gate/spec.py` only keep a spec meaningful (a rate above zero); these
 caps keep it affordable, and they belong to the operator, not to the spec's author: each is a
-setting (`GATE_MAX_...`, `gate/core/settings.py`) read by the API (`gate/runs/requests.py`),
+setting (`GATE_MAX_...`, `gate/core/settings.py`) read by the API (`gate/service/admission.py`),
 by `gate run`, and by the runner itself before it reserves anything (a stored spec is checked
 again under the settings of the worker that runs it).
 

@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Engine templates API callers may name (`engine: NAME` with `params`), as "
         "JSON: {NAME: {engine: {...}, params: {...}}}; also GATE_SPEC_DIR/engines/NAME.yaml. "
-        "A request can launch nothing else (gate/runs/templates.py).",
+        "A request can launch nothing else (gate/service/engine_templates.py).",
     )
     engine_url_allow: list[str] = Field(
         default_factory=list,

@@ -29,7 +29,7 @@ gate Leases and the garbage collector removes everything they own.
 
 How a gate uses it: at reservation, `gate.reservations.kubernetes.gate_inventory` connects
 (kubeconfig or in-cluster), reaps the expired Leases of dead gates and reads the nodes (unless
-the spec names an inventory file); at launch (`gate/runs/kubernetes.py`), one
+the spec names an inventory file); at launch (`gate/runs/kubernetes_kind.py`), one
 `GateLease` per gate and namespace, shared by both engines, and per role
 `KubernetesEngine(EngineWorkload.from_placement(placement.for_role(role), ...), phases,
 api_client, lease=gate_lease)`. The base URL is `http://<engine>-http.<namespace>.svc:<port>`

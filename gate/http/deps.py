@@ -1,5 +1,5 @@
 """What every route needs: the service context (settings, database, dispatcher) and the
-caller's scopes. Thin: the work is in gate.runs.store, gate.access and the dispatcher.
+caller's scopes. Thin: the work is in gate.service, gate.access and the dispatcher.
 
 A caller is signed in by a bearer token (Authorization header: CI, controllers, curl) or by
 the pages' session cookie (gate.access.sessions: the session's scopes, never the token's).
@@ -20,7 +20,8 @@ from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
 from gate.core.settings import Settings
 from gate.http.guards import SESSION_COOKIE
-from gate.runs.dispatch import Dispatcher, Reaper
+from gate.service.dispatch import Dispatcher
+from gate.service.reaper import Reaper
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Commit-status callbacks: when a gate started by the CI webhook ends, POST its verdict to
-the URL the delivery named, only if that URL is on the allow-list (GATE_CALLBACK_ALLOW)."""
+the URL the delivery named, only if that URL is on the allow-list (GATE_CALLBACK_ALLOW).
+
+The service calls this with its typed answer (`VerdictSummary`, `CallbackTarget`: gate/service
+/schemas.py), imported for annotations only: the service depends on this module, never the
+other way round."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -13,6 +17,9 @@ import httpx
 from gate.core.settings import Settings
 from gate.verdict.summary import LINE_CHARS as DESCRIPTION_CHARS
 from gate.verdict.summary import stored_summary
+
+if TYPE_CHECKING:
+    from gate.service.schemas import CallbackTarget, VerdictSummary
 
 log = logging.getLogger("gate.integrations")
 
@@ -55,27 +62,27 @@ def provider(url: str) -> Provider:
     return "gitlab" if "/api/v4/projects/" in urlsplit(url).path else "github"
 
 
-def status_body(summary: dict[str, Any], context: str, kind: Provider = "github") -> dict[str, Any]:
+def status_body(summary: VerdictSummary, context: str, kind: Provider = "github") -> dict[str, Any]:
     """The commit status for a finished gate. GitHub: `state` success|failure|error and
     `context`; GitLab: `state` success|failed (it has no `error`) and `name`. The state is
     binary; the description is the gate's summary line ("continue, with 2 warnings; not shown:
     TTFT p90 in steady within +10% (shown: at most +14%)", "hold: 2 checks failed (...)"),
     which gate/verdict/summary.py keeps within GitHub's 140 characters (a longer description
     is refused: 422 "description is too long (maximum is 140 characters)")."""
-    verdict = summary.get("verdict")
-    line = summary.get("summary") or stored_summary(verdict, None, summary.get("reason")).line()
+    verdict = summary.verdict
+    line = summary.summary or stored_summary(verdict, None, summary.reason).line()
     description = str(line)[:DESCRIPTION_CHARS]
     if kind == "gitlab":
         return {
             "state": "success" if verdict == "continue" else "failed",
             "name": context,
             "description": description,
-            "target_url": summary.get("report_url"),
+            "target_url": summary.report_url,
         }
     return {
         "state": STATE.get(str(verdict), "error"),
         "description": description,
-        "target_url": summary.get("report_url"),
+        "target_url": summary.report_url,
         "context": context,
     }
 
@@ -88,18 +95,18 @@ class Delivery:
 
 
 def deliver_callback(
-    callback: dict[str, Any], summary: dict[str, Any], settings: Settings
+    callback: CallbackTarget, summary: VerdictSummary, settings: Settings
 ) -> Delivery:
     """POST the commit status; a few quick retries on no answer or a 5xx. Longer outages are
-    the reapers' to retry (`gate.runs.notify`)."""
-    url = str(callback.get("url", ""))
+    the reapers' to retry (`gate.service.notify`)."""
+    url = callback.url
     if not allowed(url, settings.callback_allow):  # checked at receipt too; settings may change
         log.warning("callback %s is not on the allow-list: not sent", url)
         return Delivery(False, True, "not sent: the URL is not on the allow-list")
     headers = {"Accept": "application/json", "User-Agent": "llm-deploy-gate"}
     if settings.callback_token:
         headers["Authorization"] = f"Bearer {settings.callback_token}"
-    body = status_body(summary, str(callback.get("context") or "llm-deploy-gate"), provider(url))
+    body = status_body(summary, callback.status_context, provider(url))
     detail = "no answer"
     for attempt in range(3):
         try:

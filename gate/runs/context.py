@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate.core.limits import Limits
 from gate.core.settings import Settings
 from gate.engines.lifecycle import Clock, PhaseLog
-from gate.runs import store
+from gate.runs import rows
 from gate.runs.journal import PhaseJournal, PhaseRow
 from gate.runs.progress import Progress
 from gate.spec import GateSpec
@@ -61,7 +61,7 @@ class RunContext:
         self.journal = PhaseJournal(self._write_phase, self.gate_id)
 
     def _write_phase(self, row: PhaseRow) -> None:
-        store.record_phase(self.factory, self.gate_id, *row)
+        rows.record_phase(self.factory, self.gate_id, *row)
 
     def phase(self, role: str, phase: str, at_s: float, detail: str | None) -> None:
         """The phase sink: the caller's progress, and the gate's phase rows (written off the

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.policy import Policy
 from gate.runs.context import RunContext
-from gate.runs.engines import Engines
+from gate.runs.engine_pair import Engines
 from gate.runs.judging import CorrectnessRun, correctness_doc, divergence_samples
 from gate.runs.schedules import scenario_seed
 from gate.spec import ScenarioSpec

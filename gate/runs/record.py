@@ -11,9 +11,9 @@ from gate.analysis.types import Verdict
 from gate.core.errors import GateError
 from gate.core.vocabulary import ROLES, FinishedState
 from gate.reports.html import write_report
-from gate.runs import store
+from gate.runs import rows
 from gate.runs.context import RunContext
-from gate.runs.engines import Engines
+from gate.runs.engine_pair import Engines
 from gate.runs.journal import persist_sync
 from gate.runs.judging import divergence_examples
 from gate.runs.probes import CorrectnessResult
@@ -83,7 +83,7 @@ def finish(
     ctx.journal.close()
     return persist_sync(
         "the finished gate",
-        lambda: store.finish_run(ctx.factory, doc, checks, samples, finished=finished),
+        lambda: rows.finish_run(ctx.factory, doc, checks, samples, finished=finished),
         budget,
         ctx.gate_id,
     )

@@ -2,7 +2,7 @@
 teardown -> finish. Each stage lives in its own module and hands the next a typed result:
 
     reservations/service.py   the GPUs (reserve or wait, keep alive, release)
-    runs/engines.py           both engines, by kind (launch, warm-up, crash watch, teardown)
+    runs/engine_pair.py           both engines, by kind (launch, warm-up, crash watch, teardown)
     runs/schedules.py         what each load scenario sends, and the plan fixed from it
     runs/scenarios.py         one load scenario   -> ScenarioResult
     runs/probes.py            the probe suites    -> ProbeDoc, CorrectnessResult
@@ -33,12 +33,12 @@ from gate.core.vocabulary import EXIT_ERROR, FinishedState
 from gate.engines.lifecycle import Clock
 from gate.reservations.allocator import Placement
 from gate.reservations.service import GateReservation
-from gate.runs import inputs, store
+from gate.runs import inputs, rows
 from gate.runs.context import LiveProgress, RunContext
-from gate.runs.engines import Engines
+from gate.runs.engine_pair import Engines
+from gate.runs.heartbeat import Heartbeat, Stops, in_daemon_thread
 from gate.runs.journal import persist
 from gate.runs.judging import merge_divergence
-from gate.runs.liveness import Heartbeat, Stops, in_daemon_thread
 from gate.runs.probes import compatibility, correctness
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.record import Observed, finish
@@ -116,7 +116,7 @@ class GateRunner:
         await asyncio.to_thread(upgrade, engine)
         started = self.started
         factory = make_sessionmaker(engine)
-        store.start_run(factory, self.gate_id, self.spec, started=started, worker=self.worker)
+        rows.start_run(factory, self.gate_id, self.spec, started=started, worker=self.worker)
         ctx = RunContext(
             self.gate_id, self.spec, self.settings, factory, self.progress, clock=self.clock
         )

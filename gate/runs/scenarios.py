@@ -18,7 +18,7 @@ from gate.core.errors import DeadlinePassed
 from gate.core.limits import Limits, scenario_deadline_s
 from gate.core.vocabulary import ROLES
 from gate.runs.context import RunContext
-from gate.runs.engines import Engines
+from gate.runs.engine_pair import Engines
 from gate.runs.judging import EarlyStop, LiveLooks, mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
 from gate.spec import ScenarioSpec

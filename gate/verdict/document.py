@@ -1,7 +1,7 @@
 """The verdict document: everything a gate decided and why, as one typed model.
 
-The runner builds it (also for errors and cancellations), the store saves its JSON form, the
-CLI prints it, the API returns it (OpenAPI describes it from these classes), the report renders
+The runner builds it (also for errors and cancellations) and saves its JSON form, the CLI
+prints it, the API returns it (OpenAPI describes it from these classes), the report renders
 it and re-judge reads it back. Nothing else spells it as a dict.
 
 Its JSON form (`to_json`) has the keys that were given when it was built: a full run's document

@@ -37,11 +37,12 @@ from gate.core.vocabulary import FINISHED, STATES, VERDICTS
 from gate.http.deps import Ctx, authorize, get_ctx, request_token
 from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
 from gate.reports.html import environment, format_time, render_body
-from gate.runs import store
+from gate.service import service
+from gate.service.schemas import GateFilter
 from gate.verdict.document import VerdictDocument
 from gate.verdict.summary import stored_summary
 
-if TYPE_CHECKING:  # the store's rows, for annotations only
+if TYPE_CHECKING:  # the service's rows, for annotations only
     from gate.models import GateRun
 
 router = APIRouter(include_in_schema=False)
@@ -156,9 +157,9 @@ def gates_page(
     state, verdict = _choice(state, STATES), _choice(verdict, VERDICTS)
     candidate = candidate.strip()[:200]
     number = int(page) if page.isdigit() and 0 < int(page) < 1_000_000 else 1
-    rows, total = store.list_gates(
+    rows, total = service.list_gates(
         ctx.factory,
-        store.GateFilter(
+        GateFilter(
             state=state or None,
             verdict=verdict or None,
             candidate=candidate or None,
@@ -293,7 +294,7 @@ def _report_body(ctx: Ctx, run: GateRun) -> Markup:
     if body is None:
         body = render_body(
             VerdictDocument.read(run.document),
-            store.sample_columns(ctx.factory, run.id),
+            service.sample_columns(ctx.factory, run.id),
             _warmup(run),
             gate_links(run.id),
         )
@@ -307,7 +308,7 @@ def gate_page(request: Request, gate_id: str) -> Response:
         return denied
     ctx = get_ctx(request)
     try:
-        run = store.get_gate(ctx.factory, gate_id)
+        run = service.get_gate(ctx.factory, gate_id)
     except GateNotFound:
         return _not_found(request, gate_id)
     finished = run.state in FINISHED
@@ -319,7 +320,7 @@ def gate_page(request: Request, gate_id: str) -> Response:
         except DocumentUnreadable as exc:
             return _page(request, "error.html.j2", 500, title="Unreadable", message=exc.message)
         return _page(request, "gate.html.j2", title=f"{banner} · {run.name}", body=body)
-    phases = store.all_phases(ctx.factory, gate_id)
+    phases = service.all_phases(ctx.factory, gate_id)
     return _page(
         request,
         "gate_live.html.j2",

@@ -1,14 +1,14 @@
 """The Celery application: gate runs as tasks on `gate worker` processes.
 
 The database is the source of truth, so there is no result backend: the task is a thin
-wrapper that claims the stored gate and runs it (`gate.runs.execute.execute_gate`).
+wrapper that claims the stored gate and runs it (`gate.service.execution.execute_gate`).
 
 Delivery guarantees, and why each setting is what it is:
 
 - `acks_late`: the message is acknowledged when the gate has ended, not when it was
   received; a worker that dies mid-gate leaves it unacknowledged, and Redis hands it out
   again after `visibility_timeout` (`GATE_BROKER_VISIBILITY_TIMEOUT_S`).
-- Redelivery is harmless: `store.claim` moves a gate from pending to running with a
+- Redelivery is harmless: `gate.service.service.claim` moves a gate from pending to running with a
   conditional update, so a second delivery of a claimed, finished or cancelled gate does
   nothing (`skipped`). A gate whose worker died after claiming it is ended by the reaper
   (heartbeat older than `GATE_LOST_AFTER_S`), not rerun: its evidence died with the engines.
@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.errors import WorkerStopping
 from gate.core.settings import Settings
-from gate.runs.execute import execute_gate, open_factory, worker_name
-from gate.worker.liveness import BrokerLiveness
+from gate.service.execution import execute_gate, open_factory, worker_name
+from gate.worker.broker_liveness import BrokerLiveness
 
 log = logging.getLogger("gate.worker")
 

@@ -4,7 +4,7 @@
       phase=reserved msg="   0.25s gate      reserved  reference on local-h200-0 GPU 0; ..."
 
 The gate id comes from the record's `extra`, else from the gate the thread is running
-(`gate.runs.execute.CURRENT_GATE`), else from a Celery task id of the form `gate-<id>`.
+(`gate.service.execution.CURRENT_GATE`), else from a Celery task id of the form `gate-<id>`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gate.runs.execute import CURRENT_GATE
+from gate.service.execution import CURRENT_GATE
 
 # Record attributes that are not extras; Celery's `data` repeats what its message says, and
 # uvicorn's `color_message` repeats its message with terminal colour codes in it.

@@ -31,12 +31,13 @@ from typing import Any
 
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
-from gate.runs.dispatch import Reaper, end_dead_predecessors
-from gate.runs.execute import open_factory, running_gates, stop_running_gates, worker_name
-from gate.runs.liveness import ProcessMark
+from gate.service.dispatch import end_dead_predecessors
+from gate.service.execution import open_factory, running_gates, stop_running_gates, worker_name
+from gate.service.process_marks import ProcessMark
+from gate.service.reaper import Reaper
+from gate.worker.broker_liveness import BrokerLiveness
 from gate.worker.celery_app import QUEUE, make_celery
-from gate.worker.dispatch import CeleryDispatcher
-from gate.worker.liveness import BrokerLiveness
+from gate.worker.celery_dispatch import CeleryDispatcher
 from gate.worker.logs import configure_logging
 
 log = logging.getLogger("gate.worker")
@@ -102,7 +103,7 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
 
     # A previous worker of this data directory that died (SIGKILL, OOM) is proven dead by its
     # liveness mark: its gates end now, not GATE_LOST_AFTER_S later. Then our own mark, before
-    # any claim (gate/runs/liveness.py).
+    # any claim (gate/service/process_marks.py).
     end_dead_predecessors(settings, factory, name)
     mark = ProcessMark(settings.data_dir, name)
     reaper = Reaper(

@@ -9,7 +9,7 @@ from the text alone, without importing anything:
   (`store.py`) is a file somewhere under a top-level package;
 - in the maps of "Where each concern lives", every file and folder a folder's lines list is in
   that folder (`gate/core/  settings.py (...), errors.py (...)`, `bench/  ... vllm/`);
-- every dotted name of a package (`gate.runs.store.create_gate`, `loadgen.schedule`) is a
+- every dotted name of a package (`gate.service.service.create_gate`, `loadgen.schedule`) is a
   module, then a name that module defines or imports (`create_gate`), but for the few dotted
   words that are no module (a check id, a Celery task, a label).
 """
@@ -102,7 +102,7 @@ def defined_names(module: Path) -> frozenset[str]:
 
 
 def dotted_problem(name: str) -> str | None:
-    """Why `gate.runs.store.create_gate` names nothing, or None: its longest prefix that is a
+    """Why `gate.service.service.create_gate` names nothing, or None: its longest prefix that is a
     module or package, then at most one name that module defines."""
     parts = name.split(".")
     path = ROOT / parts[0]

@@ -24,9 +24,9 @@ from gate.core.database import transaction
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED
 from gate.models import GateRun, GpuLease
-from gate.runs import store
+from gate.service import service
 from gate.spec import parse_spec
-from gate.worker.dispatch import CeleryDispatcher
+from gate.worker.celery_dispatch import CeleryDispatcher
 
 
 def sim(tag: str, *flags: str) -> list[str]:
@@ -66,7 +66,7 @@ def gate_spec(tag: str, *, requests: int, rate: float = 40.0) -> dict[str, Any]:
 def create(
     factory: sessionmaker[Session], spec: dict[str, Any], callback: dict[str, str] | None = None
 ) -> str:
-    run, created = store.create_gate(
+    run, created = service.create_gate(
         factory, parse_spec(spec, "test spec"), source="test", callback=callback
     )
     assert created
@@ -88,7 +88,7 @@ def wait_gate(
 ) -> GateRun:
     t0 = time.monotonic()
     while True:
-        run = store.get_gate(factory, gate_id)
+        run = service.get_gate(factory, gate_id)
         if until(run):
             return run
         if time.monotonic() - t0 > timeout:

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from gate.access.tokens import create_token
 from gate.api.app import create_app
 from gate.core.settings import Settings
-from gate.runs import store
+from gate.service import service
 
 DOWN = "redis://127.0.0.1:9/0"  # nothing listens on port 9
 
@@ -29,7 +29,7 @@ def test_a_post_while_the_broker_is_down_answers_202_for_the_stored_gate(
         assert r.status_code == 202, r.text
         gate_id = r.json()["id"]
         assert r.headers["Location"] == f"/v1/gates/{gate_id}"
-        assert store.get_gate(factory, gate_id).state == "pending"  # it exists: 202, not 500
+        assert service.get_gate(factory, gate_id).state == "pending"  # it exists: 202, not 500
         again = client.get(f"/v1/gates/{gate_id}", headers=auth(token))
         assert again.status_code == 200 and again.json()["state"] == "pending"
     assert any(
@@ -48,7 +48,7 @@ def test_an_unexpected_failure_is_the_json_error_shape(
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(store, "list_gates", broken)
+        monkeypatch.setattr(service, "list_gates", broken)
         r = client.get("/v1/gates", headers=auth(token))
     assert r.status_code == 500
     assert r.headers["content-type"].startswith("application/")
@@ -68,7 +68,7 @@ def test_a_database_outage_is_a_503_with_retry_after(
         def down(*args: object, **kwargs: object) -> None:
             raise OperationalError("SELECT 1", {}, ConnectionError("server closed the connection"))
 
-        monkeypatch.setattr(store, "list_gates", down)
+        monkeypatch.setattr(service, "list_gates", down)
         r = client.get("/v1/gates", headers=auth(token))
     assert r.status_code == 503 and r.headers["Retry-After"] == "5"
     assert r.json()["error"]["code"] == "database_unavailable"

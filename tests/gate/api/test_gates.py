@@ -320,7 +320,7 @@ def test_stopping_the_service_cancels_its_running_gates(
 ) -> None:
     from gate.access.tokens import create_token
     from gate.api.app import create_app
-    from gate.runs import store
+    from gate.service import service
 
     app = create_app(settings)
     factory = app.state.ctx.factory
@@ -329,12 +329,12 @@ def test_stopping_the_service_cancels_its_running_gates(
         body = {"spec": spec_dict(tag, requests=4000, rate=20)}
         gid = client.post("/v1/gates", json=body, headers=auth(token)).json()["id"]
         wait_for(
-            lambda: (store.get_gate(factory, gid).progress or {}).get("done"),
+            lambda: (service.get_gate(factory, gid).progress or {}).get("done"),
             timeout=60,
             what="load to flow",
         )
     # the lifespan's end waited for the runner: torn down, released, recorded
-    run = store.get_gate(factory, gid)
+    run = service.get_gate(factory, gid)
     assert (run.state, run.verdict) == ("cancelled", "hold")
     assert "was stopped before the gate could decide" in (run.reason or "")
     assert not find_processes(tag)

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gate.api.app import create_app
 from gate.api.documents import CapacityDoc, InventoryDoc
 from gate.core.settings import Settings
-from gate.runs import store
+from gate.service import service
 from gate.spec import parse_spec
 
 
@@ -57,8 +57,8 @@ def test_metrics_count_gates_by_state_and_verdict(
 
     factory = app_client.app.state.ctx.factory  # type: ignore[attr-defined]
     spec = parse_spec(spec_dict("m", trusted=True))
-    run, _ = store.create_gate(factory, spec, source="api")
-    store.request_cancel(factory, run.id, admin=True)  # pending -> cancelled at once, hold
+    run, _ = service.create_gate(factory, spec, source="api")
+    service.request_cancel(factory, run.id, admin=True)  # pending -> cancelled at once, hold
     text = app_client.get("/metrics", headers=auth(tokens["read"])).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     gates = {

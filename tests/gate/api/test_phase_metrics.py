@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate.api.ops import phase_durations
-from gate.runs import store
+from gate.runs import rows
+from gate.service import service
 from gate.spec import parse_spec
 
 # A finished gate: each gate phase below lasts until the next row (released is its last).
@@ -92,10 +93,12 @@ def test_metrics_report_the_seconds_spent_in_each_phase(
 ) -> None:
     factory = app_client.app.state.ctx.factory  # type: ignore[attr-defined]
     for phases in (FINISHED, RUNNING):
-        run, _ = store.create_gate(factory, parse_spec(spec_dict("m", trusted=True)), source="api")
-        store.request_cancel(factory, run.id, admin=True)  # nothing runs it: rows are ours
+        run, _ = service.create_gate(
+            factory, parse_spec(spec_dict("m", trusted=True)), source="api"
+        )
+        service.request_cancel(factory, run.id, admin=True)  # nothing runs it: rows are ours
         for role, phase, at in phases:
-            store.record_phase(factory, run.id, role, phase, at, None)
+            rows.record_phase(factory, run.id, role, phase, at, None)
     text = app_client.get("/metrics", headers=auth(tokens["read"])).text
 
     gate = _histograms(text, "gate_phase_seconds")

@@ -182,9 +182,9 @@ def test_program_execution_through_a_request_is_refused(
     r = client.post("/v1/gates", json={"spec": spec_dict(tag)}, headers=auth(token))
     assert r.status_code == 202, r.text
     stored = client.app.state.ctx.factory  # type: ignore[attr-defined]
-    from gate.runs import store
+    from gate.service import service
 
-    run = store.get_gate(stored, r.json()["id"])
+    run = service.get_gate(stored, r.json()["id"])
     argv = parse_spec(run.spec).reference.argv_template()
     assert (
         argv[: len(SIM_TEMPLATE["engine"]["command"])][:3] == SIM_TEMPLATE["engine"]["command"][:3]
@@ -269,16 +269,16 @@ def test_gate_hijack_through_idempotency_keys_is_refused(
 
 def parse_spec_via_api(client: TestClient, body: dict[str, Any], token: str) -> Any:
     """The spec as the service resolves it (what the old ensure key hashed)."""
-    from gate.runs.requests import resolve_spec
+    from gate.service.admission import resolve_spec
 
     settings = client.app.state.ctx.settings  # type: ignore[attr-defined]
     return resolve_spec(settings, spec=body)
 
 
 def store_key(spec: Any) -> str:
-    from gate.runs import store
+    from gate.service import service
 
-    return store.spec_key(spec)
+    return service.spec_key(spec)
 
 
 # -- SSRF ------------------------------------------------------------------------------------
@@ -623,8 +623,8 @@ def test_a_callers_url_is_held_to_the_allow_list_again_when_it_attaches(
     and the address hears nothing."""
     import asyncio
 
-    from gate.runs import store
     from gate.runs.runner import run_gate
+    from gate.service import service
 
     allowed = settings.model_copy(update={"engine_url_allow": ["127.0.0.1"]})
     app = create_app(allowed, start_workers=False)
@@ -636,7 +636,7 @@ def test_a_callers_url_is_held_to_the_allow_list_again_when_it_attaches(
         body["candidate"] = {"url": f"http://127.0.0.1:{listener.port}"}
         r = client.post("/v1/gates", json={"spec": body}, headers=auth(token))
         assert r.status_code == 202, r.text
-        run = store.get_gate(app.state.ctx.factory, r.json()["id"])
+        run = service.get_gate(app.state.ctx.factory, r.json()["id"])
     spec = parse_spec(run.spec)
     assert spec.reference.caller_url and spec.candidate.caller_url
     # the worker runs it under the operator's settings of now: the host is no longer allowed

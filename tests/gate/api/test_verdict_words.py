@@ -10,9 +10,10 @@ from apitools import auth
 from fastapi.testclient import TestClient
 from verdicts import CONTINUE_LINE, ERRORS, HOLD_LINE, SLOWER, mixed_document, old_document
 
-from gate.api.gates import GateView, VerdictSummary
+from gate.api.gates import GateView
 from gate.core.database import transaction
 from gate.models import GateRun
+from gate.service.schemas import VerdictSummary
 
 
 def _store(client: TestClient, gate_id: str, verdict: str, document: dict[str, Any]) -> None:

@@ -170,15 +170,9 @@ def test_moved_names_stay_importable_from_their_old_modules() -> None:
     from gate.api import gates
     from gate.engines import kubernetes
     from gate.reservations import leases
-    from gate.runs import execute, store
 
-    assert store.GateNotFound is errors.GateNotFound
-    assert store.GateConflict is errors.GateConflict
-    assert store.TooManyGates is errors.TooManyGates
-    assert store.GateForbidden is errors.GateForbidden
     assert gates.TooBusy is errors.TooBusy
     assert tokens.TokenError is errors.TokenError
-    assert execute.WorkerStopping is errors.WorkerStopping
     assert kubernetes.ClusterError is errors.ClusterError
     assert leases.BlockedReservation is errors.BlockedReservation
     assert network.UrlRefused is errors.UrlRefused

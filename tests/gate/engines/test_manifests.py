@@ -39,7 +39,7 @@ from gate.reservations.allocator import Placement, ShapeRequest, allocate
 from gate.reservations.inventory import load_inventory
 from gate.reservations.kubernetes import CLIQUE
 from gate.reservations.shapes import EnginePlacement, GroupPlacement
-from gate.runs.kubernetes import group_workloads
+from gate.runs.kubernetes_kind import group_workloads
 from gate.spec import KubernetesGroupSpec, KubernetesRouterSpec, KubernetesSpec
 
 K8S_VERSION = "1.37"

@@ -3,7 +3,7 @@ directory and port, so stopping it touches no other test) under whole gates on r
 engines, stopped mid-scenario for less than the lease's safe window, for longer than the lease,
 and for longer than GATE_LOST_AFTER_S with the broker (real Redis) still reachable.
 
-Each gate is stored (`store.create_gate`, with a commit-status callback to a real HTTP
+Each gate is stored (`service.create_gate`, with a commit-status callback to a real HTTP
 receiver) and run by `execute_gate`, as a worker runs it. Each test asserts the gate's final
 state and reason, that its commit status was sent once with that state, that no two gates'
 engines ever hold the same GPUs (a watcher samples the engines' CUDA_VISIBLE_DEVICES against
@@ -38,10 +38,11 @@ from gate.core.settings import Settings
 from gate.integrations.callbacks import status_body
 from gate.models import GateRun
 from gate.reservations import leases
-from gate.runs import store
-from gate.runs.dispatch import Reaper
-from gate.runs.execute import ProofOfLife, execute_gate, open_factory
-from gate.worker.liveness import BrokerLiveness
+from gate.runs import rows
+from gate.service import service
+from gate.service.execution import ProofOfLife, execute_gate, open_factory
+from gate.service.reaper import Reaper
+from gate.worker.broker_liveness import BrokerLiveness
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +144,7 @@ class Gate:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "the gate did not finish"
         assert self.result, "execute_gate ended without a state (it raised)"
-        run = store.get_gate(factory, self.gate_id)
+        run = service.get_gate(factory, self.gate_id)
         assert run.state == self.result[0] and run.document is not None
         return run
 
@@ -158,7 +159,7 @@ def _start_gate(
 ) -> Gate:
     """A gate of `requests` at 10/s (400: 40 s, longer than any outage here lasts)."""
     spec = tiny_spec(tag, name="outage", rate=10, requests=requests)
-    run, created = store.create_gate(
+    run, created = service.create_gate(
         factory, spec, source="test", callback={"url": f"{receiver.url}{STATUS_PATH}"}
     )
     assert created
@@ -177,7 +178,7 @@ def _sent_once(receiver: Receiver, run: GateRun, settings: Settings) -> dict[str
     calls = receiver.settled(1)
     assert len(calls) == 1, calls
     assert receiver.paths == [STATUS_PATH]
-    expected = status_body(store.verdict_summary(run, settings.public_url), "llm-deploy-gate")
+    expected = status_body(service.verdict_summary(run, settings.public_url), "llm-deploy-gate")
     assert calls[0][1] == expected
     return calls[0][1]
 
@@ -189,7 +190,7 @@ def _factory(settings: Settings) -> sessionmaker[Session]:
 
 def _in_scenario(factory: sessionmaker[Session], gate: Gate) -> Callable[[], bool]:
     def check() -> bool:
-        run = store.get_gate(factory, gate.gate_id)
+        run = service.get_gate(factory, gate.gate_id)
         return (run.phase or "").startswith("scenario:")
 
     return check
@@ -238,7 +239,7 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     assert doc is not None
     assert run.state == "complete", run.reason
     assert doc["reservation"] is not None and doc["reservation"]["state"] == "released"
-    phases = [(p.role, p.phase) for p in store.all_phases(factory, gate.gate_id)]
+    phases = [(p.role, p.phase) for p in service.all_phases(factory, gate.gate_id)]
     assert ("gate", "judging") in phases and ("gate", "released") in phases  # none lost
     assert ("gate", "database_back") in phases  # and it says what happened
     assert any("could not write to its database for" in n for n in doc["notes"])
@@ -271,7 +272,7 @@ def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_g
     gate = _start_gate(factory, tag, settings, receiver)
     watch = BookingWatch(find_processes, tag, factory).start()
     wait_for(_in_scenario(factory, gate), 90, "the scenario to start")
-    first = store.get_gate(factory, gate.gate_id)
+    first = service.get_gate(factory, gate.gate_id)
     assert first.state == "running"
     engines_during = find_processes(tag)
     assert len(engines_during) == 2
@@ -344,14 +345,14 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
             pytest.fail("CI=true: Redis is part of the test services")
         pytest.skip("GATE_TEST_REDIS_URL not set")
     cut = threading.Event()
-    real_beat = store.beat
+    real_beat = rows.beat
 
     def beat(*args: Any) -> str | None:
         if cut.is_set():
             raise ConnectionError("the worker cannot reach the database")
         return real_beat(*args)
 
-    monkeypatch.setattr(store, "beat", beat)
+    monkeypatch.setattr(rows, "beat", beat)
     settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=30.0, lost_after_s=4.0)
     factory = _factory(settings)
     broker = BrokerLiveness(redis_url, settings.lost_after_s)
@@ -365,8 +366,8 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
         postgres.stop()
         time.sleep(9.0)
         postgres.start()
-        wait_for(lambda: store.get_gate(factory, gate.gate_id) is not None, 30, "the db")
-        beat_at = store.get_gate(factory, gate.gate_id).heartbeat_at
+        wait_for(lambda: service.get_gate(factory, gate.gate_id) is not None, 30, "the db")
+        beat_at = service.get_gate(factory, gate.gate_id).heartbeat_at
         assert beat_at is not None
         age = datetime.now(UTC) - (beat_at if beat_at.tzinfo else beat_at.replace(tzinfo=UTC))
         assert age.total_seconds() > settings.lost_after_s  # what reaped live gates, as filed

@@ -25,7 +25,7 @@ from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED
 from gate.models import GateRun, Reservation
 from gate.reservations import leases
-from gate.runs.dispatch import Reaper
+from gate.service.reaper import Reaper
 
 pytestmark = pytest.mark.slow
 

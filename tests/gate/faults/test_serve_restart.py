@@ -6,7 +6,7 @@ record named the dead process), and resubmitted B at once, which failed `lease_c
 against A's reservation: a gate that never ran reported a failure.
 
 Now the restarted service proves its predecessor dead by its liveness mark (a lock the kernel
-dropped with it: gate/runs/liveness.py) and ends A before it serves a request; B gets the
+dropped with it: gate/service/process_marks.py) and ends A before it serves a request; B gets the
 GPUs. Where the predecessor cannot be proven dead (no mark here: another host's, another data
 directory), B waits for a reaper to end A instead of failing on its GPUs."""
 
@@ -32,7 +32,7 @@ from workertools import (
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.settings import Settings
 from gate.models import GateRun, Reservation
-from gate.runs import store
+from gate.service import service
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real gates, wall-clock waits
 
@@ -76,7 +76,7 @@ def crash_with_a_running_and_b_pending(
         api.wait_ready(90)  # its start resubmits A (pending)
         wait_gate(factory, a, lambda r: (r.phase or "").startswith("scenario:"), 180)
         b = create(factory, whole_node(tag))  # pending: the one local slot is A's
-        assert store.get_gate(factory, b).state == "pending"
+        assert service.get_gate(factory, b).state == "pending"
         assert reservation_holders(factory) == [a]
     finally:
         api.proc.send_signal(signal.SIGKILL)
@@ -90,12 +90,12 @@ def test_a_restart_ends_its_dead_predecessors_gates_and_runs_the_pending_one(
     # A GATE_LOST_AFTER_S no test waits out: A can only end early by the predecessor rule.
     settings, factory = setup(tmp_path, lost_after_s=600.0)
     a, b, env, port = crash_with_a_running_and_b_pending(tmp_path, settings, factory, tag)
-    assert store.get_gate(factory, a).state == "running"  # the crash left it so
+    assert service.get_gate(factory, a).state == "running"  # the crash left it so
     api = start_api(env, tmp_path / "serve-2.log", port, tmp_path)
     try:
         api.wait_ready(90)
         # Ended before the service answered its first request, not 600 s later.
-        ended = store.get_gate(factory, a)
+        ended = service.get_gate(factory, a)
         assert ended.state == "error", (ended.state, ended.reason)
         assert (
             "died" in (ended.reason or "")
@@ -105,7 +105,7 @@ def test_a_restart_ends_its_dead_predecessors_gates_and_runs_the_pending_one(
         run = wait_gate(factory, b, lambda r: (r.phase or "").startswith("scenario:"), 180)
         assert run.state == "running"
         assert reservation_holders(factory) == [b]
-        store.request_cancel(factory, b, "test over", admin=True)
+        service.request_cancel(factory, b, "test over", admin=True)
         wait_gate(factory, b, lambda r: r.state != "running", 120)
     finally:
         api.stop()
@@ -137,10 +137,10 @@ def test_a_gate_pending_at_a_crash_waits_for_gpus_it_cannot_prove_free(
         run = wait_gate(factory, b, past_waiting, 180)
         assert run.state == "running"
         assert "running/waiting_for_capacity" in seen  # it did wait, on A's GPUs
-        ended = store.get_gate(factory, a)
+        ended = service.get_gate(factory, a)
         assert ended.state == "error" and "heartbeats" in (ended.reason or "")
         assert reservation_holders(factory) == [b]
-        store.request_cancel(factory, b, "test over", admin=True)
+        service.request_cancel(factory, b, "test over", admin=True)
         wait_gate(factory, b, lambda r: r.state != "running", 120)
     finally:
         api.stop()
@@ -160,7 +160,7 @@ def test_a_live_process_is_never_proven_dead(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from gate.runs.liveness import ProcessMark; "
+            "from gate.service.process_marks import ProcessMark; "
             "m = ProcessMark(Path(sys.argv[1]), 'api@elsewhere:1'); "
             "assert m.held; print('held', flush=True); time.sleep(120)",
             str(data),
@@ -169,7 +169,7 @@ def test_a_live_process_is_never_proven_dead(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
-        from gate.runs.liveness import dead_workers
+        from gate.service.process_marks import dead_workers
 
         assert dead_workers(data, ["api@elsewhere:1", "api@other-host:7"]) == []
     finally:

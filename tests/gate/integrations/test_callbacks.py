@@ -11,13 +11,14 @@ from verdicts import CONTINUE_LINE, HOLD_LINE, NOT_SHOWN, mixed_document
 
 from gate.integrations.callbacks import status_body
 from gate.models import GateRun
-from gate.runs import store
+from gate.service import service
+from gate.service.schemas import VerdictSummary
 from gate.verdict import check_doc
 
 GITHUB_LIMIT = 140
 
 
-def _answer(verdict: str, document: dict | None, reason: str | None = None) -> dict:  # type: ignore[type-arg]
+def _answer(verdict: str, document: dict | None, reason: str | None = None) -> VerdictSummary:  # type: ignore[type-arg]
     run = GateRun(
         id="g1",
         state="complete",
@@ -26,7 +27,7 @@ def _answer(verdict: str, document: dict | None, reason: str | None = None) -> d
         reason=reason,
         document=document,
     )
-    return store.verdict_summary(run, "https://gate.example")
+    return service.verdict_summary(run, "https://gate.example")
 
 
 @pytest.mark.parametrize("kind", ["github", "gitlab"])

@@ -16,8 +16,9 @@ from sqlalchemy import create_engine, text
 
 from gate.core.database import make_engine, make_sessionmaker
 from gate.core.settings import Settings
-from gate.runs import inputs, store
+from gate.runs import inputs
 from gate.runs.runner import run_gate
+from gate.service import service
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
@@ -178,7 +179,7 @@ def test_cancel_while_judging_ends_promptly(
     def cancel_when_judging() -> None:
         assert slow_judge.started.wait(120)
         engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
-        store.request_cancel(
+        service.request_cancel(
             make_sessionmaker(engine), gate_id, "cancelled while judging", admin=True
         )
         engine.dispose()

@@ -542,14 +542,14 @@ def test_a_lost_workers_pods_are_collected_without_waiting_for_another_gate(
 
     from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
     from gate.models import GateRun
-    from gate.runs import store
-    from gate.runs.dispatch import Reaper
+    from gate.service import service
+    from gate.service.reaper import Reaper
 
     c = cluster
     engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
     upgrade(engine)
     factory = make_sessionmaker(engine)
-    run, _ = store.create_gate(factory, parse_spec(kube_spec(c)), source="test")
+    run, _ = service.create_gate(factory, parse_spec(kube_spec(c)), source="test")
     long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     with transaction(factory) as s:  # it was running on a worker that stopped an hour ago
         s.execute(
@@ -573,7 +573,7 @@ def test_a_lost_workers_pods_are_collected_without_waiting_for_another_gate(
     c.store.create(LEASES, fresh)
 
     assert Reaper(Settings(data_dir=tmp_path / ".gate"), factory).once() == [run.id]
-    ended = store.get_gate(factory, run.id)
+    ended = service.get_gate(factory, run.id)
     assert (ended.state, ended.verdict) == ("error", "hold")
     assert c.store.get(LEASES, NS, f"gate-{run.id}") is None
     assert [p["metadata"]["name"] for p in c.store.items("pods")] == ["trainer"]

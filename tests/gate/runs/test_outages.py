@@ -15,9 +15,9 @@ from gate.core.settings import Settings
 from gate.engines.launchers import TERM_GRACE_S
 from gate.reservations import leases
 from gate.reservations.service import teardown_margin_s
-from gate.runs import store
-from gate.runs.engines import engine_grace_s
+from gate.runs.engine_pair import engine_grace_s
 from gate.runs.runner import run_gate
+from gate.service import service
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def _gate(tmp_path: Path, tag: str) -> tuple[dict[str, Any], list[Any]]:
     )
     from gate.core.database import make_engine, make_sessionmaker
 
-    phases = store.all_phases(make_sessionmaker(make_engine(db)), out.gate_id)
+    phases = service.all_phases(make_sessionmaker(make_engine(db)), out.gate_id)
     return out.document, phases
 
 

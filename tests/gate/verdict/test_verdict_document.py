@@ -170,7 +170,7 @@ def test_an_unreadable_stored_document_is_served_as_stored_and_named_on_its_page
     from gate.analysis.policy import Policy
     from gate.core.database import open_migrated, transaction
     from gate.models import GateRun
-    from gate.runs.rejudge import rejudge
+    from gate.service.rejudge import rejudge
 
     settings = Settings(data_dir=tmp_path / ".gate")
     factory = open_migrated(settings.resolved_database_url())

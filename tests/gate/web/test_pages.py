@@ -43,7 +43,7 @@ def test_gate_page_is_the_file_report_with_links(
     html = r.text
     # One renderer: the served page embeds exactly the body the file report has.
     doc = client.app.state.ctx.factory  # type: ignore[attr-defined]
-    from gate.runs.store import get_gate
+    from gate.service.service import get_gate
 
     run = get_gate(doc, gid)
     assert run.document is not None

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from workertools import stop_process
 
 from gate.core.settings import Settings
-from gate.runs.execute import open_factory
+from gate.service.execution import open_factory
 
 REDIS_URL = os.environ.get("GATE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 HEARTBEAT_S = 0.5

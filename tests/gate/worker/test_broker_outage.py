@@ -24,7 +24,7 @@ from workertools import active_leases, create, finished, gate_spec, measuring, s
 from gate.access.tokens import create_token
 from gate.api.app import create_app
 from gate.core.settings import Settings
-from gate.runs import store
+from gate.service import service
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_a_redis_outage_mid_gate_and_a_request_during_it_lose_nothing(
     assert len(calls) == 1, calls  # the running gate's commit status, once
     assert calls[0][1]["state"] in ("success", "failure")
     assert active_leases(factory) == 0
-    assert store.get_gate(factory, running).attempts == 1
+    assert service.get_gate(factory, running).attempts == 1
     assert worker.stop() == 0
     assert find_processes(tag) == []
     left = find_processes(tag, keepers=True)
@@ -159,7 +159,7 @@ def test_a_redis_outage_mid_gate_and_a_request_during_it_lose_nothing(
         operator_sees=f"POST during the outage: {r.status_code} with the gate's id; commit "
         f"status {calls[0][1]['state']}: {calls[0][1]['description']}",
         final_state=f"running gate {first.state}, {first.verdict} (attempts "
-        f"{store.get_gate(factory, running).attempts}); the gate requested during it "
+        f"{service.get_gate(factory, running).attempts}); the gate requested during it "
         f"{second.state}, {second.verdict}, queued again by a reaper",
         gpus=gpus_cell(active_leases(factory)),
         orphans=len(left),

@@ -19,7 +19,7 @@ from celery.exceptions import DuplicateTaskNameWarning
 
 from gate.core.settings import Settings
 from gate.worker.celery_app import TASK_NAME, make_celery
-from gate.worker.dispatch import CeleryDispatcher
+from gate.worker.celery_dispatch import CeleryDispatcher
 
 
 def _settings(tmp_path: Path) -> Settings:

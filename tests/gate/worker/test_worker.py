@@ -44,9 +44,9 @@ from gate.core.vocabulary import FINISHED
 from gate.engines.keeper import descendants
 from gate.integrations.signatures import sign
 from gate.models import GatePhase, GateRun, Reservation
-from gate.runs import store
-from gate.runs.dispatch import Reaper
-from gate.worker.dispatch import CeleryDispatcher
+from gate.service import service
+from gate.service.reaper import Reaper
+from gate.worker.celery_dispatch import CeleryDispatcher
 from gate.worker.main import alive_file
 
 pytestmark = pytest.mark.slow
@@ -101,7 +101,7 @@ def wait_engines_gone(find: Finder, tag: str, timeout: float = 10.0) -> float:
 
 def _polled(run: GateRun, settings: Settings) -> str:
     """What a rollout controller polling GET /v1/gates/{id}/verdict reads for this gate."""
-    summary = store.verdict_summary(run, settings.public_url)
+    summary = service.verdict_summary(run, settings.public_url).model_dump(mode="json")
     return "GET verdict: " + ", ".join(
         f"{k} {summary[k]}" for k in ("state", "verdict", "reason") if summary[k]
     )
@@ -256,7 +256,7 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     engines_gone_s = wait_engines_gone(find_processes, tag)  # parent-death signal
 
     # A second real worker on the same data directory: it proves the first dead by its
-    # liveness mark (gate/runs/liveness.py) and ends the gate at its start, without waiting
+    # liveness mark (gate/service/process_marks.py) and ends the gate at its start, without waiting
     # for the heartbeat to age; Redis redelivers the unacknowledged message to it after the
     # visibility timeout.
     second = start_worker(wait_ready=False)
@@ -291,7 +291,7 @@ def test_sigkill_of_a_worker_mid_gate_loses_nothing(
     second.wait_for(f"gate {gate_id} not pending (", vt + 20)
     skipped_s = time.monotonic() - t_kill
     assert find_processes(tag) == []
-    run = store.get_gate(factory, gate_id)
+    run = service.get_gate(factory, gate_id)
     assert (run.state, run.attempts) == ("error", 1)
     assert phases(factory, gate_id, "requested") == 1
     assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
@@ -390,7 +390,7 @@ def test_sigkill_of_the_api_mid_gate_loses_nothing(
         worker.wait_for(f"gate {gate_id} finished: complete", 30)
         calls = receiver.settled(1)
         assert len(calls) == 1, calls  # the worker sent it; nobody sent it again
-        expected = status_body(store.verdict_summary(run, settings.public_url), "llm-deploy-gate")
+        expected = status_body(service.verdict_summary(run, settings.public_url), "llm-deploy-gate")
         assert calls[0][1] == expected
         assert receiver.paths == ["/repos/acme/llm/statuses/abc123"]
         wait_engines_gone(find_processes, tag, timeout=15)
@@ -509,7 +509,7 @@ def test_cancel_of_a_running_gate_tears_it_down(
     wait_gate(factory, gate_id, measuring, timeout=90)
     assert len(find_processes(tag)) == 2
     t0 = time.monotonic()
-    store.request_cancel(factory, gate_id, admin=True)
+    service.request_cancel(factory, gate_id, admin=True)
     run = wait_gate(factory, gate_id, finished, timeout=30)
     assert (run.state, run.verdict, run.reason) == (
         "cancelled",
@@ -560,7 +560,7 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
     watch.stop()
     assert watch.conflicts == [], watch.conflicts
     for gate_id in gate_ids:
-        run = store.get_gate(factory, gate_id)
+        run = service.get_gate(factory, gate_id)
         assert (run.state, run.verdict, run.reason) == (
             "cancelled",
             "hold",
@@ -581,7 +581,7 @@ def test_sigterm_stops_the_running_gates_and_releases_everything(
             successor.wait_for(f"gate {gate_id} not pending (cancelled", 30)
         assert wait_acknowledged(str(settings.broker_url)) == (0, 0)
         assert successor.stop() == 0
-    runs = [store.get_gate(factory, gate_id) for gate_id in gate_ids]
+    runs = [service.get_gate(factory, gate_id) for gate_id in gate_ids]
     for run in runs:
         assert (run.state, run.attempts) == ("cancelled", 1)
     assert find_processes(tag) == []

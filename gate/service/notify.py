@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
 from gate.integrations.callbacks import deliver_callback
-from gate.runs import store
+from gate.service import service
+from gate.service.schemas import CallbackTarget
 
 log = logging.getLogger("gate.runs")
 
@@ -23,20 +24,22 @@ log = logging.getLogger("gate.runs")
 def notify(factory: sessionmaker[Session], gate_id: str, settings: Settings) -> bool | None:
     """Try the gate's callback now if it is owed and due: True sent, False not (recorded),
     None nothing to do."""
-    run = store.claim_callback(factory, gate_id)
+    run = service.claim_callback(factory, gate_id)
     if run is None or run.callback is None:
         return None
     try:
         result = deliver_callback(
-            run.callback, store.verdict_summary(run, settings.public_url), settings
+            CallbackTarget.model_validate(run.callback),
+            service.verdict_summary(run, settings.public_url),
+            settings,
         )
     except Exception as exc:  # never let a callback redo or break what called it
         log.exception("gate %s: callback failed", gate_id, extra={"gate_id": gate_id})
-        store.record_callback(
+        service.record_callback(
             factory, gate_id, sent=False, final=False, result=f"{type(exc).__name__}: {exc}"
         )
         return False
-    store.record_callback(
+    service.record_callback(
         factory, gate_id, sent=result.sent, final=result.final, result=result.detail
     )
     level = logging.INFO if result.sent else logging.WARNING
@@ -54,7 +57,7 @@ def notify(factory: sessionmaker[Session], gate_id: str, settings: Settings) -> 
 def notify_due(factory: sessionmaker[Session], settings: Settings) -> list[str]:
     """One pass over the callbacks still owed; returns the gates whose callback was sent."""
     sent: list[str] = []
-    for gid in store.due_callbacks(factory):
+    for gid in service.due_callbacks(factory):
         if notify(factory, gid, settings):
             sent.append(gid)
     return sent

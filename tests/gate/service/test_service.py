@@ -9,12 +9,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core import clock
 from gate.core.database import transaction
+from gate.core.errors import GateConflict, GateNotFound
 from gate.models import GateRun, GpuLease, Reservation
 from gate.reservations import leases
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
-from gate.runs import store
+from gate.service import service
 from gate.spec import GateSpec, load_spec, parse_spec, spec_to_dict
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "specs").glob("*.yaml"))
@@ -36,20 +38,20 @@ def small_spec(name: str = "s", ttft: str = "20") -> GateSpec:
 def test_stored_specs_read_back_equal(path: Path, factory: sessionmaker[Session]) -> None:
     spec = load_spec(path)
     assert parse_spec(spec_to_dict(spec)) == spec
-    run, _ = store.create_gate(factory, spec)
-    assert parse_spec(store.get_gate(factory, run.id).spec) == spec
+    run, _ = service.create_gate(factory, spec)
+    assert parse_spec(service.get_gate(factory, run.id).spec) == spec
 
 
 def test_key_is_the_same_for_the_same_spec_however_written() -> None:
     a = small_spec()
     b = parse_spec({**spec_to_dict(a), "seed": 0, "policy": {}})  # defaults spelt out
-    assert store.spec_key(a) == store.spec_key(b)
-    assert store.spec_key(a) != store.spec_key(small_spec(ttft="21"))
+    assert service.spec_key(a) == service.spec_key(b)
+    assert service.spec_key(a) != service.spec_key(small_spec(ttft="21"))
 
 
 def test_create_with_a_key_is_idempotent(factory: sessionmaker[Session]) -> None:
-    a, created_a = store.create_gate(factory, small_spec(), idempotency_key="k")
-    b, created_b = store.create_gate(factory, small_spec(), idempotency_key="k")
+    a, created_a = service.create_gate(factory, small_spec(), idempotency_key="k")
+    b, created_b = service.create_gate(factory, small_spec(), idempotency_key="k")
     assert (created_a, created_b) == (True, False)
     assert a.id == b.id
     assert a.state == "pending"
@@ -59,44 +61,44 @@ def test_create_with_a_key_is_idempotent(factory: sessionmaker[Session]) -> None
 def test_a_key_never_hands_its_gate_to_another_spec_or_source(
     factory: sessionmaker[Session],
 ) -> None:
-    store.create_gate(factory, small_spec(), idempotency_key="k")
-    with pytest.raises(store.GateConflict, match="another spec"):
-        store.create_gate(factory, small_spec("other"), idempotency_key="k")
-    with pytest.raises(store.GateConflict):
-        store.create_gate(factory, small_spec(), source="ci", idempotency_key="k")
-    assert store.scoped_key("api", "a", "k") != store.scoped_key("api", "b", "k")
-    assert store.scoped_key("api", "a", "k") != store.scoped_key("argo", "a", "k")
-    assert store.scoped_key("api", "a\0k") != store.scoped_key("api", "a", "k")
+    service.create_gate(factory, small_spec(), idempotency_key="k")
+    with pytest.raises(GateConflict, match="another spec"):
+        service.create_gate(factory, small_spec("other"), idempotency_key="k")
+    with pytest.raises(GateConflict):
+        service.create_gate(factory, small_spec(), source="ci", idempotency_key="k")
+    assert service.scoped_key("api", "a", "k") != service.scoped_key("api", "b", "k")
+    assert service.scoped_key("api", "a", "k") != service.scoped_key("argo", "a", "k")
+    assert service.scoped_key("api", "a\0k") != service.scoped_key("api", "a", "k")
 
 
 def test_claim_runs_a_gate_once(factory: sessionmaker[Session]) -> None:
-    run, _ = store.create_gate(factory, small_spec())
-    first = store.claim(factory, run.id, "w1")
+    run, _ = service.create_gate(factory, small_spec())
+    first = service.claim(factory, run.id, "w1")
     assert first is not None and first.state == "running" and first.worker == "w1"
-    assert store.claim(factory, run.id, "w2") is None  # a redelivery finds it taken
-    assert store.get_gate(factory, run.id).worker == "w1"
+    assert service.claim(factory, run.id, "w2") is None  # a redelivery finds it taken
+    assert service.get_gate(factory, run.id).worker == "w1"
 
 
 def test_cancel_pending_running_and_finished(factory: sessionmaker[Session]) -> None:
-    pending, _ = store.create_gate(factory, small_spec("p"))
-    out = store.request_cancel(factory, pending.id, admin=True)
+    pending, _ = service.create_gate(factory, small_spec("p"))
+    out = service.request_cancel(factory, pending.id, admin=True)
     assert (out.state, out.verdict) == ("cancelled", "hold")
     assert out.document is not None and out.document["reasons"][0]["check"] == "gate.cancelled"
-    running, _ = store.create_gate(factory, small_spec("r"))
-    store.claim(factory, running.id, "w")
-    out = store.request_cancel(factory, running.id, admin=True)
+    running, _ = service.create_gate(factory, small_spec("r"))
+    service.claim(factory, running.id, "w")
+    out = service.request_cancel(factory, running.id, admin=True)
     assert (out.state, out.cancel_requested) == ("running", True)  # the runner ends it
-    with pytest.raises(store.GateConflict):
-        store.request_cancel(factory, pending.id, admin=True)
-    with pytest.raises(store.GateNotFound):
-        store.request_cancel(factory, "missing", admin=True)
+    with pytest.raises(GateConflict):
+        service.request_cancel(factory, pending.id, admin=True)
+    with pytest.raises(GateNotFound):
+        service.request_cancel(factory, "missing", admin=True)
 
 
 def test_reaper_ends_lost_gates_and_releases_their_gpus(factory: sessionmaker[Session]) -> None:
-    lost, _ = store.create_gate(factory, small_spec("lost"))
-    alive, _ = store.create_gate(factory, small_spec("alive"))
+    lost, _ = service.create_gate(factory, small_spec("lost"))
+    alive, _ = service.create_gate(factory, small_spec("alive"))
     for run in (lost, alive):
-        store.claim(factory, run.id, f"worker-{run.name}")
+        service.claim(factory, run.id, f"worker-{run.name}")
     grant = leases.reserve(
         factory,
         load_inventory(None),
@@ -105,41 +107,41 @@ def test_reaper_ends_lost_gates_and_releases_their_gpus(factory: sessionmaker[Se
         gate_id=lost.id,
         ttl_s=600,
     )
-    now = store.now()
+    now = clock.now()
     with transaction(factory) as s:
         row = s.get(GateRun, lost.id)
         assert row is not None
         row.heartbeat_at = now - timedelta(seconds=120)
-    ended = store.reap_lost(factory, lost_after_s=30, at=now)
+    ended = service.reap_lost(factory, lost_after_s=30, at=now)
     assert ended == [lost.id]
-    row = store.get_gate(factory, lost.id)
+    row = service.get_gate(factory, lost.id)
     assert (row.state, row.verdict) == ("error", "hold")
     assert "worker-lost" in (row.reason or "") and "stopped sending heartbeats 120s ago" in (
         row.reason or ""
     )
-    assert store.get_gate(factory, alive.id).state == "running"
+    assert service.get_gate(factory, alive.id).state == "running"
     with transaction(factory) as s:
         assert s.scalars(select(GpuLease)).all() == []
         res = s.get(Reservation, grant.reservation_id)
         assert res is not None and res.state == "released" and res.release_reason == "worker lost"
-    assert store.reap_lost(factory, lost_after_s=30, at=now) == []  # once
+    assert service.reap_lost(factory, lost_after_s=30, at=now) == []  # once
 
 
 def test_list_filters_escape_like_wildcards(factory: sessionmaker[Session]) -> None:
     for name in ("a", "b", "c"):
-        store.create_gate(factory, small_spec(name))
-    rows, total = store.list_gates(factory, store.GateFilter(candidate="sim", limit=2))
+        service.create_gate(factory, small_spec(name))
+    rows, total = service.list_gates(factory, service.GateFilter(candidate="sim", limit=2))
     assert total == 3 and len(rows) == 2
-    assert store.list_gates(factory, store.GateFilter(candidate="%"))[1] == 0
-    assert store.list_gates(factory, store.GateFilter(candidate="_im"))[1] == 0
-    assert store.list_gates(factory, store.GateFilter(name="b"))[1] == 1
+    assert service.list_gates(factory, service.GateFilter(candidate="%"))[1] == 0
+    assert service.list_gates(factory, service.GateFilter(candidate="_im"))[1] == 0
+    assert service.list_gates(factory, service.GateFilter(name="b"))[1] == 1
 
 
 def test_verdict_summary_keeps_the_gates_state() -> None:
     """The verdict object names the state as every endpoint does (issue 30: a cancelled gate
     read `error` here and `cancelled` in /v1/gates/{id}); a cancel is a hold all the same."""
     run = GateRun(id="x", state="cancelled", verdict="hold", reason="r", phase="finished")
-    s = store.verdict_summary(run, "http://g/")
+    s = service.verdict_summary(run, "http://g/").model_dump(mode="json")
     assert s == {
         "id": "x",
         "state": "cancelled",
@@ -153,7 +155,7 @@ def test_verdict_summary_keeps_the_gates_state() -> None:
         "report_url": "http://g/gates/x",
     }
     run = GateRun(id="y", state="running", verdict=None, reason=None, phase="scenario:a")
-    running = store.verdict_summary(run, "http://g")
+    running = service.verdict_summary(run, "http://g").model_dump(mode="json")
     assert running["verdict"] is None and running["summary"] is None
 
 
@@ -188,8 +190,10 @@ def test_verdict_summary_says_the_documents_words_in_bounded_lists(
                     document=document,
                 )
             )
-    one = store.read_verdict(factory, "w1", "http://g")
-    assert one == store.verdict_summary(store.get_gate(factory, "w1"), "http://g")
+    one = service.read_verdict(factory, "w1", "http://g").model_dump(mode="json")
+    assert one == service.verdict_summary(service.get_gate(factory, "w1"), "http://g").model_dump(
+        mode="json"
+    )
     assert one["verdict"] == "continue" and one["summary"] == CONTINUE_LINE
     assert [w["check"] for w in one["warnings"]] == ["steady.itl.p50", "steady.errors"]
     assert one["not_shown"] == [
@@ -198,12 +202,12 @@ def test_verdict_summary_says_the_documents_words_in_bounded_lists(
             "message": "TTFT p90 in steady within +10% (shown: at most +14%)",
         }
     ]
-    old = store.read_verdict(factory, "w2", "http://g")
+    old = service.read_verdict(factory, "w2", "http://g").model_dump(mode="json")
     assert old["summary"] == (
         "continue; not shown: TTFT p90 in steady within +10% (shown: at most +14%)"
     )
     assert old["warnings"] == [] and len(old["not_shown"]) == 1
-    full = store.read_verdict(factory, "w3", "http://g")
+    full = service.read_verdict(factory, "w3", "http://g").model_dump(mode="json")
     assert len(full["not_shown"]) == ANSWER_ITEMS
     assert full["not_shown_omitted"] == 1 + ANSWER_ITEMS + 3 - ANSWER_ITEMS
     assert len(full["summary"]) <= 140 and full["summary"].endswith(" more)")

@@ -1,6 +1,6 @@
 """The per-token cap on active gates holds under concurrency, on SQLite and on a real
 PostgreSQL: the count and the insert are one transaction under the owner's lock
-(`store.create_gate`). Before, 40 concurrent creates from one token left 27-40 active gates
+(`service.create_gate`). Before, 40 concurrent creates from one token left 27-40 active gates
 against a cap of 20 (measured through a real `gate serve`, both databases)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import make_engine, make_sessionmaker, upgrade
-from gate.runs import store
+from gate.core.errors import TooManyGates
+from gate.service import service
 from gate.spec import GateSpec, parse_spec
 
 CAP = 20
@@ -55,10 +56,10 @@ def race(factory: sessionmaker[Session], calls: list[tuple[str, int, str | None]
         owner, _, key = calls[i]
         barrier.wait()
         try:
-            _, created = store.create_gate(
+            _, created = service.create_gate(
                 factory, specs[i], owner=owner, max_active=CAP, idempotency_key=key
             )
-        except store.TooManyGates:
+        except TooManyGates:
             return "refused"
         return "created" if created else "reused"
 
@@ -77,8 +78,8 @@ def test_concurrent_creates_from_one_token_stop_at_the_cap(
     greedy, other = got[:40], got[40:]
     assert greedy.count("created") == CAP and greedy.count("refused") == 40 - CAP, greedy
     assert other == ["created"] * 10
-    assert store.active_gates(shared, "token:greedy") == CAP
-    assert store.active_gates(shared, "token:other") == 10
+    assert service.active_gates(shared, "token:greedy") == CAP
+    assert service.active_gates(shared, "token:other") == 10
 
 
 def test_concurrent_ensures_at_the_cap_reuse_the_gate_instead_of_refusing(
@@ -89,4 +90,4 @@ def test_concurrent_ensures_at_the_cap_reuse_the_gate_instead_of_refusing(
     race(shared, [("token:argo", i, None) for i in range(CAP - 1)])
     got = race(shared, [("token:argo", 999, "same-key") for _ in range(16)])
     assert got.count("created") == 1 and got.count("reused") == 15, got
-    assert store.active_gates(shared, "token:argo") == CAP
+    assert service.active_gates(shared, "token:argo") == CAP

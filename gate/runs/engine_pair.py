@@ -103,7 +103,7 @@ def _kubernetes(
     engines: Engines, role: Role, es: EngineSpec, placement: Placement | None
 ) -> Engine:
     # Imported here: the kubernetes client takes a second to import, which other gates skip.
-    from gate.runs.kubernetes import kubernetes_engine
+    from gate.runs.kubernetes_kind import kubernetes_engine
 
     if placement is None:  # the reservation stage reserves for every kubernetes engine
         raise EngineError(role, "launched", "a kubernetes engine needs reserved GPUs")

@@ -20,8 +20,8 @@ from gate.analysis.policy import Policy
 from gate.analysis.types import Verdict
 from gate.core.errors import GateConflict
 from gate.core.vocabulary import FINISHED
-from gate.runs import store
 from gate.runs.inputs import RanScenario, judge_gate, judge_inputs
+from gate.service import service
 from gate.spec import parse_spec
 from gate.verdict.document import VerdictDocument
 
@@ -31,7 +31,7 @@ NOT_REJUDGED = (
 
 
 def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Verdict:
-    run = store.get_gate(factory, gate_id)
+    run = service.get_gate(factory, gate_id)
     if run.state not in FINISHED or run.document is None:
         raise GateConflict(
             f"gate {gate_id} is {run.state}; only a finished gate's samples can be re-judged"
@@ -44,7 +44,7 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
     ran_docs = {sc.name: sc for sc in doc.scenarios or []}
     ran = [
         replace(RanScenario.stored(cols, ran_docs.get(name)), name=name)
-        for name, cols in store.sample_columns(factory, gate_id).items()
+        for name, cols in service.sample_columns(factory, gate_id).items()
     ]
     found = judge_inputs(
         {sc.name: sc for sc in spec.scenarios},

@@ -13,13 +13,15 @@ from receiver import Receiver
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core import clock
 from gate.core.database import transaction
 from gate.core.settings import Settings
 from gate.integrations.callbacks import allowed, provider, status_body
 from gate.models import GateRun
-from gate.runs import store
-from gate.runs.dispatch import Reaper
-from gate.runs.notify import notify, notify_due
+from gate.service import service
+from gate.service.notify import notify, notify_due
+from gate.service.reaper import Reaper
+from gate.service.schemas import VerdictSummary
 from gate.spec import GateSpec, parse_spec
 
 
@@ -46,8 +48,8 @@ def settings_for(tmp_path: Path, receiver: Receiver) -> Settings:
 def cancelled_gate(factory: sessionmaker[Session], url: str | None, name: str = "cb") -> str:
     """A gate with (or without) a callback, ended: cancelled before it started."""
     callback = None if url is None else {"url": url, "context": "llm-deploy-gate"}
-    run, _ = store.create_gate(factory, small_spec(name), source="ci", callback=callback)
-    store.request_cancel(factory, run.id, "cancelled by the test", admin=True)
+    run, _ = service.create_gate(factory, small_spec(name), source="ci", callback=callback)
+    service.request_cancel(factory, run.id, "cancelled by the test", admin=True)
     return run.id
 
 
@@ -56,7 +58,7 @@ def age_last_try(factory: sessionmaker[Session], gate_id: str, seconds: float) -
         s.execute(
             update(GateRun)
             .where(GateRun.id == gate_id)
-            .values(callback_tried_at=store.now() - timedelta(seconds=seconds))
+            .values(callback_tried_at=clock.now() - timedelta(seconds=seconds))
         )
 
 
@@ -65,15 +67,15 @@ def test_a_finished_gate_callback_is_sent_once(
 ) -> None:
     settings = settings_for(tmp_path, receiver)
     gid = cancelled_gate(factory, f"{receiver.url}/repos/acme/llm/statuses/abc")
-    assert store.due_callbacks(factory) == [gid]
+    assert service.due_callbacks(factory) == [gid]
     assert notify(factory, gid, settings) is True
     assert notify(factory, gid, settings) is None  # not owed any more
-    assert store.due_callbacks(factory) == []
+    assert service.due_callbacks(factory) == []
     assert len(receiver.calls) == 1
     _, body = receiver.calls[0]
     assert body["state"] == "failure" and body["context"] == "llm-deploy-gate"
     assert body["description"].startswith("hold: cancelled by the test")
-    run = store.get_gate(factory, gid)
+    run = service.get_gate(factory, gid)
     assert run.callback_sent_at is not None and run.callback_attempts == 1
     assert run.callback_result == "sent: HTTP 201"
 
@@ -82,7 +84,7 @@ def test_gates_without_a_callback_are_never_due(
     tmp_path: Path, factory: sessionmaker[Session]
 ) -> None:
     cancelled_gate(factory, None)
-    assert store.due_callbacks(factory) == []
+    assert service.due_callbacks(factory) == []
     with transaction(factory) as s:  # stored as SQL NULL, not JSON null
         assert s.scalars(GateRun.__table__.select().where(GateRun.callback.is_(None))).all()
 
@@ -96,18 +98,18 @@ def test_a_failing_receiver_is_retried_with_spacing_then_given_up(
         gid = cancelled_gate(factory, f"{failing.url}/repos/acme/llm/statuses/abc")
         assert notify(factory, gid, settings) is False
         assert len(failing.calls) == 3  # quick retries inside one attempt
-        assert store.due_callbacks(factory) == []  # not due again yet: 30 s spacing
+        assert service.due_callbacks(factory) == []  # not due again yet: 30 s spacing
         assert notify(factory, gid, settings) is None
-        for attempt in range(2, store.CALLBACK_ATTEMPTS + 1):
-            age_last_try(factory, gid, store.CALLBACK_RETRY_S * attempt)
-            assert store.due_callbacks(factory) == [gid]
+        for attempt in range(2, service.CALLBACK_ATTEMPTS + 1):
+            age_last_try(factory, gid, service.CALLBACK_RETRY_S * attempt)
+            assert service.due_callbacks(factory) == [gid]
             assert notify_due(factory, settings) == []
-        run = store.get_gate(factory, gid)
-        assert run.callback_attempts == store.CALLBACK_ATTEMPTS
+        run = service.get_gate(factory, gid)
+        assert run.callback_attempts == service.CALLBACK_ATTEMPTS
         assert run.callback_sent_at is None and run.callback_result == "failed: HTTP 503"
         age_last_try(factory, gid, 3600)
-        assert store.due_callbacks(factory) == []  # out of attempts
-        assert len(failing.calls) == 3 * store.CALLBACK_ATTEMPTS
+        assert service.due_callbacks(factory) == []  # out of attempts
+        assert len(failing.calls) == 3 * service.CALLBACK_ATTEMPTS
     finally:
         failing.close()
 
@@ -120,10 +122,10 @@ def test_a_receiver_that_recovers_gets_the_status(
         settings = settings_for(tmp_path, flaky)
         gid = cancelled_gate(factory, f"{flaky.url}/repos/acme/llm/statuses/abc")
         assert notify(factory, gid, settings) is False
-        age_last_try(factory, gid, store.CALLBACK_RETRY_S)
+        age_last_try(factory, gid, service.CALLBACK_RETRY_S)
         assert notify_due(factory, settings) == [gid]
-        assert store.get_gate(factory, gid).callback_attempts == 2
-        assert store.due_callbacks(factory) == []
+        assert service.get_gate(factory, gid).callback_attempts == 2
+        assert service.due_callbacks(factory) == []
     finally:
         flaky.close()
 
@@ -137,8 +139,8 @@ def test_a_refusal_is_final(tmp_path: Path, factory: sessionmaker[Session], stat
         assert notify(factory, gid, settings) is False
         assert len(refusing.calls) == 1
         age_last_try(factory, gid, 3600)
-        assert store.due_callbacks(factory) == []
-        assert store.get_gate(factory, gid).callback_result == f"refused: HTTP {status}"
+        assert service.due_callbacks(factory) == []
+        assert service.get_gate(factory, gid).callback_result == f"refused: HTTP {status}"
     finally:
         refusing.close()
 
@@ -150,8 +152,8 @@ def test_a_url_taken_off_the_allow_list_is_not_sent(
     tightened = settings_for(tmp_path, receiver).model_copy(update={"callback_allow": []})
     assert notify(factory, gid, tightened) is False
     assert receiver.calls == []
-    assert store.due_callbacks(factory) == []
-    assert "allow-list" in (store.get_gate(factory, gid).callback_result or "")
+    assert service.due_callbacks(factory) == []
+    assert "allow-list" in (service.get_gate(factory, gid).callback_result or "")
 
 
 def test_two_processes_never_make_the_same_attempt(
@@ -163,7 +165,7 @@ def test_two_processes_never_make_the_same_attempt(
 
     def claim() -> None:
         barrier.wait()
-        got.append(store.claim_callback(factory, gid))
+        got.append(service.claim_callback(factory, gid))
 
     threads = [threading.Thread(target=claim) for _ in range(8)]
     for t in threads:
@@ -171,7 +173,7 @@ def test_two_processes_never_make_the_same_attempt(
     for t in threads:
         t.join()
     assert sum(r is not None for r in got) == 1
-    assert store.get_gate(factory, gid).callback_attempts == 1
+    assert service.get_gate(factory, gid).callback_attempts == 1
 
 
 def test_the_reaper_delivers_what_nobody_sent(
@@ -187,7 +189,7 @@ def test_the_reaper_delivers_what_nobody_sent(
     # GitLab's commit-status API: `failed` (it has no `failure` or `error`) and `name`
     assert body["state"] == "failed" and body["name"] == "llm-deploy-gate"
     assert "context" not in body
-    assert store.get_gate(factory, gid).callback_sent_at is not None
+    assert service.get_gate(factory, gid).callback_sent_at is not None
 
 
 @pytest.mark.parametrize(
@@ -195,7 +197,18 @@ def test_the_reaper_delivers_what_nobody_sent(
     [("continue", "success", "success"), ("hold", "failure", "failed"), (None, "error", "failed")],
 )
 def test_status_bodies_per_provider(verdict: str | None, github: str, gitlab: str) -> None:
-    summary = {"verdict": verdict, "state": "error", "reason": "r" * 300, "report_url": "u"}
+    summary = VerdictSummary(
+        id="g",
+        state="error",
+        verdict=verdict,  # type: ignore[arg-type]
+        reason="r" * 300,
+        summary=None,
+        warnings=[],
+        warnings_omitted=0,
+        not_shown=[],
+        not_shown_omitted=0,
+        report_url="u",
+    )
     gh = status_body(summary, "ctx", provider("https://api.github.com/repos/a/b/statuses/s"))
     gl = status_body(
         summary, "ctx", provider("https://gitlab.example/api/v4/projects/1/statuses/s")

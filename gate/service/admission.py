@@ -3,7 +3,7 @@
 Two kinds of spec reach a gate. The operator's (spec files in GATE_SPEC_DIR, the command line)
 are trusted as written. A caller's (REST, `gates:ensure`, Flagger, the CI webhook) is an
 allow-list: its engines are templates the operator defined (`{engine: NAME, params: {...}}`,
-gate/runs/templates.py) or URLs on GATE_ENGINE_URL_ALLOW, a named spec's image may become
+gate/service/engine_templates.py) or URLs on GATE_ENGINE_URL_ALLOW, a named spec's image may become
 another tag of its own repository or one on GATE_IMAGE_ALLOW, and the inventory is the
 operator's. Anything else is refused with its field path and the setting that would allow it.
 """
@@ -19,7 +19,7 @@ from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits, spec_limit_problems
 from gate.core.settings import Settings
 from gate.runs.schedules import plan_problems
-from gate.runs.templates import EngineTemplate, fill, image_allowed
+from gate.service.engine_templates import EngineTemplate, fill, image_allowed
 from gate.spec import NAME_RE, GateSpec, image_repository, load_spec, parse_spec, spec_to_dict
 
 CALLER_ENGINE_KEYS = ("engine", "params", "url", "readiness_timeout_s")
@@ -156,7 +156,7 @@ class _CallerEngines:
 
     def templates(self) -> dict[str, EngineTemplate]:
         if self._templates is None:
-            from gate.runs.templates import load_templates
+            from gate.service.engine_templates import load_templates
 
             self._templates = load_templates(self.settings.spec_dir, self.settings.engines)
         return self._templates

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gate.core.errors import SpecError
-from gate.runs.templates import (
+from gate.service.engine_templates import (
     EngineTemplate,
     fill,
     image_allowed,

@@ -16,9 +16,9 @@ from gate.core.clock import now
 from gate.core.database import make_engine, make_sessionmaker, transaction, upgrade
 from gate.core.settings import Settings
 from gate.models import GateRun
-from gate.runs import store
-from gate.runs.dispatch import Reaper
-from gate.worker.liveness import BrokerLiveness
+from gate.service import service
+from gate.service.reaper import Reaper
+from gate.worker.broker_liveness import BrokerLiveness
 
 REDIS = os.environ.get("GATE_TEST_REDIS_URL")
 needs_redis = pytest.mark.skipif(
@@ -60,8 +60,8 @@ def test_a_gate_alive_in_the_broker_is_not_reaped_while_its_database_heartbeat_i
     try:
         reaper = Reaper(Settings(lost_after_s=30), factory, liveness=live)
         assert reaper.once() == [dead]
-        assert store.get_gate(factory, alive).state == "running"
-        reason = store.get_gate(factory, dead).reason or ""
+        assert service.get_gate(factory, alive).state == "running"
+        reason = service.get_gate(factory, dead).reason or ""
         assert "stopped sending heartbeats 120s ago, to the database and to the broker" in reason
     finally:
         live.forget(alive)
@@ -75,7 +75,7 @@ def test_a_broker_that_cannot_be_read_proves_no_death(factory: sessionmaker[Sess
     unreachable.beat(gid, "w")  # logged, never raised
     reaper = Reaper(Settings(lost_after_s=30), factory, liveness=unreachable)
     assert reaper.once() == []
-    assert store.get_gate(factory, gid).state == "running"
+    assert service.get_gate(factory, gid).state == "running"
 
 
 def test_without_a_broker_the_reason_says_there_was_none_to_ask(
@@ -83,4 +83,4 @@ def test_without_a_broker_the_reason_says_there_was_none_to_ask(
 ) -> None:
     gid = _running(factory, 90)
     assert Reaper(Settings(lost_after_s=30), factory).once() == [gid]
-    assert "no broker to ask whether it is alive" in (store.get_gate(factory, gid).reason or "")
+    assert "no broker to ask whether it is alive" in (service.get_gate(factory, gid).reason or "")

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.errors import GateError
 from gate.reservations.kubernetes import connect, reap_namespaces
-from gate.runs import store
+from gate.service import service
 from gate.spec import parse_spec
 
 log = logging.getLogger("gate.runs")
@@ -48,7 +48,7 @@ def targets(specs: Iterable[dict[str, Any]]) -> dict[Access, set[str]]:
 def sweep_lost_gates(factory: sessionmaker[Session], within_s: float = WINDOW_S) -> list[str]:
     """Delete the expired gate Leases in the namespaces of gates lost in the last
     `within_s` seconds; returns `namespace/name` of those deleted. Failures are logged."""
-    found = targets(store.lost_gate_specs(factory, within_s))
+    found = targets(service.lost_gate_specs(factory, within_s))
     if not found:
         return []
     reaped: list[str] = []

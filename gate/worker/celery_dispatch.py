@@ -1,5 +1,5 @@
 """The Celery side of dispatching: tasks sent to `gate worker` processes, and the choice
-between them and the embedded thread pool (`gate.runs.dispatch`).
+between them and the embedded thread pool (`gate.service.dispatch`).
 
 It lives with the worker, above `gate.runs`: the task it sends is the worker's (`celery_app`),
 and `gate.runs` must not know about Celery.
@@ -13,7 +13,7 @@ import logging
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.settings import Settings
-from gate.runs.dispatch import Dispatcher, InProcessDispatcher
+from gate.service.dispatch import Dispatcher, InProcessDispatcher
 from gate.worker.celery_app import QUEUE, TASK_NAME, make_celery
 
 log = logging.getLogger("gate.worker")

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import open_migrated
-from gate.core.errors import GateError
-from gate.core.errors import WorkerStopping as WorkerStopping  # it lived here: re-exported
+from gate.core.errors import GateError, WorkerStopping
 from gate.core.settings import Settings
 from gate.reservations import leases
 from gate.reservations.service import MAX_WAIT_DELAY_S
-from gate.runs import store
 from gate.runs.journal import persist_sync
 from gate.runs.runner import GateOutcome, GateRunner
+from gate.service import service
+from gate.service.notify import notify
 from gate.spec import parse_spec
 
 if TYPE_CHECKING:
@@ -196,9 +196,9 @@ def execute_gate(
 def _claim(factory: sessionmaker[Session], gate_id: str, worker: str) -> GateRun | None:
     """The gate, now ours; None (logged) when it was not pending."""
     extra = {"gate_id": gate_id}
-    run = store.claim(factory, gate_id, worker)
+    run = service.claim(factory, gate_id, worker)
     if run is None:
-        current = store.get_gate(factory, gate_id)
+        current = service.get_gate(factory, gate_id)
         log.info(
             "gate %s not pending (%s, worker %s): skipped",
             gate_id,
@@ -277,10 +277,8 @@ def _notify(
     factory: sessionmaker[Session], gate_id: str, settings: Settings, callback: object
 ) -> None:
     """The gate's commit-status callback, if it has one: owed until sent, so what fails here
-    is retried by the reapers (gate.runs.notify)."""
+    is retried by the reapers (gate.service.notify)."""
     if callback:
-        from gate.runs.notify import notify
-
         notify(factory, gate_id, settings)
 
 
@@ -291,7 +289,7 @@ def _fail(
     whatever reservation it still holds."""
     held = persist_sync(
         "the failed gate",
-        lambda: store.fail_gate(factory, gate_id, check, message),
+        lambda: service.fail_gate(factory, gate_id, check, message),
         retry_s,
         gate_id,
     )

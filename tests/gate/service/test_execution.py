@@ -11,27 +11,28 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import transaction
+from gate.core.errors import WorkerStopping
 from gate.core.settings import Settings
 from gate.demo import demo_spec_dict
 from gate.models import GpuLease, Reservation
 from gate.reservations import leases
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
-from gate.runs import execute, store
 from gate.runs.runner import GateRunner
+from gate.service import execution, service
 from gate.spec import parse_spec
 
 
 @pytest.fixture
 def local(tmp_path: Path, db_url: str) -> Iterator[tuple[Settings, sessionmaker[Session]]]:
     settings = Settings(database_url=db_url, data_dir=tmp_path / "data")
-    f = execute.open_factory(settings)
+    f = execution.open_factory(settings)
     yield settings, f
     f.kw["bind"].dispose()
 
 
 def pending_gate(f: sessionmaker[Session]) -> str:
-    run, _ = store.create_gate(f, parse_spec(demo_spec_dict(requests=20), "test"), source="t")
+    run, _ = service.create_gate(f, parse_spec(demo_spec_dict(requests=20), "test"), source="t")
     return run.id
 
 
@@ -54,8 +55,8 @@ def test_a_runner_that_raises_leaves_the_gate_ended_and_its_gpus_released(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(GateRunner, "run", broken)
-    assert execute.execute_gate(gate_id, settings, "worker@test:1", f) == "error"
-    run = store.get_gate(f, gate_id)
+    assert execution.execute_gate(gate_id, settings, "worker@test:1", f) == "error"
+    run = service.get_gate(f, gate_id)
     assert (run.state, run.verdict) == ("error", "hold")
     assert run.reason == "the gate failed on worker@test:1: RuntimeError: boom"
     assert run.document is not None and run.document["reasons"][0]["check"] == "gate.internal_error"
@@ -63,7 +64,7 @@ def test_a_runner_that_raises_leaves_the_gate_ended_and_its_gpus_released(
         assert list(s.scalars(select(GpuLease))) == []
         assert [r.state for r in s.scalars(select(Reservation))] == ["released"]
     # A second delivery of the same gate is a no-op.
-    assert execute.execute_gate(gate_id, settings, "worker@test:2", f) == "skipped"
+    assert execution.execute_gate(gate_id, settings, "worker@test:2", f) == "skipped"
 
 
 def test_a_stopping_process_claims_nothing(
@@ -71,9 +72,9 @@ def test_a_stopping_process_claims_nothing(
 ) -> None:
     settings, f = local
     gate_id = pending_gate(f)
-    monkeypatch.setattr(execute, "_stopping", None)
-    assert execute.stop_running_gates("shutting down") == []  # nothing runs here
-    with pytest.raises(execute.WorkerStopping):
-        execute.execute_gate(gate_id, settings, "worker@test:1", f)
-    run = store.get_gate(f, gate_id)
+    monkeypatch.setattr(execution, "_stopping", None)
+    assert execution.stop_running_gates("shutting down") == []  # nothing runs here
+    with pytest.raises(WorkerStopping):
+        execution.execute_gate(gate_id, settings, "worker@test:1", f)
+    run = service.get_gate(f, gate_id)
     assert (run.state, run.worker) == ("pending", None)  # left for another worker

@@ -1,0 +1,82 @@
+"""What the gate service hands its readers: typed, to the last one.
+
+`VerdictSummary` is the small object rollout controllers poll (`GET /v1/gates/{id}/verdict`,
+`gates:ensure`, the CI and Flagger hooks) and the commit-status callback is built from; the
+service returns it, the API serves it, the integrations read its attributes. `CallbackTarget`
+is the commit-status callback a CI gate stores. `GateFilter` and `ServiceCounts` are what the
+listing and `/metrics` ask and get.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from gate.core.vocabulary import GateState
+from gate.verdict.document import ReasonDoc
+from gate.verdict.summary import ANSWER_ITEMS
+
+DEFAULT_CALLBACK_CONTEXT = "llm-deploy-gate"
+
+
+class VerdictSummary(BaseModel):
+    """What Argo Rollouts' web provider and other pollers read: 200 while running too.
+    `verdict` decides (binary); `summary`, `warnings` and `not_shown` say it in words, the
+    same words as the terminal, the report and the commit status (gate/verdict/summary.py)."""
+
+    id: str
+    state: GateState = Field(description="the gate's state, as `/v1/gates/{id}` names it")
+    verdict: Literal["continue", "hold"] | None
+    reason: str | None
+    summary: str | None = Field(
+        description="the verdict in one line (at most 140 characters), null until decided: "
+        "'continue', 'continue, with 2 warnings; not shown: TTFT p90 in steady within +10% "
+        "(shown: at most +14%)', 'hold: 2 checks failed (...)'"
+    )
+    warnings: list[ReasonDoc] = Field(
+        description=f"checks in the warning tier (a continue 'with N warnings'), at most "
+        f"{ANSWER_ITEMS}"
+    )
+    warnings_omitted: int = Field(description="warnings beyond those listed")
+    not_shown: list[ReasonDoc] = Field(
+        description=f"undecided checks that do not hold: what a continue could not show, at "
+        f"most {ANSWER_ITEMS}"
+    )
+    not_shown_omitted: int = Field(description="not-shown checks beyond those listed")
+    report_url: str
+
+
+class CallbackTarget(BaseModel):
+    """A CI gate's commit-status callback, as stored on its row: where to POST the status and
+    under which context (GitHub's `context`, GitLab's `name`)."""
+
+    url: str
+    context: str | None = None
+
+    @property
+    def status_context(self) -> str:
+        return self.context or DEFAULT_CALLBACK_CONTEXT
+
+
+@dataclass(frozen=True)
+class GateFilter:
+    """Which gates a listing asks for (all given fields must match), and which page."""
+
+    state: str | None = None
+    verdict: str | None = None
+    candidate: str | None = None  # the start of the candidate's label
+    name: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class ServiceCounts:
+    """What /metrics reports from the database, read in one transaction."""
+
+    gates: list[tuple[str, str | None, int]]  # state, verdict, count
+    active_reservations: int
+    gpus_held: int
+    phases: list[tuple[str, str, str, float]]  # gate id, role, phase, at_s; in that order
