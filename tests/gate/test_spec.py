@@ -397,16 +397,17 @@ def test_spec_validation_does_not_build_schedules(monkeypatch: pytest.MonkeyPatc
     import time
 
     from loadgen import prompts, schedule, suite
+    from loadgen.suite import compatibility, correctness, workloads
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("spec validation built a schedule")
 
     for cls in (suite.Steady, suite.Overload, suite.Compatibility, suite.Correctness):
         monkeypatch.setattr(cls, "build", boom)
-    for module in (suite, schedule):
+    for module in (workloads, schedule):
         monkeypatch.setattr(module, "build_offsets", boom)
         monkeypatch.setattr(module, "build_phased", boom)
-    for module in (suite, prompts):
+    for module in (workloads, compatibility, correctness, prompts):
         monkeypatch.setattr(module, "synthetic_prompts", boom)
     base = yaml_example()
     base["scenarios"] = [
