@@ -244,9 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(spec, settings, args)
         return 0 if code in (0, 1) else code
     try:
-        from gate.core.limits import Limits, spec_limit_problems
+        from gate.core.limits import Limits
         from gate.service.admission import command_line_url_problems
-        from gate.spec import load_spec
+        from gate.spec import load_spec, spec_limit_problems
 
         spec = load_spec(args.spec)
         if problems := command_line_url_problems(spec, settings):

@@ -308,3 +308,68 @@ def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
     """`python -m simengine` in an argv, never an import: the gate runs any engine the same way."""
     offences = _imports_of(GATE, "simengine") + _imports_of(ROOT / "loadgen", "simengine")
     assert not offences, "start the sim as a process:\n" + "\n".join(offences)
+
+
+# -- the floor and the registries (issue 31) ---------------------------------------------------
+
+CORE = GATE / "core"
+SPLIT_ROOMS = (GATE / "spec", ROOT / "loadgen" / "suite", CORE)
+SPLIT_FUNCTION_MAX_LINES = 80
+KIND_NAMES = {"command", "preset", "url", "kubernetes", "groups"}
+KINDS_MODULE = GATE / "spec" / "kinds.py"
+
+
+def test_gate_core_imports_nothing_above_it() -> None:
+    """gate/core is the floor (settings, errors, limits, the database): every other package
+    may import it, so it imports none of them, nor loadgen, not even for an annotation."""
+    offences = []
+    for path in sorted(CORE.rglob("*.py")):
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):  # every import, TYPE_CHECKING ones and in functions too
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [_absolute(node, module, path.name == "__init__.py")]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                above = parts[0] == "loadgen" or (
+                    parts[0] == "gate" and len(parts) > 1 and parts[1] != "core"
+                )
+                if above:
+                    offences.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not offences, "gate/core imports upward:\n" + "\n".join(offences)
+
+
+def test_no_function_in_the_split_rooms_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for room in SPLIT_ROOMS
+        for path in sorted(room.rglob("*.py"))
+        for name, n in _functions(path)
+        if n > SPLIT_FUNCTION_MAX_LINES
+    ]
+    assert not long, f"functions over {SPLIT_FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def _lists_kinds(node: ast.AST) -> bool:
+    """A tuple, list or set literal naming two or more engine kinds."""
+    if not isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return False
+    names = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    return len(names & KIND_NAMES) >= 2
+
+
+def test_engine_kinds_are_listed_in_one_registry() -> None:
+    """A new engine kind is one entry in ENGINE_KINDS (gate/spec/kinds.py): no other module
+    keeps its own list of the kinds to infer, check or describe them by."""
+    offences = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted(GATE.rglob("*.py"))
+        if path != KINDS_MODULE
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if _lists_kinds(node)
+    ]
+    assert not offences, "engine kinds listed outside gate/spec/kinds.py:\n" + "\n".join(offences)

@@ -7,10 +7,6 @@ one, an HTTP status, so the CLI, the API and the task layer render errors the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # for the annotation only: at run time gate/core imports no other gate package
-    from gate.reservations.allocator import Blocked
 
 
 class GateError(Exception):
@@ -65,12 +61,6 @@ class ReservationError(GateError):
 
     status_code = 409
     code = "reservation_blocked"
-
-
-class BlockedReservation(ReservationError):
-    def __init__(self, blocked: Blocked) -> None:
-        self.blocked = blocked
-        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
 
 
 class EngineError(GateError):

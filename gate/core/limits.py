@@ -1,11 +1,13 @@
 """Caps on what one gate spec may make the gate spend: requests, seconds, tokens, probes.
 
 A spec is a caller's document, and the gate turns it into GPU time, HTTP requests, memory and
-CPU. The field bounds of `gate/spec.py` only keep a spec meaningful (a rate above zero); these
+CPU. The field bounds of `gate/spec/` only keep a spec meaningful (a rate above zero); these
 caps keep it affordable, and they belong to the operator, not to the spec's author: each is a
-setting (`GATE_MAX_...`, `gate/core/settings.py`) read by the API (`gate/service/admission.py`),
-by `gate run`, and by the runner itself before it reserves anything (a stored spec is checked
-again under the settings of the worker that runs it).
+setting (`GATE_MAX_...`: `Settings` and `Limits` both are `Caps`, so each cap is declared
+once, here, with its default, bound and description) read by the API
+(`gate/service/admission.py`), by `gate run`, and by the runner itself before it reserves
+anything (a stored spec is checked again under the settings of the worker that runs it). A
+spec is checked against them by `gate.spec.spec_limit_problems` (`gate/spec/limits.py`).
 
 Sizes are the planned ones, computed by arithmetic from the spec (`loadgen.suite` entries'
 `plan()`, `loadgen.schedule.plan_offsets`), never by building a schedule: for a Poisson or
@@ -41,112 +43,119 @@ gets max_scenario_duration_s as its planned seconds.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-from gate.core.errors import FieldProblem
+from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from gate.core.settings import Settings
-    from gate.spec import GateSpec, ScenarioSpec
-
-__all__ = ["Limits", "ScenarioSize", "scenario_deadline_s", "scenario_size", "spec_limit_problems"]
+__all__ = ["Caps", "Limits", "scenario_deadline_s"]
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Caps(BaseModel):
+    """The caps' one declaration: `Limits` (what a check reads) and `Settings` (where the
+    operator sets them, as GATE_<NAME>) both are these fields."""
+
+    max_scenario_requests: int = Field(
+        default=20_000,
+        ge=1,
+        description="Planned requests per arm of one scenario, a suite's included (a closed "
+        "loop run for a duration is stopped there).",
+    )
+    max_gate_requests: int = Field(
+        default=100_000,
+        ge=1,
+        description="Planned requests per arm of all of a gate's scenarios together, the "
+        "policy's extensions of steady scenarios included.",
+    )
+    max_scenario_duration_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description="Planned seconds of load of one scenario (its duration_s, requests / rate, "
+        "or a phased suite's phases).",
+    )
+    max_scenarios: int = Field(default=20, ge=1, description="Scenarios in one gate spec.")
+    max_prompt_tokens: int = Field(
+        default=32_768,
+        ge=1,
+        description="A scenario's prompt_tokens (a suite's too) and a compatibility suite's "
+        "max_model_len (its long-prompt probes are that long).",
+    )
+    max_output_tokens: int = Field(
+        default=8_192,
+        ge=1,
+        description="A scenario's max_tokens, and max_tokens-like keys in a suite's extra body.",
+    )
+    max_probes: int = Field(default=256, ge=1, description="A correctness suite's probes_count.")
+    max_envelope_load: int = Field(
+        default=256,
+        ge=0,
+        description="A correctness suite's envelope_load: generation requests kept in flight "
+        "on the reference while it repeats the probes.",
+    )
+    max_concurrency: int = Field(
+        default=1_024,
+        ge=1,
+        description="Requests in flight per engine of a closed-loop scenario.",
+    )
+    max_rate: float = Field(
+        default=2_000.0,
+        gt=0,
+        description="Requests per second of any scenario or phase (a suite's overload_rate too).",
+    )
+    max_wait_s: float = Field(
+        default=3_600.0,
+        ge=0,
+        description="A spec's shape.wait_s: how long a gate may wait for capacity.",
+    )
+    max_readiness_timeout_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description="An engine's readiness_timeout_s.",
+    )
+    max_deadline_s: float = Field(
+        default=14_400.0,
+        gt=0,
+        description="The longest deadline_s a spec may ask for its whole gate.",
+    )
+    deadline_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description="A gate's deadline when its spec gives none: past it the gate stops "
+        "wherever it is (waiting, launching, a scenario, judging), holds naming the deadline, "
+        "tears its engines down and releases its GPUs.",
+    )
+    scenario_deadline_factor: float = Field(
+        default=2.0,
+        ge=1,
+        description="A scenario's deadline is its planned seconds times this, plus "
+        "scenario_deadline_slack_s (unplanned: max_scenario_duration_s instead); past it the "
+        "scenario is stopped and the gate holds naming the deadline.",
+    )
+    scenario_deadline_slack_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Seconds added to every scenario's deadline: the last requests finishing, "
+        "the looks, an extension's decision.",
+    )
+
+
+class _AsksDeadline(Protocol):
+    @property
+    def deadline_s(self) -> float | None: ...
+
+
+class Limits(Caps):
     """The operator's caps (module docstring); field names are the settings' names."""
 
-    max_scenario_requests: int = 20_000
-    max_gate_requests: int = 100_000
-    max_scenario_duration_s: float = 3_600.0
-    max_scenarios: int = 20
-    max_prompt_tokens: int = 32_768
-    max_output_tokens: int = 8_192
-    max_probes: int = 256
-    max_envelope_load: int = 256
-    max_concurrency: int = 1_024
-    max_rate: float = 2_000.0
-    max_wait_s: float = 3_600.0
-    max_readiness_timeout_s: float = 3_600.0
-    max_deadline_s: float = 14_400.0
-    deadline_s: float = 3_600.0
-    scenario_deadline_factor: float = 2.0
-    scenario_deadline_slack_s: float = 300.0
+    model_config = ConfigDict(frozen=True)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
-        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+    def from_settings(cls, settings: Caps) -> Limits:
+        return cls(**{name: getattr(settings, name) for name in Caps.model_fields})
 
-    def gate_deadline_s(self, spec: GateSpec) -> float:
+    def gate_deadline_s(self, spec: _AsksDeadline) -> float:
         """The spec's deadline, or the default; never above the cap."""
         asked = spec.deadline_s if spec.deadline_s is not None else self.deadline_s
         return min(asked, self.max_deadline_s)
-
-
-def _env(name: str) -> str:
-    return f"GATE_{name.upper()}"
-
-
-def _num(x: float) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-@dataclass(frozen=True, slots=True)
-class ScenarioSize:
-    """A scenario's planned size: requests per arm (None: a closed loop for a duration) and
-    seconds of load (None: not planned in time)."""
-
-    requests: int | None
-    duration_s: float | None
-    exact: bool
-    driver: str  # the field the count follows: requests or duration_s; "" for phases, probes
-    rate: float | None  # requests/s of a steady open loop
-    load: bool  # load scenarios count toward the gate's total; probe suites do not
-    extendable: bool  # steady open loop: policy `extend` may run it on past its plan
-
-
-def scenario_size(sc: ScenarioSpec) -> ScenarioSize:
-    """By arithmetic, never by building (module docstring); `sc` was validated, so the
-    arithmetic cannot fail here."""
-    from loadgen import suite as catalogue
-    from loadgen.schedule import plan_offsets
-
-    if sc.suite is not None:
-        entry = catalogue.get(sc.suite, **sc.settings)
-        size = entry.plan()
-        if isinstance(entry, catalogue.Steady):
-            driver = "duration_s" if entry.duration_s is not None else "requests"
-            rate: float | None = entry.rate
-        else:
-            driver, rate = "", None
-        return ScenarioSize(
-            size.requests,
-            size.duration_s,
-            size.exact,
-            driver,
-            rate,
-            load=not sc.is_probe,
-            extendable=sc.suite == "normal" and size.requests >= 2,
-        )
-    if sc.arrival == "concurrency":
-        driver = "requests" if sc.requests is not None else "duration_s"
-        return ScenarioSize(sc.requests, sc.duration_s, True, driver, None, True, False)
-    assert sc.rate is not None
-    size = plan_offsets(
-        sc.arrival,
-        sc.rate,
-        requests=sc.requests,
-        duration_s=sc.duration_s,
-        burstiness=sc.burstiness,
-    )
-    driver = "requests" if sc.requests is not None else "duration_s"
-    return ScenarioSize(
-        size.requests, size.duration_s, size.exact, driver, sc.rate, True, size.requests >= 2
-    )
 
 
 def scenario_deadline_s(planned_s: float | None, limits: Limits) -> float:
@@ -154,193 +163,3 @@ def scenario_deadline_s(planned_s: float | None, limits: Limits) -> float:
     the factor, plus the slack."""
     base = limits.max_scenario_duration_s if planned_s is None else planned_s
     return base * limits.scenario_deadline_factor + limits.scenario_deadline_slack_s
-
-
-def _cap(
-    path: str, value: float, limits: Limits, cap_name: str, what: str, text: str = ""
-) -> list[FieldProblem]:
-    """[the problem] when `value` is above the cap `cap_name`; `text` says the value in words."""
-    cap = getattr(limits, cap_name)
-    if value <= cap:
-        return []
-    said = text or _num(value)
-    return [FieldProblem(path, f"{said} is above the cap of {_num(cap)} {what} ({_env(cap_name)})")]
-
-
-def _requests_text(sc: ScenarioSpec, size: ScenarioSize) -> str:
-    if size.driver == "requests":
-        return str(size.requests)
-    if size.driver == "duration_s":
-        return (
-            f"{_num(size.duration_s or 0.0)} s at {_num(size.rate or 0.0)} requests/s plan "
-            f"{'' if size.exact else 'about '}{size.requests} requests, which"
-        )
-    return f"the {sc.suite} suite plans about {size.requests} requests, which"
-
-
-def spec_limit_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:
-    """Every way `spec` asks for more than `limits` allow, each naming the field path, the
-    value and the cap with its setting. Pure: no schedule is built, nothing is read."""
-    out = _cap(
-        "scenarios",
-        len(spec.scenarios),
-        limits,
-        "max_scenarios",
-        "scenarios per gate",
-        f"{len(spec.scenarios)} scenarios",
-    )
-    total = 0
-    planned_s = 0.0
-    for i, sc in enumerate(spec.scenarios):
-        at = f"scenarios[{i}]"
-        size = scenario_size(sc)
-        if size.load and size.requests is not None:
-            path = f"{at}.{size.driver}" if size.driver else at
-            out += _cap(
-                path,
-                size.requests,
-                limits,
-                "max_scenario_requests",
-                "requests per scenario",
-                _requests_text(sc, size),
-            )
-            extend = spec.policy.extend if size.extendable else 0.0
-            total += size.requests + math.ceil(size.requests * extend)
-        elif size.load:  # a closed loop for a duration: the runner stops it at the cap
-            total += limits.max_scenario_requests
-        if size.load and size.duration_s is not None:
-            planned_s += size.duration_s
-            by_field = size.driver == "duration_s"
-            out += _cap(
-                f"{at}.duration_s" if by_field else at,
-                size.duration_s,
-                limits,
-                "max_scenario_duration_s",
-                "seconds per scenario",
-                "" if by_field else f"{size.duration_s:.0f} s of planned load",
-            )
-        out += _scenario_knob_problems(at, sc, limits)
-    added = spec.added_correctness
-    if added is not None:
-        # The stage the gate adds (spec.py) meets the same caps; the operator's are the
-        # ones a spec cannot see, so the problem says how to leave it out.
-        for p in _scenario_knob_problems("correctness", added, limits):
-            out.append(
-                FieldProblem(
-                    "correctness",
-                    f"the default correctness stage ({p.path.removeprefix('correctness.')}): "
-                    f"{p.message}; set `correctness: off` or list a smaller "
-                    "`{suite: correctness}` scenario",
-                )
-            )
-    out += _cap(
-        "scenarios",
-        total,
-        limits,
-        "max_gate_requests",
-        "requests per gate",
-        f"{total} planned requests per arm in all (extensions included)",
-    )
-    out += _cap("shape.wait_s", spec.shape.wait_s, limits, "max_wait_s", "seconds of waiting")
-    for role in ("reference", "candidate"):
-        timeout = getattr(spec, role).readiness_timeout_s
-        out += _cap(
-            f"{role}.readiness_timeout_s",
-            timeout,
-            limits,
-            "max_readiness_timeout_s",
-            "seconds to become ready",
-        )
-    if spec.deadline_s is not None:
-        out += _cap("deadline_s", spec.deadline_s, limits, "max_deadline_s", "seconds per gate")
-    deadline = limits.gate_deadline_s(spec)
-    if planned_s > deadline:
-        out.append(
-            FieldProblem(
-                "deadline_s",
-                f"the scenarios plan {planned_s:.0f} s of load, more than the gate deadline of "
-                f"{_num(deadline)} s: give a longer deadline_s (the cap is "
-                f"{_num(limits.max_deadline_s)} s, {_env('max_deadline_s')}) or shorter scenarios",
-            )
-        )
-    return out
-
-
-_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "min_tokens")
-_FAN_OUT_KEYS = ("n", "best_of")
-
-
-def _scenario_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[FieldProblem]:
-    """Rates, concurrency, tokens and probe settings of one scenario (explicit or a suite's
-    knobs, which a spec writes beside `suite:` and which are named that way)."""
-    out: list[FieldProblem] = []
-    fields: dict[str, Any]
-    if sc.suite is None:
-        fields = {
-            "rate": sc.rate,
-            "concurrency": sc.concurrency,
-            "prompt_tokens": sc.prompt_tokens,
-            "max_tokens": sc.max_tokens,
-        }
-    else:
-        from loadgen import suite as catalogue
-
-        entry = catalogue.get(sc.suite, **sc.settings)
-        fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
-    caps = {
-        "rate": ("max_rate", "requests/s"),
-        "overload_rate": ("max_rate", "requests/s"),
-        "concurrency": ("max_concurrency", "requests in flight"),
-        "prompt_tokens": ("max_prompt_tokens", "prompt tokens"),
-        "max_model_len": ("max_prompt_tokens", "prompt tokens"),
-        "max_tokens": ("max_output_tokens", "output tokens"),
-        "probes_count": ("max_probes", "probes"),
-        "envelope_load": ("max_envelope_load", "background requests"),
-    }
-    for key, (cap_name, what) in caps.items():
-        given = fields.get(key)
-        value = _largest(given)
-        if value is not None:
-            out += _cap(f"{at}.{key}", value, limits, cap_name, what)
-        elif given is not None:  # fail closed: a value no cap can read is not let through
-            out.append(FieldProblem(f"{at}.{key}", _UNCHECKABLE))
-    extra = fields.get("extra")
-    if extra is not None and not isinstance(extra, Mapping):
-        out.append(FieldProblem(f"{at}.extra", _UNCHECKABLE))
-    if isinstance(extra, Mapping):
-        # The suite admits none of these keys (loadgen.suite.EXTRA_REFUSED); capped here too,
-        # so a caller's extra cannot raise the output or the fan-out past the caps either way.
-        for key in _OUTPUT_KEYS:
-            value = _largest(extra.get(key))
-            if value is not None:
-                out += _cap(
-                    f"{at}.extra.{key}", value, limits, "max_output_tokens", "output tokens"
-                )
-        for key in _FAN_OUT_KEYS:
-            value = _largest(extra.get(key))
-            if value is not None and value > 1:
-                out.append(
-                    FieldProblem(
-                        f"{at}.extra.{key}",
-                        f"{_num(value)} completions per request: the gate sends and judges one "
-                        "per request, so more would be work nobody judges (at most 1)",
-                    )
-                )
-    return out
-
-
-_UNCHECKABLE = "not a value the operator's caps can check (a number, or a length distribution)"
-
-
-def _largest(value: Any) -> float | None:
-    """A number knob's value, a length distribution's maximum; None for anything else (a NaN
-    too: no cap can hold it)."""
-    from loadgen.prompts import LengthDist
-
-    if isinstance(value, LengthDist):
-        value = value.maximum
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value

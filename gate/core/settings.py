@@ -9,12 +9,13 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gate.core.limits import Limits
-
-_LIMITS = Limits()  # the caps' defaults live with the caps
+from gate.core.limits import Caps
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, Caps):
+    """The service's settings; the caps on what one spec may make the gate spend are `Caps`'
+    fields (gate/core/limits.py), declared there once."""
+
     model_config = SettingsConfigDict(env_prefix="GATE_", extra="ignore")
 
     data_dir: Path = Field(
@@ -220,94 +221,6 @@ class Settings(BaseSettings):
         default=True,
         description="Serve the API docs page (/v1/docs) and the OpenAPI document "
         "(/v1/openapi.json) to anyone; false answers 404 for both.",
-    )
-
-    # -- caps on what one spec may make the gate spend (gate/core/limits.py) ----------------
-    max_scenario_requests: int = Field(
-        default=_LIMITS.max_scenario_requests,
-        ge=1,
-        description="Planned requests per arm of one scenario, a suite's included (a closed "
-        "loop run for a duration is stopped there).",
-    )
-    max_gate_requests: int = Field(
-        default=_LIMITS.max_gate_requests,
-        ge=1,
-        description="Planned requests per arm of all of a gate's scenarios together, the "
-        "policy's extensions of steady scenarios included.",
-    )
-    max_scenario_duration_s: float = Field(
-        default=_LIMITS.max_scenario_duration_s,
-        gt=0,
-        description="Planned seconds of load of one scenario (its duration_s, requests / rate, "
-        "or a phased suite's phases).",
-    )
-    max_scenarios: int = Field(
-        default=_LIMITS.max_scenarios, ge=1, description="Scenarios in one gate spec."
-    )
-    max_prompt_tokens: int = Field(
-        default=_LIMITS.max_prompt_tokens,
-        ge=1,
-        description="A scenario's prompt_tokens (a suite's too) and a compatibility suite's "
-        "max_model_len (its long-prompt probes are that long).",
-    )
-    max_output_tokens: int = Field(
-        default=_LIMITS.max_output_tokens,
-        ge=1,
-        description="A scenario's max_tokens, and max_tokens-like keys in a suite's extra body.",
-    )
-    max_probes: int = Field(
-        default=_LIMITS.max_probes, ge=1, description="A correctness suite's probes_count."
-    )
-    max_envelope_load: int = Field(
-        default=_LIMITS.max_envelope_load,
-        ge=0,
-        description="A correctness suite's envelope_load: generation requests kept in flight "
-        "on the reference while it repeats the probes.",
-    )
-    max_concurrency: int = Field(
-        default=_LIMITS.max_concurrency,
-        ge=1,
-        description="Requests in flight per engine of a closed-loop scenario.",
-    )
-    max_rate: float = Field(
-        default=_LIMITS.max_rate,
-        gt=0,
-        description="Requests per second of any scenario or phase (a suite's overload_rate too).",
-    )
-    max_wait_s: float = Field(
-        default=_LIMITS.max_wait_s,
-        ge=0,
-        description="A spec's shape.wait_s: how long a gate may wait for capacity.",
-    )
-    max_readiness_timeout_s: float = Field(
-        default=_LIMITS.max_readiness_timeout_s,
-        gt=0,
-        description="An engine's readiness_timeout_s.",
-    )
-    max_deadline_s: float = Field(
-        default=_LIMITS.max_deadline_s,
-        gt=0,
-        description="The longest deadline_s a spec may ask for its whole gate.",
-    )
-    deadline_s: float = Field(
-        default=_LIMITS.deadline_s,
-        gt=0,
-        description="A gate's deadline when its spec gives none: past it the gate stops "
-        "wherever it is (waiting, launching, a scenario, judging), holds naming the deadline, "
-        "tears its engines down and releases its GPUs.",
-    )
-    scenario_deadline_factor: float = Field(
-        default=_LIMITS.scenario_deadline_factor,
-        ge=1,
-        description="A scenario's deadline is its planned seconds times this, plus "
-        "scenario_deadline_slack_s (unplanned: max_scenario_duration_s instead); past it the "
-        "scenario is stopped and the gate holds naming the deadline.",
-    )
-    scenario_deadline_slack_s: float = Field(
-        default=_LIMITS.scenario_deadline_slack_s,
-        ge=0,
-        description="Seconds added to every scenario's deadline: the last requests finishing, "
-        "the looks, an extension's decision.",
     )
 
     def resolved_database_url(self) -> str:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gate.core.errors import BlockedReservation
 from gate.reservations import leases
 from gate.reservations.allocator import Blocked, ShapeRequest
 from gate.reservations.inventory import Inventory
@@ -91,7 +90,7 @@ class GateReservation:
                 with contextlib.suppress(Exception):
                     self.grant = await attempt
                 raise
-            except BlockedReservation as exc:
+            except leases.BlockedReservation as exc:
                 self.blocked = exc.blocked
                 if not exc.blocked.retryable or time.monotonic() + delay > deadline:
                     raise

@@ -2,9 +2,11 @@
 watched for crashes while load runs, torn down whatever happened, and described for the
 verdict document.
 
-An engine kind is a function from the spec's engine to an `Engine` (gate/engines): `process`
-(a local command), `endpoint` (an attached URL), `kubernetes` (a Pod or LeaderWorkerSet). A new
-kind is one entry in `ENGINE_KINDS` and the `describe` of its engine class.
+An engine's kind (gate/spec/kinds.py, `ENGINE_KINDS`) says how it runs, its runtime; a launcher
+here is a function from the spec's engine to an `Engine` (gate/engines) for each runtime:
+`process` (a local command, a preset, worker groups), `endpoint` (an attached URL), `kubernetes`
+(a Pod or LeaderWorkerSet). A new kind that runs as one of these is one entry in ENGINE_KINDS;
+a new runtime is a launcher here and the `describe` of its engine class.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gate.reservations.allocator import Placement
 from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
 from gate.runs.schedules import LazyRequests
-from gate.spec import EngineSpec
+from gate.spec import EngineSpec, Runtime
 from gate.verdict.document import CapabilitiesDoc, EngineDoc
 from loadgen.capabilities import Capabilities, discover
 from loadgen.client import Target
@@ -35,7 +37,7 @@ CAPABILITY_BUDGET_S = 60.0
 """The most the capability asks may take per engine: eight tiny requests (~1 s on a GPU)."""
 CRASH_POLL_S = 0.1
 
-EngineKind = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
+Launcher = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
 
 
 def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
@@ -110,7 +112,7 @@ def _kubernetes(
     return kubernetes_engine(engines.ctx, role, es, placement, list(engines.built.values()))
 
 
-ENGINE_KINDS: dict[str, EngineKind] = {
+LAUNCHERS: dict[Runtime, Launcher] = {
     "endpoint": _endpoint,
     "process": _process,
     "kubernetes": _kubernetes,
@@ -131,7 +133,7 @@ class Engines:
         """Build both, then start both at once; the first failure in role order is raised."""
         for role in ROLES:
             es = self.ctx.spec.engine(role)
-            self.built[role] = ENGINE_KINDS[es.kind](self, role, es, self.placement)
+            self.built[role] = LAUNCHERS[es.runtime](self, role, es, self.placement)
         tasks = [asyncio.create_task(self.built[r].start()) for r in ROLES]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -242,7 +244,7 @@ class Engines:
     def timings(self) -> dict[Role, EngineDoc]:
         """The engines as the judge reads them: exact phases, ready times and crashes."""
         return {
-            role: timing_doc(eng, self.ctx.spec.engine(role).kind, self._crash(role)).model_copy(
+            role: timing_doc(eng, self.ctx.spec.engine(role).runtime, self._crash(role)).model_copy(
                 update={"capabilities": self.capabilities_doc(role)}
             )
             for role, eng in self.built.items()
@@ -254,13 +256,13 @@ class Engines:
         for role in ROLES:
             es = self.ctx.spec.engine(role)
             placement = None
-            if self.placement is not None and es.kind in ("process", "kubernetes"):
-                every_node = es.kind == "kubernetes"
+            if self.placement is not None and es.engine_kind.launched:
+                every_node = es.runtime == "kubernetes"
                 placement = placement_doc(self.placement.for_role(role), every_node=every_node)
             crash = self._crash(role)
             eng = self.built.get(role)
             if eng is None:
-                out[role] = unlaunched_doc(es.kind, es.url, placement)
+                out[role] = unlaunched_doc(es.runtime, es.url, placement)
             else:
                 out[role] = eng.describe(placement, crash).model_copy(
                     update={"capabilities": self.capabilities_doc(role)}

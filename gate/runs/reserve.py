@@ -14,12 +14,10 @@ from gate.reservations.service import GateReservation
 from gate.runs.context import RunContext
 from gate.spec import MIXED_KUBERNETES_MESSAGE
 
-LAUNCHED_KINDS = ("process", "kubernetes")
-
 
 def gate_reservation(ctx: RunContext, on_wait: Callable[[str], None]) -> GateReservation | None:
     spec = ctx.spec
-    roles = tuple(r for r in ROLES if spec.engine(r).kind in LAUNCHED_KINDS)
+    roles = tuple(r for r in ROLES if spec.engine(r).engine_kind.launched)
     if not roles:
         return None
     pods = [k for r in roles if (k := spec.engine(r).kubernetes) is not None]

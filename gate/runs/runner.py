@@ -27,7 +27,6 @@ from typing import Any
 from gate.analysis.types import Verdict
 from gate.core.database import make_engine, make_sessionmaker, upgrade
 from gate.core.errors import DeadlinePassed, GateError, SpecError
-from gate.core.limits import spec_limit_problems
 from gate.core.settings import Settings
 from gate.core.vocabulary import EXIT_ERROR, FinishedState
 from gate.engines.lifecycle import Clock
@@ -45,7 +44,7 @@ from gate.runs.record import Observed, finish
 from gate.runs.reserve import gate_reservation
 from gate.runs.scenarios import LoadScenario, bounded
 from gate.runs.schedules import GatePlan, plan_gate
-from gate.spec import GateSpec
+from gate.spec import GateSpec, spec_limit_problems
 from gate.verdict.document import VerdictDocument
 
 

@@ -16,11 +16,19 @@ from typing import Any
 
 from gate.access.network import check_allowed
 from gate.core.errors import FieldProblem, SpecError, UrlRefused
-from gate.core.limits import Limits, spec_limit_problems
+from gate.core.limits import Limits
 from gate.core.settings import Settings
 from gate.runs.schedules import plan_problems
 from gate.service.engine_templates import EngineTemplate, fill, image_allowed
-from gate.spec import NAME_RE, GateSpec, image_repository, load_spec, parse_spec, spec_to_dict
+from gate.spec import (
+    NAME_RE,
+    GateSpec,
+    image_repository,
+    load_spec,
+    parse_spec,
+    spec_limit_problems,
+    spec_to_dict,
+)
 
 CALLER_ENGINE_KEYS = ("engine", "params", "url", "readiness_timeout_s")
 NOT_FROM_A_REQUEST = (

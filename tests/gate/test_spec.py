@@ -30,8 +30,8 @@ scenarios:
 
 def test_issue_example_validates_as_written() -> None:
     spec = parse_spec_text(EXAMPLE)
-    assert spec.reference.kind == "process"
-    assert spec.candidate.kind == "endpoint"
+    assert spec.reference.runtime == "process"
+    assert spec.candidate.runtime == "endpoint"
     assert spec.candidate.url == "http://127.0.0.1:8001"
     sc = spec.scenarios[0]
     assert (sc.arrival, sc.rate, sc.requests, sc.prompt_tokens, sc.max_tokens) == (
@@ -153,7 +153,7 @@ def test_engine_presets() -> None:
     }
     base["candidate"] = {"preset": "vllm", "binary": "/opt/vllm-b/bin/vllm"}
     spec = parse_spec(base)
-    assert spec.reference.kind == "process"
+    assert spec.reference.runtime == "process"
     assert spec.reference.argv_template()[:2] == ["/opt/vllm-a/bin/vllm", "serve"]
     base["candidate"] = {"preset": "vllm", "url": "http://x:1"}
     base["reference"] = {"command": ["x"], "binary": "/y"}
@@ -365,7 +365,7 @@ def test_kubernetes_engines_pair_with_each_other_on_one_cluster() -> None:
 
     base["candidate"] = {"url": "http://127.0.0.1:8001"}  # attached elsewhere: allowed
     spec = parse_spec(base)
-    assert (spec.reference.kind, spec.candidate.kind) == ("kubernetes", "endpoint")
+    assert (spec.reference.runtime, spec.candidate.runtime) == ("kubernetes", "endpoint")
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gate.core.errors import SpecError
-from gate.core.limits import Limits, spec_limit_problems
-from gate.spec import parse_spec
+from gate.core.limits import Limits
+from gate.spec import parse_spec, spec_limit_problems
 from loadgen import suite as catalogue
 from loadgen.client import GATE_SET_KEYS, RequestSpec, Target, request_body
 

@@ -45,7 +45,7 @@ def problems(candidate: dict[str, Any], shape: dict[str, Any] | None = SHAPE) ->
 
 def test_a_two_group_engine_is_a_process_engine() -> None:
     s = spec(PD)
-    assert s.candidate.kind == "process" and set(s.candidate.groups) == {"prefill", "decode"}
+    assert s.candidate.runtime == "process" and set(s.candidate.groups) == {"prefill", "decode"}
 
 
 def test_each_group_of_the_shape_needs_one_of_the_engine_and_no_other() -> None:
@@ -187,7 +187,7 @@ def test_a_kubernetes_engine_with_groups_parses() -> None:
         "scenarios": [{"name": "s", "rate": 1, "requests": 1}],
     }
     s = parse_spec(data)
-    assert s.candidate.kind == "kubernetes" and s.candidate.kubernetes is not None
+    assert s.candidate.runtime == "kubernetes" and s.candidate.kubernetes is not None
     assert set(s.candidate.kubernetes.groups or {}) == {"prefill", "decode"}
 
 
