@@ -7,6 +7,7 @@ one, an HTTP status, so the CLI, the API and the task layer render errors the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 
 class GateError(Exception):
@@ -61,6 +62,29 @@ class ReservationError(GateError):
 
     status_code = 409
     code = "reservation_blocked"
+
+
+class BlockedReason(Protocol):
+    """What a reservation blocked on says of itself (gate/reservations/shapes.py `Blocked`):
+    named here by what it has, so gate/core imports nothing above it."""
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def retryable(self) -> bool: ...
+
+
+_Reason = TypeVar("_Reason", bound=BlockedReason)
+
+
+class BlockedReservation(ReservationError, Generic[_Reason]):
+    def __init__(self, blocked: _Reason) -> None:
+        self.blocked: _Reason = blocked
+        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
 
 
 class EngineError(GateError):

@@ -16,21 +16,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import db_now, transaction
+from gate.core.errors import BlockedReservation as BlockedReservation  # it lived here: re-exported
 from gate.core.errors import ReservationError
 from gate.models import GpuLease, InventoryLock, Reservation
 from gate.reservations.allocator import Blocked, Placement, ShapeRequest, allocate
 from gate.reservations.inventory import Inventory
 
 MAX_RACE_RETRIES = 8
-
-
-class BlockedReservation(ReservationError):
-    """The layered reason no shape could be reserved (`Blocked`), as an error: a case of
-    ReservationError (gate/core/errors.py), declared here beside the type it carries."""
-
-    def __init__(self, blocked: Blocked) -> None:
-        self.blocked = blocked
-        super().__init__(f"no GPU shape could be reserved ({blocked.code}): {blocked.message}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.core.errors import BlockedReservation
 from gate.reservations import leases
 from gate.reservations.allocator import Blocked, ShapeRequest
 from gate.reservations.inventory import Inventory
@@ -90,7 +91,7 @@ class GateReservation:
                 with contextlib.suppress(Exception):
                     self.grant = await attempt
                 raise
-            except leases.BlockedReservation as exc:
+            except BlockedReservation as exc:
                 self.blocked = exc.blocked
                 if not exc.blocked.retryable or time.monotonic() + delay > deadline:
                     raise

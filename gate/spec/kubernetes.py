@@ -5,7 +5,7 @@ groups and router (`gate/engines/kubernetes.py` makes the objects).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     Field,
@@ -110,6 +110,28 @@ def _argv_shell_problem(argv: list[str], what: str) -> str | None:
     return None
 
 
+_T = TypeVar("_T", list[str], list[str] | None)
+_E = TypeVar("_E", bound=dict[str, Any])
+
+
+def _checked_argv(v: _T, field: str | None) -> _T:
+    """An argv field of a kubernetes engine, group or router: known placeholders only, and
+    no shell in a command (the first item of the argv)."""
+    problem = _kubernetes_argv_problem(v)
+    if problem is None and v and field in ("command", "worker_command"):
+        problem = _argv_shell_problem(v, "argv")
+    if problem is not None:
+        raise ValueError(problem)
+    return v
+
+
+def _checked_env(v: _E) -> _E:
+    for name in v:
+        if not ENV_NAME_RE.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+    return v
+
+
 class KubernetesGroupSpec(StrictModel):
     """One worker group of a kubernetes engine with `groups`: a Pod (one node) or a
     LeaderWorkerSet (several) on the group's reserved nodes, running the engine's image with
@@ -128,20 +150,12 @@ class KubernetesGroupSpec(StrictModel):
     @field_validator("command", "args", "worker_command", "worker_args")
     @classmethod
     def _argv_ok(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        problem = _kubernetes_argv_problem(v)
-        if problem is None and v and info.field_name in ("command", "worker_command"):
-            problem = _argv_shell_problem(v, "argv")
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return _checked_argv(v, info.field_name)
 
     @field_validator("env")
     @classmethod
     def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if not ENV_NAME_RE.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return v
+        return _checked_env(v)
 
 
 class KubernetesRouterSpec(StrictModel):
@@ -166,20 +180,12 @@ class KubernetesRouterSpec(StrictModel):
     @field_validator("command", "args")
     @classmethod
     def _argv_ok(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        problem = _kubernetes_argv_problem(v)
-        if problem is None and v and info.field_name == "command":
-            problem = _argv_shell_problem(v, "argv")
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return _checked_argv(v, info.field_name)
 
     @field_validator("env")
     @classmethod
     def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if not ENV_NAME_RE.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return v
+        return _checked_env(v)
 
     @model_validator(mode="after")
     def _argv_given(self) -> KubernetesRouterSpec:
@@ -268,20 +274,12 @@ class KubernetesSpec(StrictModel):
     @classmethod
     def _argv_items_ok(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         # Group placeholders pass here; `_consistent` refuses them without `groups`.
-        problem = _kubernetes_argv_problem(v)
-        if problem is None and v and info.field_name in ("command", "worker_command"):
-            problem = _argv_shell_problem(v, "argv")
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return _checked_argv(v, info.field_name)
 
     @field_validator("env", "secret_env")
     @classmethod
     def _env_names_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for name in v:
-            if not ENV_NAME_RE.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return v
+        return _checked_env(v)
 
     @field_validator("cpu", "memory", "shm_size")
     @classmethod

@@ -174,7 +174,7 @@ def test_moved_names_stay_importable_from_their_old_modules() -> None:
     assert gates.TooBusy is errors.TooBusy
     assert tokens.TokenError is errors.TokenError
     assert kubernetes.ClusterError is errors.ClusterError
-    assert issubclass(leases.BlockedReservation, errors.ReservationError)
+    assert leases.BlockedReservation is errors.BlockedReservation
     assert network.UrlRefused is errors.UrlRefused
 
 
