@@ -41,6 +41,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(demo)
 
+    _add_capacity(sub)
+
+    mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
+    mig.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
+
+    serve = sub.add_parser("serve", help="the REST API, report pages and /metrics (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+
+    worker = sub.add_parser(
+        "worker", help="a Celery worker that runs gates (needs GATE_BROKER_URL)"
+    )
+    worker.add_argument(
+        "--concurrency", type=int, default=1, help="gates run at once by this worker (default 1)"
+    )
+
+    _add_token(sub)
+    _add_calibrate(sub)
+    return p
+
+
+def _add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cap = sub.add_parser(
         "capacity",
         help="how many whole gate shapes fit the inventory now, per topology domain",
@@ -61,20 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--db", help="subtract GPUs held by active gate reservations in this DB")
     cap.add_argument("--json", action="store_true", help="print the capacity document")
 
-    mig = sub.add_parser("migrate", help="bring the database schema to the latest revision")
-    mig.add_argument("--db", help="SQLAlchemy URL (default: GATE_DATABASE_URL or .gate/gate.db)")
 
-    serve = sub.add_parser("serve", help="the REST API, report pages and /metrics (uvicorn)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-
-    worker = sub.add_parser(
-        "worker", help="a Celery worker that runs gates (needs GATE_BROKER_URL)"
-    )
-    worker.add_argument(
-        "--concurrency", type=int, default=1, help="gates run at once by this worker (default 1)"
-    )
-
+def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tok = sub.add_parser("token", help="make, list or revoke API tokens (stored hashed)")
     tok_sub = tok.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     tok_create = tok_sub.add_parser("create", help="make a token; it is printed once")
@@ -90,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     tok_list.add_argument("--all", action="store_true", help="revoked tokens too")
     tok_list.add_argument("--json", action="store_true", help="print them as JSON")
 
+
+def _add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal = sub.add_parser("calibrate", help="simulate gates: false-hold rate and power vs Kayenta")
     cal.add_argument("--runs", type=int, help="simulated gates per case (default 20)")
     cal.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
@@ -124,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
         "at more than about 50 its 808 requests are too short for the paired checks; vllm: "
         "default 2, what two servers and the gate on two cores serve)",
     )
+    _add_calibrate_grid(cal)
+
+
+def _add_calibrate_grid(cal: argparse.ArgumentParser) -> None:
+    """`gate calibrate`: the cases, the grid and the shapes it simulates."""
     cal.add_argument(
         "--case",
         action="append",
@@ -174,7 +191,6 @@ def _parser() -> argparse.ArgumentParser:
             "20000 for --grid, 1000,2000 for --shapes)"
         ),
     )
-    return p
 
 
 def _version() -> str:

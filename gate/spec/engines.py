@@ -139,9 +139,11 @@ class EngineSpec(StrictModel):
 
     @property
     def engine_kind(self) -> EngineKind:
-        """This engine's entry in ENGINE_KINDS."""
-        assert self.kind is not None  # set by validation
-        return ENGINE_KINDS[self.kind]
+        """This engine's entry in ENGINE_KINDS (told by its field if it was built unvalidated,
+        `model_construct`)."""
+        name = self.kind or kind_of(self.__dict__)
+        assert name is not None, "an engine gives exactly one kind field"
+        return ENGINE_KINDS[name]
 
     @property
     def runtime(self) -> Runtime:
