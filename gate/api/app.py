@@ -4,8 +4,8 @@ and /metrics. Built by `create_app(settings)`; `gate serve` runs it on uvicorn."
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,6 +46,40 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         tokens=TokenChecker(factory),
         sessions=SessionChecker(factory),
     )
+    app = FastAPI(
+        title="LLM deploy gate",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=_lifespan(ctx, start_workers),
+        # The docs page is ours (gate.api.apidocs: no CDN, under the pages' CSP); both are
+        # public unless the operator hides them (GATE_API_DOCS=false).
+        openapi_url="/v1/openapi.json" if settings.api_docs else None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    _add_middleware(app, ctx)
+    _add_error_handlers(app)
+
+    from gate.api import apidocs, gates, integrations, ops
+    from gate.web import pages
+
+    if settings.api_docs:
+        app.include_router(apidocs.router, prefix="/v1")
+    app.include_router(gates.router, prefix="/v1")
+    app.include_router(integrations.router, prefix="/v1")
+    app.include_router(ops.router, prefix="/v1")
+    app.include_router(ops.metrics_router)
+    app.include_router(pages.router)
+    return app
+
+
+def _lifespan(
+    ctx: Ctx, start_workers: bool
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """At start: sweep this host's orphaned engines, start the reaper, resubmit what was
+    pending; at the end: stop them."""
+    settings = ctx.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,7 +89,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
             liveness = None
             if requeue is not None and settings.broker_url:
                 liveness = BrokerLiveness(settings.broker_url, settings.lost_after_s)
-            ctx.reaper = Reaper(settings, factory, requeue=requeue, liveness=liveness).start()
+            ctx.reaper = Reaper(settings, ctx.factory, requeue=requeue, liveness=liveness).start()
             ctx.reaper.once()
             if isinstance(ctx.dispatcher, InProcessDispatcher):
                 ctx.dispatcher.resubmit_pending()
@@ -64,26 +98,22 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
             ctx.reaper.stop()
         ctx.dispatcher.close()
 
-    app = FastAPI(
-        title="LLM deploy gate",
-        version="1",
-        description=DESCRIPTION,
-        lifespan=lifespan,
-        # The docs page is ours (gate.api.apidocs: no CDN, under the pages' CSP); both are
-        # public unless the operator hides them (GATE_API_DOCS=false).
-        openapi_url="/v1/openapi.json" if settings.api_docs else None,
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.state.ctx = ctx
+    return lifespan
 
+
+def _add_middleware(app: FastAPI, ctx: Ctx) -> None:
     # Outermost last: AnswerLimit bounds every answer, the guards' and the routes' alike;
     # BodyLimit bounds what the guards read; SessionGuard refuses a cross-site request before
     # FiniteJson parses its body.
+    settings = ctx.settings
     app.add_middleware(FiniteJson)
     app.add_middleware(SessionGuard, settings=settings, sessions=ctx.sessions)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(AnswerLimit, limit=settings.max_answer_bytes)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in the documented shape, bounded (gate.http.problems)."""
 
     @app.exception_handler(SpecError)
     async def spec_error(_request: Request, exc: SpecError) -> JSONResponse:
@@ -135,18 +165,6 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
             for e in errors[: MAX_PROBLEMS + 1]
         ]
         return mistakes(422, "invalid_request", "request has mistakes", problems, len(errors))
-
-    from gate.api import apidocs, gates, integrations, ops
-    from gate.web import pages
-
-    if settings.api_docs:
-        app.include_router(apidocs.router, prefix="/v1")
-    app.include_router(gates.router, prefix="/v1")
-    app.include_router(integrations.router, prefix="/v1")
-    app.include_router(ops.router, prefix="/v1")
-    app.include_router(ops.metrics_router)
-    app.include_router(pages.router)
-    return app
 
 
 class BodyLimit:
