@@ -308,3 +308,22 @@ def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
     """`python -m simengine` in an argv, never an import: the gate runs any engine the same way."""
     offences = _imports_of(GATE, "simengine") + _imports_of(ROOT / "loadgen", "simengine")
     assert not offences, "start the sim as a process:\n" + "\n".join(offences)
+
+
+# -- function size beyond the pipeline (issue 31): no function over 80 lines ----------------
+
+LONG_FUNCTION_LINES = 80
+# loadgen/suite is left to its own split (issue 31, deliverable 3) for now.
+SIZED_PACKAGES = (GATE / "analysis", GATE / "engines", ROOT / "loadgen")
+
+
+def test_no_function_in_analysis_engines_or_loadgen_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for package in SIZED_PACKAGES
+        for path in sorted(package.rglob("*.py"))
+        if not path.relative_to(ROOT).as_posix().startswith("loadgen/suite")
+        for name, n in _functions(path)
+        if n > LONG_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {LONG_FUNCTION_LINES} lines:\n" + "\n".join(long)
