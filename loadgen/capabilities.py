@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -197,25 +197,7 @@ async def discover(
     if not chat:
         note("chat", problem, "no message in the answer (no chat template?)")
 
-    top_max: int | None = None
-    token_ids_from_entries = False
-    tokens_by_id = False
-    for k in _TOP_K_TRIES:
-        # vLLM keys its top logprobs by text, and tokens with the same text collapse into one
-        # key (logprobs.py): asked to name them by id, it counts them all. An engine that does
-        # not know the field ignores it.
-        ask = {"logprobs": k, "return_tokens_as_token_ids": True}
-        _, doc, problem = await post("completions", base | ask)
-        ch = _choice(doc)
-        parsed = parse_logprobs(ch.get("logprobs")) if ch is not None else None
-        if parsed is not None and parsed.logprobs and parsed.top:
-            if all(len(t) >= k for t in parsed.top_ids or parsed.top):
-                top_max = k
-                token_ids_from_entries = parsed.ids is not None
-                tokens_by_id = parsed.shape == "completions" and parsed.top_ids is not None
-                break
-            problem = f"asked for {k} top logprobs, got {min(len(t) for t in parsed.top)}"
-        note(f"logprobs {k}", problem, "no logprobs in the answer")
+    top_max, token_ids_from_entries, tokens_by_id = await _top_logprobs(post, base, note)
     logprobs = top_max is not None
 
     # Prompt logprobs and token ids are asked apart: an engine that refuses one of them (vLLM
@@ -227,18 +209,7 @@ async def discover(
     if not prompt_logprobs:
         note("prompt_logprobs", problem, "the answer has no prompt_logprobs")
 
-    _, doc, problem = await post("completions", base | {"return_token_ids": True})
-    ch = _choice(doc)
-    ids = ch.get("token_ids") if ch is not None else None
-    token_ids = (isinstance(ids, list) and len(ids) > 0) or token_ids_from_entries
-    prompt_ids = ch.get("prompt_token_ids") if ch is not None else None
-    if prompt_ids is None and isinstance(doc, Mapping):
-        prompt_ids = doc.get("prompt_token_ids")  # some versions put it beside the choices
-    prompt_token_ids = isinstance(prompt_ids, list) and len(prompt_ids) > 0
-    if not token_ids:
-        note("token_ids", problem, "no token_ids in the answer nor ids in its logprobs")
-    if not prompt_token_ids:
-        note("prompt_token_ids", problem, "no prompt_token_ids in the answer")
+    token_ids, prompt_token_ids = await _token_ids(post, base, note, token_ids_from_entries)
 
     _, text, problem = await post(
         "completions",
@@ -259,3 +230,53 @@ async def discover(
         problems=tuple(p[:300] for p in problems[:20]),
         tokens_by_id=tokens_by_id,
     )
+
+
+_Post = Callable[[str, Mapping[str, Any]], Awaitable[tuple[int | None, Any, str | None]]]
+_Note = Callable[[str, str | None, str], None]
+
+
+async def _top_logprobs(
+    post: _Post, base: dict[str, Any], note: _Note
+) -> tuple[int | None, bool, bool]:
+    """The most top logprobs the engine gives (None: none), whether its entries name token
+    ids, and whether it keys its top logprobs by id (`discover`)."""
+    top_max: int | None = None
+    token_ids_from_entries = False
+    tokens_by_id = False
+    for k in _TOP_K_TRIES:
+        # vLLM keys its top logprobs by text, and tokens with the same text collapse into one
+        # key (logprobs.py): asked to name them by id, it counts them all. An engine that does
+        # not know the field ignores it.
+        ask = {"logprobs": k, "return_tokens_as_token_ids": True}
+        _, doc, problem = await post("completions", base | ask)
+        ch = _choice(doc)
+        parsed = parse_logprobs(ch.get("logprobs")) if ch is not None else None
+        if parsed is not None and parsed.logprobs and parsed.top:
+            if all(len(t) >= k for t in parsed.top_ids or parsed.top):
+                top_max = k
+                token_ids_from_entries = parsed.ids is not None
+                tokens_by_id = parsed.shape == "completions" and parsed.top_ids is not None
+                break
+            problem = f"asked for {k} top logprobs, got {min(len(t) for t in parsed.top)}"
+        note(f"logprobs {k}", problem, "no logprobs in the answer")
+    return top_max, token_ids_from_entries, tokens_by_id
+
+
+async def _token_ids(
+    post: _Post, base: dict[str, Any], note: _Note, token_ids_from_entries: bool
+) -> tuple[bool, bool]:
+    """Whether the engine returns its output's token ids, and its prompt's (`discover`)."""
+    _, doc, problem = await post("completions", base | {"return_token_ids": True})
+    ch = _choice(doc)
+    ids = ch.get("token_ids") if ch is not None else None
+    token_ids = (isinstance(ids, list) and len(ids) > 0) or token_ids_from_entries
+    prompt_ids = ch.get("prompt_token_ids") if ch is not None else None
+    if prompt_ids is None and isinstance(doc, Mapping):
+        prompt_ids = doc.get("prompt_token_ids")  # some versions put it beside the choices
+    prompt_token_ids = isinstance(prompt_ids, list) and len(prompt_ids) > 0
+    if not token_ids:
+        note("token_ids", problem, "no token_ids in the answer nor ids in its logprobs")
+    if not prompt_token_ids:
+        note("prompt_token_ids", problem, "no prompt_token_ids in the answer")
+    return token_ids, prompt_token_ids

@@ -251,40 +251,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
             raise _BadFlag("--trace", str(exc)) from None
         return _Plan(trace.requests, trace.offsets_s, None, token_source="trace")
 
-    phases: PhasedSchedule | None = None
-    if args.scenario is not None:
-        overrides: dict[str, Any] = {}
-        for flag, knob in (
-            ("rate", "rate"),
-            ("requests", "requests"),
-            ("duration", "duration_s"),
-            ("burstiness", "burstiness"),
-        ):
-            if getattr(args, flag) is not None and getattr(args, flag) != _DEFAULTS.get(flag):
-                overrides[knob] = getattr(args, flag)
-        if args.arrival != "poisson":
-            overrides["arrival"] = args.arrival
-        if args.concurrency is not None:
-            raise _BadFlag("--concurrency", f"scenario {args.scenario} is an open-loop schedule")
-        try:
-            built = suite.get(args.scenario).build(args.seed, **overrides)
-        except ValueError as exc:
-            raise _BadFlag("--scenario", str(exc)) from None
-        offsets, phases = built.offsets_s, built.phases
-        count = len(built.requests)
-    elif args.rate is None:
-        offsets = None
-        count = args.requests if args.requests is not None else DEFAULT_REQUESTS
-    else:
-        if args.duration is not None:
-            size: dict[str, Any] = {"duration_s": args.duration}
-        else:
-            size = {"requests": args.requests if args.requests is not None else DEFAULT_REQUESTS}
-        offsets = build_offsets(
-            args.arrival, args.rate, burstiness=args.burstiness, seed=args.seed, **size
-        )
-        count = len(offsets)
-
+    offsets, phases, count = _schedule(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else 128
     if args.output_dist is not None:
         outs = sample_lengths(count, args.output_dist, seed=args.seed + 1)
@@ -324,6 +291,46 @@ def _plan(args: argparse.Namespace) -> _Plan:
         for i, p in enumerate(synthetic_prompts(args.warmup, 8, seed=args.seed + 999))
     ]
     return _Plan(requests, offsets, args.concurrency, phases, "words", warmup)
+
+
+def _schedule(
+    args: argparse.Namespace,
+) -> tuple[npt.NDArray[np.float64] | None, PhasedSchedule | None, int]:
+    """The send offsets (None: closed loop), the phases of a scenario, and the request count."""
+    phases: PhasedSchedule | None = None
+    if args.scenario is not None:
+        overrides: dict[str, Any] = {}
+        for flag, knob in (
+            ("rate", "rate"),
+            ("requests", "requests"),
+            ("duration", "duration_s"),
+            ("burstiness", "burstiness"),
+        ):
+            if getattr(args, flag) is not None and getattr(args, flag) != _DEFAULTS.get(flag):
+                overrides[knob] = getattr(args, flag)
+        if args.arrival != "poisson":
+            overrides["arrival"] = args.arrival
+        if args.concurrency is not None:
+            raise _BadFlag("--concurrency", f"scenario {args.scenario} is an open-loop schedule")
+        try:
+            built = suite.get(args.scenario).build(args.seed, **overrides)
+        except ValueError as exc:
+            raise _BadFlag("--scenario", str(exc)) from None
+        offsets, phases = built.offsets_s, built.phases
+        count = len(built.requests)
+    elif args.rate is None:
+        offsets = None
+        count = args.requests if args.requests is not None else DEFAULT_REQUESTS
+    else:
+        if args.duration is not None:
+            size: dict[str, Any] = {"duration_s": args.duration}
+        else:
+            size = {"requests": args.requests if args.requests is not None else DEFAULT_REQUESTS}
+        offsets = build_offsets(
+            args.arrival, args.rate, burstiness=args.burstiness, seed=args.seed, **size
+        )
+        count = len(offsets)
+    return offsets, phases, count
 
 
 _DEFAULTS = {"burstiness": 1.0}

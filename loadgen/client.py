@@ -296,21 +296,7 @@ async def send_request(
             ) as response,
         ):
             got_headers = True
-            tap = response.extensions.get("loadgen.tap")
-            if isinstance(tap, StreamTap):
-                # The instant the bytes reached the socket, not before httpx built the request.
-                record.sent_ns = tap.sent_ns
-            else:
-                tap = None
-            record.resent = bool(response.extensions.get("loadgen.resent"))
-            record.status = response.status_code
-            content_type = response.headers.get("content-type", "")
-            if response.status_code >= 300:
-                await _read_error(response, state, _status_kind(response.status_code))
-            elif content_type.startswith("application/json"):
-                await _read_error(response, state, "protocol_error", "not an event stream")
-            else:
-                await _consume(response, state, tap, target.timeout_s)
+            await _read_response(response, record, state, target)
     except TimeoutError:
         if not deadline.expired():
             raise
@@ -323,24 +309,50 @@ async def send_request(
     except SSELimitError as exc:
         # Raised out of the stream, so the response was closed unread: the connection is gone.
         state.fail("protocol_error", f"{_exc_text(exc, target)}; the connection was closed")
-    except httpx.PoolTimeout as exc:
-        # Client-side queueing, not the engine: say so, since the kind alone cannot.
-        why = f"no free connection in the client pool for {target.timeout_s:g} s"
-        state.fail("timeout", f"{_exc_text(exc, target)} ({why}; pool too small for the load)")
-    except httpx.TimeoutException as exc:
-        state.fail("timeout", f"{_exc_text(exc, target)} (no progress for {target.timeout_s:g} s)")
-    except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-        state.fail("truncated" if got_headers else "connect", _exc_text(exc, target))
-    except httpx.DecodingError as exc:
-        state.fail("protocol_error", _exc_text(exc, target))
     except httpx.HTTPError as exc:
-        state.fail("connect", _exc_text(exc, target))
+        state.fail(*_http_failure(exc, target, got_headers))
     if state.error_kind is not None and state.end_ns is None:
         state.end_ns = time.monotonic_ns()
     if state.error_kind is None and not state.done:
         state.fail("truncated", "stream ended without data: [DONE]")
     state.fill(record)
     return record
+
+
+async def _read_response(
+    response: httpx.Response, record: RequestRecord, state: _StreamState, target: Target
+) -> None:
+    """Read one response into `state` (`send_request`): the stream, or the error it is."""
+    tap = response.extensions.get("loadgen.tap")
+    if isinstance(tap, StreamTap):
+        # The instant the bytes reached the socket, not before httpx built the request.
+        record.sent_ns = tap.sent_ns
+    else:
+        tap = None
+    record.resent = bool(response.extensions.get("loadgen.resent"))
+    record.status = response.status_code
+    content_type = response.headers.get("content-type", "")
+    if response.status_code >= 300:
+        await _read_error(response, state, _status_kind(response.status_code))
+    elif content_type.startswith("application/json"):
+        await _read_error(response, state, "protocol_error", "not an event stream")
+    else:
+        await _consume(response, state, tap, target.timeout_s)
+
+
+def _http_failure(exc: httpx.HTTPError, target: Target, got_headers: bool) -> tuple[ErrorKind, str]:
+    """The error kind and message of a request httpx failed (`send_request`)."""
+    if isinstance(exc, httpx.PoolTimeout):
+        # Client-side queueing, not the engine: say so, since the kind alone cannot.
+        why = f"no free connection in the client pool for {target.timeout_s:g} s"
+        return "timeout", f"{_exc_text(exc, target)} ({why}; pool too small for the load)"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", f"{_exc_text(exc, target)} (no progress for {target.timeout_s:g} s)"
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return ("truncated" if got_headers else "connect"), _exc_text(exc, target)
+    if isinstance(exc, httpx.DecodingError):
+        return "protocol_error", _exc_text(exc, target)
+    return "connect", _exc_text(exc, target)
 
 
 async def _read_error(

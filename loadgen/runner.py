@@ -113,57 +113,17 @@ async def run_paired(
     time is the later of its scheduled instant and the parent's last byte, so dispatch delay
     still measures only the client.
     """
-    _validate(targets, requests, offsets_s, concurrency, clients)
-    if pause is not None and (offsets_s is None or not 0 < pause.index < len(requests)):
-        raise ValueError(
-            f"pause: needs an open-loop schedule and 0 < index < {len(requests)}, "
-            f"got index {pause.index}"
-        )
-    records: dict[str, list[RequestRecord]] = {t.name: [] for t in targets}
+    _validate(targets, requests, offsets_s, concurrency, clients, pause)
     flight = _Flight()
     # Open loop can in the worst case have every request in flight at once; closed loop never
     # more than its slots. A pool this size means httpx itself never queues a request.
     need = max(1, len(requests) if concurrency is None else concurrency)
-    parents = {r.parent for r in requests if r.parent is not None}
-    turns: dict[tuple[str, int], asyncio.Future[tuple[list[Message], int]]] = {}
-    finished = 0
-
-    def turn(name: str, request_id: int) -> asyncio.Future[tuple[list[Message], int]]:
-        key = (name, request_id)
-        if key not in turns:
-            turns[key] = asyncio.get_running_loop().create_future()
-        return turns[key]
-
-    armed = offsets_s is not None  # open loop: requests are built ahead and fired on time
-
-    async def one(client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int) -> None:
-        nonlocal finished
-        history: list[Message] = []
-        if req.parent is not None:
-            history, parent_end = await turn(target.name, req.parent)
-            at = max(at, parent_end)
-        record = await send_request(client, target, req, at, history=history, armed=armed)
-        if req.request_id in parents:
-            answer = {"role": "assistant", "content": record.text}
-            ended = record.end_ns if record.end_ns is not None else time.monotonic_ns()
-            turn(target.name, req.request_id).set_result(
-                ([*conversation(req, history), answer], ended)
-            )
-        records[target.name].append(record)
-        finished += 1
-        if finished % _REFREEZE_EVERY == 0:
-            quietgc.refreeze()
-        if on_record is not None:
-            on_record(record)
+    # Open loop: requests are built ahead and fired on time.
+    sender = _Sender(targets, requests, on_record, armed=offsets_s is not None)
 
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(quietgc.frozen_heap())
-        pool: dict[str, httpx.AsyncClient] = {}
-        for target in targets:
-            if clients is not None:
-                pool[target.name] = clients[target.name]
-            else:
-                pool[target.name] = await stack.enter_async_context(make_client(target, need))
+        pool = await _client_pool(stack, targets, clients, need)
         # httpcore imports anyio's asyncio backend inside the first request (~70 ms on two
         # cores), which would make the first target's first send late against the second's.
         await anyio.lowlevel.checkpoint()
@@ -178,10 +138,12 @@ async def run_paired(
             start_ns = time.monotonic_ns()
         try:
             if offsets_s is not None:
-                await _open_loop(targets, requests, offsets_s, start_ns, pool, flight, one, pause)
+                await _open_loop(
+                    targets, requests, offsets_s, start_ns, pool, flight, sender.one, pause
+                )
             else:
                 assert concurrency is not None
-                await _closed_loop(targets, requests, concurrency, pool, flight, one)
+                await _closed_loop(targets, requests, concurrency, pool, flight, sender.one)
             await flight.settle()
         finally:
             await flight.cancel_all()
@@ -191,9 +153,72 @@ async def run_paired(
         end_ns = time.monotonic_ns()
     if flight.error is not None:
         raise flight.error
-    for recs in records.values():
+    for recs in sender.records.values():
         recs.sort(key=lambda r: r.request_id)
-    return PairedResult(start_ns=start_ns, end_ns=end_ns, records=records)
+    return PairedResult(start_ns=start_ns, end_ns=end_ns, records=sender.records)
+
+
+class _Sender:
+    """Sends one request to one target and files its record; a conversation's next turn
+    waits, on each target, for that target's answer to its parent (`run_paired`)."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        requests: Sequence[RequestSpec],
+        on_record: Callable[[RequestRecord], None] | None,
+        *,
+        armed: bool,
+    ) -> None:
+        self.records: dict[str, list[RequestRecord]] = {t.name: [] for t in targets}
+        self.parents = {r.parent for r in requests if r.parent is not None}
+        self.turns: dict[tuple[str, int], asyncio.Future[tuple[list[Message], int]]] = {}
+        self.finished = 0
+        self.on_record = on_record
+        self.armed = armed
+
+    def turn(self, name: str, request_id: int) -> asyncio.Future[tuple[list[Message], int]]:
+        key = (name, request_id)
+        if key not in self.turns:
+            self.turns[key] = asyncio.get_running_loop().create_future()
+        return self.turns[key]
+
+    async def one(
+        self, client: httpx.AsyncClient, target: Target, req: RequestSpec, at: int
+    ) -> None:
+        history: list[Message] = []
+        if req.parent is not None:
+            history, parent_end = await self.turn(target.name, req.parent)
+            at = max(at, parent_end)
+        record = await send_request(client, target, req, at, history=history, armed=self.armed)
+        if req.request_id in self.parents:
+            answer = {"role": "assistant", "content": record.text}
+            ended = record.end_ns if record.end_ns is not None else time.monotonic_ns()
+            self.turn(target.name, req.request_id).set_result(
+                ([*conversation(req, history), answer], ended)
+            )
+        self.records[target.name].append(record)
+        self.finished += 1
+        if self.finished % _REFREEZE_EVERY == 0:
+            quietgc.refreeze()
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+async def _client_pool(
+    stack: contextlib.AsyncExitStack,
+    targets: Sequence[Target],
+    clients: Mapping[str, httpx.AsyncClient] | None,
+    need: int,
+) -> dict[str, httpx.AsyncClient]:
+    """The caller's clients, or one per target sized to `need`, closed with `stack`."""
+    pool: dict[str, httpx.AsyncClient] = {}
+    for target in targets:
+        if clients is not None:
+            pool[target.name] = clients[target.name]
+        else:
+            pool[target.name] = await stack.enter_async_context(make_client(target, need))
+    return pool
 
 
 _LEAD_NS = 5_000_000
@@ -367,6 +392,7 @@ def _validate(
     offsets_s: npt.NDArray[np.float64] | None,
     concurrency: int | None,
     clients: Mapping[str, httpx.AsyncClient] | None,
+    pause: Pause | None = None,
 ) -> None:
     if not targets:
         raise ValueError("targets: need at least one target")
@@ -400,3 +426,8 @@ def _validate(
         missing = [n for n in names if n not in clients]
         if missing:
             raise ValueError(f"clients: no client for targets {missing}")
+    if pause is not None and (offsets_s is None or not 0 < pause.index < len(requests)):
+        raise ValueError(
+            f"pause: needs an open-loop schedule and 0 < index < {len(requests)}, "
+            f"got index {pause.index}"
+        )

@@ -337,37 +337,43 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- decoding ------------------------------------------------------------------------
 
+    def _fast_feed(self, data: bytes, now: int, exchange: StreamTap) -> bool:
+        """The fast paths of `_feed` for an empty buffer; True when `data` was taken whole."""
+        state = self._state
+        # Fast paths for the common streaming reads. The first: one whole chunk of a
+        # chunked body, the shape of nearly every read of a token stream.
+        if state == _CHUNK_SIZE:
+            i = data.find(b"\r\n")
+            if 0 < i < 10:
+                try:
+                    size = int(data[:i], 16)
+                except ValueError:
+                    size = 0
+                j = i + 2 + size
+                if size > 0 and len(data) == j + 2 and data.endswith(b"\r\n"):
+                    exchange._pieces.append((data[i + 2 : j], now))
+                    exchange._wake()
+                    return True
+        elif state == _TO_CLOSE:
+            exchange._pieces.append((data, now))
+            exchange._wake()
+            return True
+        if state == _LENGTH and len(data) <= self._remaining:
+            self._remaining -= len(data)
+            exchange._pieces.append((data, now))
+            if self._remaining == 0:
+                self._finish()
+            exchange._wake()
+            return True
+        return False
+
     def _feed(self, data: bytes, now: int) -> None:
         exchange = self.exchange
         assert exchange is not None
         exchange._last_rx_ns = now
+        if not self._buf and self._fast_feed(data, now, exchange):
+            return
         state = self._state
-        if not self._buf:
-            # Fast paths for the common streaming reads. The first: one whole chunk of a
-            # chunked body, the shape of nearly every read of a token stream.
-            if state == _CHUNK_SIZE:
-                i = data.find(b"\r\n")
-                if 0 < i < 10:
-                    try:
-                        size = int(data[:i], 16)
-                    except ValueError:
-                        size = 0
-                    j = i + 2 + size
-                    if size > 0 and len(data) == j + 2 and data.endswith(b"\r\n"):
-                        exchange._pieces.append((data[i + 2 : j], now))
-                        exchange._wake()
-                        return
-            elif state == _TO_CLOSE:
-                exchange._pieces.append((data, now))
-                exchange._wake()
-                return
-            if state == _LENGTH and len(data) <= self._remaining:
-                self._remaining -= len(data)
-                exchange._pieces.append((data, now))
-                if self._remaining == 0:
-                    self._finish()
-                exchange._wake()
-                return
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos = 0

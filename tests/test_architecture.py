@@ -373,3 +373,20 @@ def test_engine_kinds_are_listed_in_one_registry() -> None:
         if _lists_kinds(node)
     ]
     assert not offences, "engine kinds listed outside gate/spec/kinds.py:\n" + "\n".join(offences)
+
+
+# -- function size beyond the pipeline (issue 31): no function over 80 lines ----------------
+
+LONG_FUNCTION_LINES = 80
+SIZED_PACKAGES = (GATE / "analysis", GATE / "engines", ROOT / "loadgen")
+
+
+def test_no_function_in_analysis_engines_or_loadgen_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
+        for package in SIZED_PACKAGES
+        for path in sorted(package.rglob("*.py"))
+        for name, n in _functions(path)
+        if n > LONG_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {LONG_FUNCTION_LINES} lines:\n" + "\n".join(long)

@@ -57,7 +57,7 @@ from scipy.special import comb
 from scipy.stats import fisher_exact, mannwhitneyu
 
 from gate.analysis.checks import quotient, statistic_check
-from gate.analysis.policy import Policy
+from gate.analysis.policy import DivergencePolicy, Policy
 from gate.analysis.types import Check, Decision
 from gate.core.vocabulary import Role
 
@@ -406,38 +406,44 @@ def _hard_checks(
                 samples=(len(greedy), len(greedy)),
             )
         )
-        env_outside = sum(s.outside_top_k for s in env_greedy)
-        outside = sum(s.outside_top_k for s in greedy)
-        exact = sum(s.exact for s in greedy)
-        rate = f"{exact} of {len(greedy)} greedy outputs match exactly"
-        if outside and not env_outside:
-            decision: Decision = "fail"
-            message = (
-                f"{outside} greedy output(s) flipped to a token outside the reference's "
-                f"top-{dp.top_k}, which no logit noise explains ({rate})."
-            )
-        elif outside:
-            decision = "pass"
-            message = (
-                f"{outside} greedy output(s) flipped outside the reference's top-{dp.top_k}, but "
-                f"the reference does so against itself too ({env_outside}); left to the margin "
-                f"test ({rate})."
-            )
-        else:
-            decision = "pass"
-            message = f"Every greedy flip stayed within the reference's top-{dp.top_k} ({rate})."
-        checks.append(
-            _check(
-                "greedy.flips",
-                decision,
-                message,
-                reference=float(env_outside),
-                candidate=float(outside),
-                threshold=0.0,
-                samples=(len(env_greedy), len(greedy)),
-            )
-        )
+        checks.append(_flips_check(greedy, env_greedy, dp))
     return checks
+
+
+def _flips_check(
+    greedy: Sequence[GreedyStats], env_greedy: Sequence[GreedyStats], dp: DivergencePolicy
+) -> Check:
+    """Greedy flips outside the reference's top-k: a failure unless the reference flips so
+    against itself too."""
+    env_outside = sum(s.outside_top_k for s in env_greedy)
+    outside = sum(s.outside_top_k for s in greedy)
+    exact = sum(s.exact for s in greedy)
+    rate = f"{exact} of {len(greedy)} greedy outputs match exactly"
+    if outside and not env_outside:
+        decision: Decision = "fail"
+        message = (
+            f"{outside} greedy output(s) flipped to a token outside the reference's "
+            f"top-{dp.top_k}, which no logit noise explains ({rate})."
+        )
+    elif outside:
+        decision = "pass"
+        message = (
+            f"{outside} greedy output(s) flipped outside the reference's top-{dp.top_k}, but "
+            f"the reference does so against itself too ({env_outside}); left to the margin "
+            f"test ({rate})."
+        )
+    else:
+        decision = "pass"
+        message = f"Every greedy flip stayed within the reference's top-{dp.top_k} ({rate})."
+    return _check(
+        "greedy.flips",
+        decision,
+        message,
+        reference=float(env_outside),
+        candidate=float(outside),
+        threshold=0.0,
+        samples=(len(env_greedy), len(greedy)),
+    )
 
 
 def _margin_check(

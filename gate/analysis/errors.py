@@ -228,54 +228,65 @@ def _kind_weight(policy: Policy) -> float:
     return policy.error_kind_share / (len(policy.error_kinds) + 1)
 
 
-def error_check(
+def _errors_check(
+    s: ScenarioSamples,
+    policy: Policy,
+    decision: Decision,
+    message: str,
+    fractions: tuple[float, float] | None = None,
+    check_alpha: float | None = None,
+) -> Check:
+    """The scenario's errors check itself (`error_check` adds the kinds and the environment)."""
+    frac_r, frac_c = fractions if fractions is not None else (None, None)
+    return statistic_check(
+        f"{s.name}.errors",
+        "errors",
+        "errors",
+        decision,
+        message,
+        scenario=s.name,
+        reference=frac_r,
+        candidate=frac_c,
+        ratio=quotient(frac_r, frac_c),
+        threshold=policy.max_error_rate,
+        samples=(s.reference.requests, s.candidate.requests),
+        alpha=check_alpha,
+    )
+
+
+@dataclass(frozen=True)
+class _ErrorEvidence:
+    """What `error_check` found before deciding: the tests, the failed shares and the kinds."""
+
+    p: float
+    frac_r: float
+    frac_c: float
+    counts: str
+    test: str
+    count_alpha: float
+    ceiling_alpha: float
+    ref_over: bool
+    over_ceiling: bool
+    counted: bool
+    block_more: bool
+    more_by: float
+    shown: float | None  # the upper bound of the block test at the look's levels, if any
+    kinds: list[Check]
+    driver: str | None
+    several_kinds: bool
+    extra: list[Check]
+
+
+def _error_evidence(
     s: ScenarioSamples,
     alpha: float,
     policy: Policy,
     notes: list[str],
-    planned: int | None = None,
-    layout: Layout | None = None,
-    looks: Sequence[int] | None = None,
-) -> list[Check]:
-    """The scenario's errors check, then one check per error kind when several kinds occurred.
-
-    planned: the scenario's planned requests per arm when this is a look before its end (see
-    the module docstring for what a look may decide); None at the end. layout, looks: the
-    plan's time blocks and looks of the scenario (None: one look at the samples held, blocks
-    of equal request counts).
-    """
+    planned: int | None,
+    layout: Layout | None,
+    looks: Sequence[int] | None,
+) -> _ErrorEvidence:
     ref, cand = s.reference, s.candidate
-
-    def check(
-        decision: Decision,
-        message: str,
-        fractions: tuple[float, float] | None = None,
-        check_alpha: float | None = None,
-    ) -> Check:
-        frac_r, frac_c = fractions if fractions is not None else (None, None)
-        return statistic_check(
-            f"{s.name}.errors",
-            "errors",
-            "errors",
-            decision,
-            message,
-            scenario=s.name,
-            reference=frac_r,
-            candidate=frac_c,
-            ratio=quotient(frac_r, frac_c),
-            threshold=policy.max_error_rate,
-            samples=(ref.requests, cand.requests),
-            alpha=check_alpha,
-        )
-
-    if ref.requests == 0 or cand.requests == 0:
-        empty = "the candidate" if cand.requests == 0 else "the reference"
-        return [
-            check(
-                "undecided",
-                f"Errors in {s.name} cannot be compared: {empty} served no requests.",
-            )
-        ]
     rho = cand.requests / (ref.requests + cand.requests)
     p, kind_p = _error_test(s, rho, policy, notes)
     frac_r = ref.error_count / ref.requests
@@ -302,16 +313,51 @@ def error_check(
     cand_over = cand_lo > ceiling
     ref_over = ref_lo > ceiling
     environment = _environment_check(s, ref, ceiling) if ref_over else None
-    over_ceiling = cand_over and not ref_over
     # The count test sees episodes; a hold also needs the candidate's failed share of requests
     # above the reference's, so bursts on the reference never make the candidate look worse
     # (a subset of a valid rejection region is valid).
-    significant = p <= count_alpha and frac_c > frac_r
+    counted = p <= count_alpha and frac_c > frac_r
     # Block for block over the plan's time blocks: an engine that fails all the time is one
     # long episode to the count test, but many blocks of a higher failed fraction.
     _, d_a, d_b = look_levels(n, tuple(looks) if looks else (max(n, 1),), alpha / 4.0, policy.beta)
-    block_more = False
-    more_by = 0.0
+    block_more, more_by = _block_test(f_r, f_c, d_a, d_b, frac_c > frac_r)
+    shown = None
+    if (
+        planned is not None
+        and not (counted or block_more or (cand_over and not ref_over))
+        and f_r is not None
+        and f_c is not None
+        and f_r.size == f_c.size
+        and f_r.size >= MIN_TEST_BLOCKS
+    ):
+        shown = level_test(f_c - f_r, a_k, b_k, detrend=False).upper
+    kinds = _kind_checks(s, count_alpha, policy, kind_p, final=planned is None)
+    return _ErrorEvidence(
+        p=p,
+        frac_r=frac_r,
+        frac_c=frac_c,
+        counts=counts,
+        test=f"{fmt_p(p)} (alpha {count_alpha:.2g})",
+        count_alpha=count_alpha,
+        ceiling_alpha=ceiling_alpha,
+        ref_over=ref_over,
+        over_ceiling=cand_over and not ref_over,
+        counted=counted,
+        block_more=block_more,
+        more_by=more_by,
+        shown=shown,
+        kinds=kinds,
+        driver=min(kind_p.items(), key=lambda kv: (kv[1], kv[0]))[0] if kind_p else None,
+        several_kinds=len(kind_p) > 1,
+        extra=[environment] if environment is not None else [],
+    )
+
+
+def _block_test(
+    f_r: np.ndarray | None, f_c: np.ndarray | None, d_a: float, d_b: float, more_share: bool
+) -> tuple[bool, float]:
+    """Whether the candidate fails more block for block over time, and by how much at least
+    (more_share: its failed share of requests is above the reference's)."""
     if (
         f_r is not None
         and f_c is not None
@@ -323,117 +369,164 @@ def error_check(
         and float(np.mean(f_c > 0.0)) >= DENSE_ERRORS
     ):
         diff = level_test(f_c - f_r, d_a, d_b, detrend=False)
-        block_more, more_by = diff.lower > 0.0 and frac_c > frac_r, diff.lower
-    counted = significant
-    significant = significant or block_more
-    kinds = _kind_checks(s, count_alpha, policy, kind_p, final=planned is None)
-    driver = min(kind_p.items(), key=lambda kv: (kv[1], kv[0]))[0] if kind_p else None
-    extra = [environment] if environment is not None else []
-    test = f"{fmt_p(p)} (alpha {count_alpha:.2g})"
-    if not (significant or over_ceiling):
-        if planned is not None:
-            # Before the end a clean scenario may stop early when its errors give no evidence
-            # of a regression and the candidate's failed share so far is within
-            # error_tolerance of the reference's and under the ceiling (the point figures:
-            # with errors in episodes, no bound on a difference of fractions gets that narrow
-            # in a few thousand requests). The bound over the time blocks is said when known.
-            shown = None
-            if (
-                f_r is not None
-                and f_c is not None
-                and f_r.size == f_c.size
-                and f_r.size >= MIN_TEST_BLOCKS
-            ):
-                shown = level_test(f_c - f_r, a_k, b_k, detrend=False).upper
-            within = (
-                frac_c <= frac_r + policy.error_tolerance
-                and (frac_c <= ceiling or ref_over)
-                and not kinds_failed(kinds)
-            )
-            if within:
-                bound = f" (at most {shown:+.2%} with confidence)" if shown is not None else ""
-                return [
-                    check(
-                        "pass",
-                        f"Errors in {s.name} so far: {counts}; {test}; no evidence of more "
-                        f"errors, and the candidate fails {frac_c - frac_r:+.2%} of its "
-                        f"requests against the reference{bound}, within the "
-                        f"{policy.error_tolerance:.2%} tolerance and the {ceiling:.2%} ceiling.",
-                        (frac_r, frac_c),
-                        alpha,
-                    ),
-                    *[
-                        replace(k, decision="pass") if k.decision == "undecided" else k
-                        for k in kinds
-                    ],
-                    *extra,
-                ]
-            return [
-                check(
-                    "undecided",
-                    f"Errors in {s.name} so far: {counts}; {test}; no evidence yet of more "
-                    "errors, and not yet shown within tolerance.",
-                    (frac_r, frac_c),
-                    alpha,
-                ),
-                *kinds,
-                *extra,
-            ]
-        if frac_c > ceiling and not ref_over:
-            # Above the ceiling, but not with confidence at this size: neither shown broken
-            # nor shown kept. Undecided, and like an undecided latency check it holds only on
-            # evidence; the verdict keeps it in view.
-            undecided = check(
-                "undecided",
-                f"Errors in {s.name}: {counts}; {test}; the candidate's error rate {frac_c:.2%} "
-                f"is above the {ceiling:.2%} ceiling but not with confidence at "
-                f"{cand.requests} requests (alpha {ceiling_alpha:.2g}).",
-                (frac_r, frac_c),
-                alpha,
-            )
-            both = (
-                " (the reference's too: the test bed may be unhealthy)" if frac_r > ceiling else ""
-            )
-            warning = (
-                f"the candidate fails {frac_c:.2%} of requests in {s.name}, above the "
-                f"{ceiling:.2%} ceiling, not with confidence{both}"
-            )
-            return [replace(undecided, required=False, warning=warning), *kinds, *extra]
-        rate = (
-            f"an error rate of {frac_c:.2%}, within the {ceiling:.2%} ceiling"
-            if not ref_over
-            else "the ceiling not judged, since the reference breaks it too"
-        )
+        return diff.lower > 0.0 and more_share, diff.lower
+    return False, 0.0
+
+
+def error_check(
+    s: ScenarioSamples,
+    alpha: float,
+    policy: Policy,
+    notes: list[str],
+    planned: int | None = None,
+    layout: Layout | None = None,
+    looks: Sequence[int] | None = None,
+) -> list[Check]:
+    """The scenario's errors check, then one check per error kind when several kinds occurred.
+
+    planned: the scenario's planned requests per arm when this is a look before its end (see
+    the module docstring for what a look may decide); None at the end. layout, looks: the
+    plan's time blocks and looks of the scenario (None: one look at the samples held, blocks
+    of equal request counts).
+    """
+    ref, cand = s.reference, s.candidate
+    if ref.requests == 0 or cand.requests == 0:
+        empty = "the candidate" if cand.requests == 0 else "the reference"
         return [
-            check(
+            _errors_check(
+                s,
+                policy,
+                "undecided",
+                f"Errors in {s.name} cannot be compared: {empty} served no requests.",
+            )
+        ]
+    e = _error_evidence(s, alpha, policy, notes, planned, layout, looks)
+    if e.counted or e.block_more or e.over_ceiling:
+        return _errors_worse(s, alpha, policy, e)
+    if planned is not None:
+        return _errors_at_a_look(s, alpha, policy, e)
+    return _errors_not_worse(s, alpha, policy, e)
+
+
+def _errors_at_a_look(
+    s: ScenarioSamples, alpha: float, policy: Policy, e: _ErrorEvidence
+) -> list[Check]:
+    """Before the end a clean scenario may stop early when its errors give no evidence of a
+    regression and the candidate's failed share so far is within error_tolerance of the
+    reference's and under the ceiling (the point figures: with errors in episodes, no bound on
+    a difference of fractions gets that narrow in a few thousand requests). The bound over the
+    time blocks is said when known."""
+    frac_r, frac_c, ceiling = e.frac_r, e.frac_c, policy.max_error_rate
+    within = (
+        frac_c <= frac_r + policy.error_tolerance
+        and (frac_c <= ceiling or e.ref_over)
+        and not kinds_failed(e.kinds)
+    )
+    if within:
+        bound = f" (at most {e.shown:+.2%} with confidence)" if e.shown is not None else ""
+        return [
+            _errors_check(
+                s,
+                policy,
                 "pass",
-                f"Errors in {s.name}: {counts}; {test} and {rate}.",
+                f"Errors in {s.name} so far: {e.counts}; {e.test}; no evidence of more "
+                f"errors, and the candidate fails {frac_c - frac_r:+.2%} of its "
+                f"requests against the reference{bound}, within the "
+                f"{policy.error_tolerance:.2%} tolerance and the {ceiling:.2%} ceiling.",
                 (frac_r, frac_c),
                 alpha,
             ),
-            *kinds,
-            *extra,
+            *[replace(k, decision="pass") if k.decision == "undecided" else k for k in e.kinds],
+            *e.extra,
         ]
+    return [
+        _errors_check(
+            s,
+            policy,
+            "undecided",
+            f"Errors in {s.name} so far: {e.counts}; {e.test}; no evidence yet of more "
+            "errors, and not yet shown within tolerance.",
+            (frac_r, frac_c),
+            alpha,
+        ),
+        *e.kinds,
+        *e.extra,
+    ]
+
+
+def _errors_not_worse(
+    s: ScenarioSamples, alpha: float, policy: Policy, e: _ErrorEvidence
+) -> list[Check]:
+    """At the end, no evidence of more errors: a pass, or undecided above the ceiling."""
+    frac_r, frac_c, ceiling = e.frac_r, e.frac_c, policy.max_error_rate
+    if frac_c > ceiling and not e.ref_over:
+        # Above the ceiling, but not with confidence at this size: neither shown broken
+        # nor shown kept. Undecided, and like an undecided latency check it holds only on
+        # evidence; the verdict keeps it in view.
+        undecided = _errors_check(
+            s,
+            policy,
+            "undecided",
+            f"Errors in {s.name}: {e.counts}; {e.test}; the candidate's error rate {frac_c:.2%} "
+            f"is above the {ceiling:.2%} ceiling but not with confidence at "
+            f"{s.candidate.requests} requests (alpha {e.ceiling_alpha:.2g}).",
+            (frac_r, frac_c),
+            alpha,
+        )
+        both = " (the reference's too: the test bed may be unhealthy)" if frac_r > ceiling else ""
+        warning = (
+            f"the candidate fails {frac_c:.2%} of requests in {s.name}, above the "
+            f"{ceiling:.2%} ceiling, not with confidence{both}"
+        )
+        return [replace(undecided, required=False, warning=warning), *e.kinds, *e.extra]
+    rate = (
+        f"an error rate of {frac_c:.2%}, within the {ceiling:.2%} ceiling"
+        if not e.ref_over
+        else "the ceiling not judged, since the reference breaks it too"
+    )
+    return [
+        _errors_check(
+            s,
+            policy,
+            "pass",
+            f"Errors in {s.name}: {e.counts}; {e.test} and {rate}.",
+            (frac_r, frac_c),
+            alpha,
+        ),
+        *e.kinds,
+        *e.extra,
+    ]
+
+
+def _errors_worse(
+    s: ScenarioSamples, alpha: float, policy: Policy, e: _ErrorEvidence
+) -> list[Check]:
+    """More errors on the candidate, by the count test, the block test or the ceiling."""
     why = []
-    if counted:
-        more = f", mostly {driver}" if driver is not None and len(kind_p) > 1 else ""
-        why.append(f"{fmt_p(p)} is at or below alpha {count_alpha:.2g}{more}")
-    if block_more:
+    if e.counted:
+        more = f", mostly {e.driver}" if e.driver is not None and e.several_kinds else ""
+        why.append(f"{fmt_p(e.p)} is at or below alpha {e.count_alpha:.2g}{more}")
+    if e.block_more:
         why.append(
-            f"block for block over time the candidate fails at least {more_by:.2%} more of "
+            f"block for block over time the candidate fails at least {e.more_by:.2%} more of "
             f"its requests (alpha {alpha / 4.0:.2g})"
         )
-    if over_ceiling:
+    if e.over_ceiling:
         why.append(
-            f"the candidate's error rate {frac_c:.2%} is above the {ceiling:.2%} ceiling with "
-            f"confidence (alpha {ceiling_alpha:.2g})"
+            f"the candidate's error rate {e.frac_c:.2%} is above the "
+            f"{policy.max_error_rate:.2%} ceiling with confidence (alpha {e.ceiling_alpha:.2g})"
         )
     return [
-        check(
-            "fail", f"Errors in {s.name}: {counts}; {' and '.join(why)}.", (frac_r, frac_c), alpha
+        _errors_check(
+            s,
+            policy,
+            "fail",
+            f"Errors in {s.name}: {e.counts}; {' and '.join(why)}.",
+            (e.frac_r, e.frac_c),
+            alpha,
         ),
-        *kinds,
-        *extra,
+        *e.kinds,
+        *e.extra,
     ]
 
 

@@ -164,37 +164,13 @@ class Plan:
         n_tails = len(requests) * len(policy.metrics)
         tail_alpha = policy.group_alpha("tail") / n_tails if n_tails else 0.0
 
-        required = {
-            s
-            for s in requests
-            for m in policy.metrics
-            for q, kind in [*kinds, (None, "tail")]
-            if policy.requires(m, q, "tail" if q is None and kind == "quantile" else kind)
-        }
-        limits = {
-            s: int(n)
-            + (
-                math.ceil(int(n) * policy.extend)
-                if s in required and (extendable is None or s in extendable)
-                else 0
-            )
-            for s, n in requests.items()
-        }
+        limits = _limits(policy, requests, kinds, extendable)
         layouts = {
             s: Layout.build(int(n), limits[s], None if times is None else times.get(s))
             for s, n in requests.items()
         }
         looks = {s: _look_sizes(int(n), limits[s], policy) for s, n in requests.items()}
-        for s, n in requests.items():
-            lay = layouts[s]
-            if (
-                lay.planned_blocks < MIN_BLOCKS
-                and policy.short_scenarios == "refuse"
-                and s not in short_ok
-            ):
-                raise ShortScenario(
-                    s, int(n), lay.planned_blocks, _size_needed(int(n), times, s), MIN_BLOCKS
-                )
+        _refuse_short(policy, requests, layouts, times, short_ok)
 
         def planned(s: str, m: str, q: float | None, kind: CheckKind, alpha: float) -> PlannedCheck:
             return PlannedCheck(
@@ -218,19 +194,7 @@ class Plan:
             if tail_alpha > 0.0
             else ()
         )
-        notes = [
-            f"Latency budget {policy.group_alpha('latency'):.4g} planned over {len(latency)} "
-            f"paired checks (quantiles, window, creep): {lat_alpha:.4g} each, spent over the "
-            "looks (alpha x t^2 by the share t of the limit reached); looks every "
-            f"{policy.look_every} requests per engine."
-        ]
-        if tails:
-            notes.append(
-                f"Tail budget {policy.group_alpha('tail'):.4g} planned over {len(tails)} tail "
-                f"checks: {tail_alpha:.4g} each."
-            )
-        else:
-            notes.append("Tail checks off: alpha_split gives tail no budget.")
+        notes = _budget_notes(policy, latency, tails, lat_alpha, tail_alpha)
         for s, n in requests.items():
             notes.append(_detect_note(policy, s, int(n), latency + tails, layouts[s], looks[s]))
         return cls(
@@ -248,6 +212,77 @@ class Plan:
     def checks_for(self, scenario: str) -> tuple[PlannedCheck, ...]:
         """The scenario's quantile, window and creep checks, then its tail checks."""
         return tuple(c for c in self.latency + self.tails if c.scenario == scenario)
+
+
+def _limits(
+    policy: Policy,
+    requests: Mapping[str, int],
+    kinds: Sequence[tuple[float | None, CheckKind]],
+    extendable: Collection[str] | None,
+) -> dict[str, int]:
+    """Each scenario's most requests per arm: its planned size, extended by policy `extend`
+    where a required check may be undecided and the scenario may extend."""
+    required = {
+        s
+        for s in requests
+        for m in policy.metrics
+        for q, kind in [*kinds, (None, "tail")]
+        if policy.requires(m, q, "tail" if q is None and kind == "quantile" else kind)
+    }
+    limits = {
+        s: int(n)
+        + (
+            math.ceil(int(n) * policy.extend)
+            if s in required and (extendable is None or s in extendable)
+            else 0
+        )
+        for s, n in requests.items()
+    }
+    return limits
+
+
+def _refuse_short(
+    policy: Policy,
+    requests: Mapping[str, int],
+    layouts: Mapping[str, Layout],
+    times: Mapping[str, Sequence[float] | np.ndarray] | None,
+    short_ok: Collection[str],
+) -> None:
+    """Raise ShortScenario for a scenario too short to judge, unless allowed."""
+    for s, n in requests.items():
+        lay = layouts[s]
+        if (
+            lay.planned_blocks < MIN_BLOCKS
+            and policy.short_scenarios == "refuse"
+            and s not in short_ok
+        ):
+            raise ShortScenario(
+                s, int(n), lay.planned_blocks, _size_needed(int(n), times, s), MIN_BLOCKS
+            )
+
+
+def _budget_notes(
+    policy: Policy,
+    latency: Sequence[PlannedCheck],
+    tails: Sequence[PlannedCheck],
+    lat_alpha: float,
+    tail_alpha: float,
+) -> list[str]:
+    """How the latency and tail budgets are spent over the planned checks."""
+    notes = [
+        f"Latency budget {policy.group_alpha('latency'):.4g} planned over {len(latency)} "
+        f"paired checks (quantiles, window, creep): {lat_alpha:.4g} each, spent over the "
+        "looks (alpha x t^2 by the share t of the limit reached); looks every "
+        f"{policy.look_every} requests per engine."
+    ]
+    if tails:
+        notes.append(
+            f"Tail budget {policy.group_alpha('tail'):.4g} planned over {len(tails)} tail "
+            f"checks: {tail_alpha:.4g} each."
+        )
+    else:
+        notes.append("Tail checks off: alpha_split gives tail no budget.")
+    return notes
 
 
 def _size_needed(

@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
@@ -394,6 +394,50 @@ def saturation_checks(
     when the reference's does. Notes say where time was approximated, where an engine had too
     few samples to judge and where a significant rise fell short of a growing queue.
     """
+    found = _queue_growths(s, notes, offered_rate, alpha)
+    ref, cand = found["reference"], found["candidate"]
+    samples = (s.reference.ttft_ms.size, s.candidate.ttft_ms.size)
+    ref_share = ref.served_share if ref is not None else None
+    cand_share = cand.served_share if cand is not None else None
+    # What both checks report: each engine's completions as a share of the rate sent.
+    shared = {
+        "scenario": s.name,
+        "reference": ref_share,
+        "candidate": cand_share,
+        "ratio": quotient(ref_share, cand_share),
+        "samples": samples,
+        "alpha": alpha,
+    }
+    # A reference that completed no more than MAX_SERVED_SHARE of the rate sent fell behind
+    # too, even where its rise missed a condition of a growing queue (its queue may have
+    # stopped growing at a plateau): a candidate's growing queue beside it is the test bed's
+    # overload, not the candidate's (seen on real vLLM: both at 38-43% of 7.9/s).
+    # Its completions alone do not say it: a healthy reference whose answers vary widely in
+    # length (e2e 0.5-20 s) completes over a wider span than it was sent over and reads a share
+    # of 0.8 in a short scenario; so its TTFT must show the queue too (rose MIN_GROWTH-fold,
+    # or queued QUEUEING_FACTOR-fold over its first requests).
+    ref_behind = ref is not None and (
+        ref.saturated
+        or (
+            cand is not None
+            and cand.saturated
+            and ref.served_share is not None
+            and ref.served_share <= MAX_SERVED_SHARE
+            and (ref.growth >= MIN_GROWTH or queueing_warning(s) is not None)
+        )
+    )
+    if ref is not None and ref_behind:
+        return [_reference_behind(s, ref, cand, shared)]
+    if cand is not None and cand.saturated:
+        return [_candidate_saturated(s, ref, cand, offered_rate, shared)]
+    queueing = queueing_warning(s)
+    return [queueing] if queueing is not None else []
+
+
+def _queue_growths(
+    s: ScenarioSamples, notes: list[str], offered_rate: float | None, alpha: float
+) -> dict[Role, QueueGrowth | None]:
+    """Each engine's queue growth, with the notes on what could not be judged or was guessed."""
     found: dict[Role, QueueGrowth | None] = {}
     arms: tuple[tuple[Role, ArmSamples], ...] = (
         ("reference", s.reference),
@@ -427,101 +471,79 @@ def saturation_checks(
                 f"Saturation in {s.name}: the {role}'s {g.describe()}; not called a growing "
                 f"queue: {'; '.join(short)}."
             )
-    ref, cand = found["reference"], found["candidate"]
-    samples = (s.reference.ttft_ms.size, s.candidate.ttft_ms.size)
-    ref_share = ref.served_share if ref is not None else None
-    cand_share = cand.served_share if cand is not None else None
-    # What both checks report: each engine's completions as a share of the rate sent.
-    shared = {
-        "scenario": s.name,
-        "reference": ref_share,
-        "candidate": cand_share,
-        "ratio": quotient(ref_share, cand_share),
-        "samples": samples,
-        "alpha": alpha,
-    }
-    # A reference that completed no more than MAX_SERVED_SHARE of the rate sent fell behind
-    # too, even where its rise missed a condition of a growing queue (its queue may have
-    # stopped growing at a plateau): a candidate's growing queue beside it is the test bed's
-    # overload, not the candidate's (seen on real vLLM: both at 38-43% of 7.9/s).
-    # Its completions alone do not say it: a healthy reference whose answers vary widely in
-    # length (e2e 0.5-20 s) completes over a wider span than it was sent over and reads a share
-    # of 0.8 in a short scenario; so its TTFT must show the queue too (rose MIN_GROWTH-fold,
-    # or queued QUEUEING_FACTOR-fold over its first requests).
-    ref_behind = ref is not None and (
-        ref.saturated
-        or (
-            cand is not None
-            and cand.saturated
-            and ref.served_share is not None
-            and ref.served_share <= MAX_SERVED_SHARE
-            and (ref.growth >= MIN_GROWTH or queueing_warning(s) is not None)
+    return found
+
+
+def _reference_behind(
+    s: ScenarioSamples, ref: QueueGrowth, cand: QueueGrowth | None, shared: dict[str, Any]
+) -> Check:
+    """The environment check of a reference that fell behind the load: the comparison is void."""
+    if cand is None:
+        also = ""
+    elif cand.saturated:
+        also = f" The candidate's queue grows too: its {cand.describe()}."
+    else:
+        q = cand.quarter_medians_ms
+        also = (
+            f" The candidate's did not (TTFT median {_dur(q[0])} in the first quarter, "
+            f"{_dur(q[3])} in the last), but against a reference that was not serving "
+            "the load that shows nothing about a rollout."
         )
+    lower = (
+        f"lower the scenario's rate to about {_rate(SUGGESTED_LOAD * ref.served_rate)}/s "
+        f"({SUGGESTED_LOAD:.0%} of what the reference completed)"
+        if ref.served_rate is not None
+        else "lower the scenario's rate"
     )
-    if ref is not None and ref_behind:
-        if cand is None:
-            also = ""
-        elif cand.saturated:
-            also = f" The candidate's queue grows too: its {cand.describe()}."
-        else:
-            q = cand.quarter_medians_ms
-            also = (
-                f" The candidate's did not (TTFT median {_dur(q[0])} in the first quarter, "
-                f"{_dur(q[3])} in the last), but against a reference that was not serving "
-                "the load that shows nothing about a rollout."
-            )
-        lower = (
-            f"lower the scenario's rate to about {_rate(SUGGESTED_LOAD * ref.served_rate)}/s "
-            f"({SUGGESTED_LOAD:.0%} of what the reference completed)"
-            if ref.served_rate is not None
-            else "lower the scenario's rate"
+    if ref.saturated:
+        what = f"The reference's queue grows through {s.name}: its {ref.describe()}."
+    else:
+        what = f"The reference fell behind in {s.name} too: its {ref.describe()}."
+    return statistic_check(
+        ENVIRONMENT,
+        "errors",
+        "environment",
+        "undecided",
+        f"{what} The load "
+        "was beyond what the test bed can serve, so the comparison is void: the "
+        f"reference was measured queueing, not serving; {lower} and run the gate "
+        f"again.{also}",
+        threshold=MAX_SERVED_SHARE if ref.seconds else None,
+        **shared,
+    )
+
+
+def _candidate_saturated(
+    s: ScenarioSamples,
+    ref: QueueGrowth | None,
+    cand: QueueGrowth,
+    offered_rate: float | None,
+    shared: dict[str, Any],
+) -> Check:
+    """The failed check of a candidate whose queue grows where the reference serves the load."""
+    nominal = offered_rate if offered_rate is not None else cand.offered_rate
+    offered = f"the offered {_rate(nominal)}/s" if nominal is not None else "the offered load"
+    if ref is None:
+        serves = "the reference's queue could not be judged"
+    else:
+        q = ref.quarter_medians_ms
+        served = (
+            f", completing {ref.served_share:.0%} of it" if ref.served_share is not None else ""
         )
-        if ref.saturated:
-            what = f"The reference's queue grows through {s.name}: its {ref.describe()}."
-        else:
-            what = f"The reference fell behind in {s.name} too: its {ref.describe()}."
-        return [
-            statistic_check(
-                ENVIRONMENT,
-                "errors",
-                "environment",
-                "undecided",
-                f"{what} The load "
-                "was beyond what the test bed can serve, so the comparison is void: the "
-                f"reference was measured queueing, not serving; {lower} and run the gate "
-                f"again.{also}",
-                threshold=MAX_SERVED_SHARE if ref.seconds else None,
-                **shared,  # type: ignore[arg-type]
-            )
-        ]
-    if cand is not None and cand.saturated:
-        nominal = offered_rate if offered_rate is not None else cand.offered_rate
-        offered = f"the offered {_rate(nominal)}/s" if nominal is not None else "the offered load"
-        if ref is None:
-            serves = "the reference's queue could not be judged"
-        else:
-            q = ref.quarter_medians_ms
-            served = (
-                f", completing {ref.served_share:.0%} of it" if ref.served_share is not None else ""
-            )
-            serves = (
-                f"the reference serves it (TTFT median {_dur(q[0])} in the first quarter, "
-                f"{_dur(q[3])} in the last{served})"
-            )
-        return [
-            statistic_check(
-                f"{s.name}.saturation.candidate",
-                "overload",
-                "saturation",
-                "fail",
-                f"The candidate's queue grows through {s.name}: its {cand.describe()}. It "
-                f"cannot serve {offered}; {serves}.",
-                threshold=MAX_SERVED_SHARE if cand.seconds else None,
-                **shared,  # type: ignore[arg-type]
-            )
-        ]
-    queueing = queueing_warning(s)
-    return [queueing] if queueing is not None else []
+        serves = (
+            f"the reference serves it (TTFT median {_dur(q[0])} in the first quarter, "
+            f"{_dur(q[3])} in the last{served})"
+        )
+    return statistic_check(
+        f"{s.name}.saturation.candidate",
+        "overload",
+        "saturation",
+        "fail",
+        f"The candidate's queue grows through {s.name}: its {cand.describe()}. It "
+        f"cannot serve {offered}; {serves}.",
+        threshold=MAX_SERVED_SHARE if cand.seconds else None,
+        **shared,
+    )
 
 
 QUEUEING_FACTOR = 10.0

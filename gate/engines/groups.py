@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from gate.core.errors import EngineError
+from gate.core.errors import EngineError, ReadinessTimeout
 from gate.engines.describe import engine_doc
 from gate.engines.launchers import ProcessEngine, render_argv
 from gate.engines.lifecycle import PROCESS_PHASES, CrashInfo, PhaseLog
@@ -135,28 +137,13 @@ class GroupedEngine:
 
     async def start(self) -> None:
         self.phases.mark("launched", ", ".join(self.processes))
-        await self._all([p.start() for p in self.groups.values()], list(self.groups))
+        await start_all(self.role, {n: p.start() for n, p in self.groups.items()})
         self.phases.mark("process_up", "every group ready; starting the router")
-        await self._all([self.router.start()], [ROUTER])
+        await start_all(self.role, {ROUTER: self.router.start()})
         self.base_url = self.router.base_url  # a port retry may have moved it
         self.pid = self.router.pid
         for phase in PROCESS_PHASES[2:]:  # the router's readiness is the engine's
             self.phases.mark(phase)
-
-    async def _all(self, starts: list, names: list[str]) -> None:  # type: ignore[type-arg]
-        tasks = [asyncio.create_task(s) for s in starts]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for name, t in zip(names, tasks, strict=True):
-            exc = t.exception() if t.done() and not t.cancelled() else None
-            if isinstance(exc, EngineError):
-                raise named(EngineError, self.role, name, exc) from None
-            if exc is not None:
-                raise exc
 
     def crashed(self) -> CrashInfo | None:
         if self._stopped:
@@ -219,6 +206,31 @@ class GroupedEngine:
 def who(name: str) -> str:
     """A member of a grouped engine as its errors name it."""
     return "router" if name == ROUTER else f"{name} group"
+
+
+async def start_all(
+    role: str,
+    starts: Mapping[str, Coroutine[Any, Any, Any]],
+    *,
+    keep_timeouts: bool = False,
+) -> None:
+    """Start the members at once; the first failure cancels the rest and is raised as the
+    engine's, naming the member (in `starts`' order). keep_timeouts: a member's
+    ReadinessTimeout stays one (else every member's EngineError becomes an EngineError)."""
+    tasks = {n: asyncio.create_task(s) for n, s in starts.items()}
+    try:
+        await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for name, t in tasks.items():
+        exc = t.exception() if t.done() and not t.cancelled() else None
+        if isinstance(exc, EngineError):
+            keep = keep_timeouts and isinstance(exc, ReadinessTimeout)
+            raise named(ReadinessTimeout if keep else EngineError, role, name, exc) from None
+        if exc is not None:
+            raise exc
 
 
 def named(cls: type[EngineError], role: str, name: str, exc: EngineError) -> EngineError:

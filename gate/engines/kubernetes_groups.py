@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
-from gate.core.errors import EngineError, ReadinessTimeout
+from gate.core.errors import EngineError
 from gate.engines import kubernetes as k8s
 from gate.engines.describe import engine_doc
-from gate.engines.groups import named, who
+from gate.engines.groups import start_all, who
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import ROUTER, EngineWorkload, dns_part, lease_name
 from gate.verdict.document import EngineDoc, GroupDoc, KubernetesDoc, PlacementDoc
@@ -133,26 +133,12 @@ class GroupedKubernetesEngine:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.readiness_timeout_s
-        await self._all({n: m.start() for n, m in self.groups.items()})
+        await start_all(
+            self.role, {n: m.start() for n, m in self.groups.items()}, keep_timeouts=True
+        )
         # The router gets what is left of the engine's budget, not a fresh one.
         self.router.readiness_timeout_s = max(deadline - loop.time(), 0.001)
-        await self._all({ROUTER: self.router.start()})
-
-    async def _all(self, starts: Mapping[str, Any]) -> None:
-        tasks = {n: asyncio.create_task(s) for n, s in starts.items()}
-        try:
-            await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for t in tasks.values():
-                t.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
-        for name, t in tasks.items():
-            exc = t.exception() if t.done() and not t.cancelled() else None
-            if isinstance(exc, EngineError):  # a ReadinessTimeout stays one
-                cls = ReadinessTimeout if isinstance(exc, ReadinessTimeout) else EngineError
-                raise named(cls, self.role, name, exc) from None
-            if exc is not None:
-                raise exc
+        await start_all(self.role, {ROUTER: self.router.start()}, keep_timeouts=True)
 
     # -- watching ------------------------------------------------------------------------------
 

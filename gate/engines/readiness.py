@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -107,38 +107,21 @@ async def wait_ready(
     parts = urlsplit(base_url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-
-    def check_alive() -> None:
-        if alive is not None:
-            why = alive()
-            if why is not None:
-                raise EngineError(
-                    role, phases.stuck_in(order), f"{why} during {phases.stuck_in(order)}"
-                )
-
-    def timed_out(phase: str) -> ReadinessTimeout:
-        return ReadinessTimeout(
-            role, phase, f"was not ready after {timeout_s:g}s: stuck in phase {phase}"
-        )
-
-    async def pause(wait_s: float, until: float) -> float:
-        """Sleep before the next poll (never past `until` by more than POLL_S); the next wait."""
-        await asyncio.sleep(max(POLL_S, min(wait_s, until - time.monotonic())))
-        return next_wait(wait_s)
+    walk = _Walk(role, phases, order, timeout_s, deadline, alive)
 
     port_deadline = deadline
     if connect_timeout_s is not None:
         port_deadline = min(deadline, time.monotonic() + connect_timeout_s)
     wait_s = POLL_S
     while not await _port_open(host, port):
-        check_alive()
+        walk.check_alive()
         if time.monotonic() > port_deadline:
             if connect_timeout_s is not None and port_deadline < deadline:
                 raise EngineUnreachable(
                     role, "port_open", f"unreachable: nothing accepts connections at {base_url}"
                 )
-            raise timed_out("port_open")
-        wait_s = await pause(wait_s, port_deadline)
+            raise walk.timed_out("port_open")
+        wait_s = await walk.pause(wait_s, port_deadline)
     phases.mark("port_open")
 
     timeout = httpx.Timeout(5.0)
@@ -148,56 +131,95 @@ async def wait_ready(
         trust_env=False,
         headers={"Accept-Encoding": "identity"},  # caps count the bytes that arrive
     ) as client:
-        last = ""
-        wait_s = POLL_S
-        while True:
-            check_alive()
-            try:
-                status, body, _ = await _get(client, "/health", MAX_HEALTH_BODY_BYTES)
-                if status == 200:
-                    break
-                last = f"/health answered {status}" + (f": {excerpt(body)}" if body else "")
-            except httpx.HTTPError as exc:
-                last = f"/health failed: {type(exc).__name__}"
-            if time.monotonic() > deadline:
-                raise ReadinessTimeout(
-                    role,
-                    "healthy",
-                    f"was not ready after {timeout_s:g}s: stuck in phase healthy ({last})",
-                )
-            wait_s = await pause(wait_s, deadline)
+        await _poll(walk, "healthy", lambda: _healthy(client))
         phases.mark("healthy")
+        await _poll(walk, "model_listed", lambda: _model_listed(client, role, model))
+        phases.mark("model_listed")
 
-        wait_s = POLL_S
-        while True:
-            check_alive()
-            try:
-                status, body, more = await _get(client, "/v1/models", MAX_MODELS_BODY_BYTES)
-                if status == 200:
-                    if more:
-                        raise EngineError(
-                            role,
-                            "model_listed",
-                            f"/v1/models answered more than MAX_MODELS_BODY_BYTES "
-                            f"({MAX_MODELS_BODY_BYTES} bytes): {excerpt(body)}",
-                        )
-                    ids = [m.get("id") for m in json.loads(body).get("data", [])]
-                    if model in ids:
-                        break
-                    listed = excerpt(", ".join(str(i) for i in ids))
-                    raise EngineError(
-                        role,
-                        "model_listed",
-                        f"does not serve model {model!r}; /v1/models lists [{listed}]",
-                    )
-                last = f"/v1/models answered {status}" + (f": {excerpt(body)}" if body else "")
-            except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
-                last = f"/v1/models failed: {type(exc).__name__}"
-            if time.monotonic() > deadline:
-                raise ReadinessTimeout(
+
+class _Walk:
+    """One engine's walk to ready (`wait_ready`): its deadline, its liveness, its errors."""
+
+    def __init__(
+        self,
+        role: str,
+        phases: PhaseLog,
+        order: tuple[str, ...],
+        timeout_s: float,
+        deadline: float,
+        alive: Callable[[], str | None] | None,
+    ) -> None:
+        self.role, self.phases, self.order = role, phases, order
+        self.timeout_s, self.deadline, self.alive = timeout_s, deadline, alive
+
+    def check_alive(self) -> None:
+        if self.alive is not None:
+            why = self.alive()
+            if why is not None:
+                stuck = self.phases.stuck_in(self.order)
+                raise EngineError(self.role, stuck, f"{why} during {stuck}")
+
+    def timed_out(self, phase: str, last: str | None = None) -> ReadinessTimeout:
+        why = f" ({last})" if last is not None else ""
+        return ReadinessTimeout(
+            self.role,
+            phase,
+            f"was not ready after {self.timeout_s:g}s: stuck in phase {phase}{why}",
+        )
+
+    async def pause(self, wait_s: float, until: float) -> float:
+        """Sleep before the next poll (never past `until` by more than POLL_S); the next wait."""
+        await asyncio.sleep(max(POLL_S, min(wait_s, until - time.monotonic())))
+        return next_wait(wait_s)
+
+
+async def _poll(walk: _Walk, phase: str, ask: Callable[[], Awaitable[str | None]]) -> None:
+    """Ask until `ask` says done (None; else what it saw last), backing off, up to the
+    deadline; the engine's death or the deadline raise naming `phase`."""
+    wait_s = POLL_S
+    while True:
+        walk.check_alive()
+        last = await ask()
+        if last is None:
+            return
+        if time.monotonic() > walk.deadline:
+            raise walk.timed_out(phase, last)
+        wait_s = await walk.pause(wait_s, walk.deadline)
+
+
+async def _healthy(client: httpx.AsyncClient) -> str | None:
+    """None once /health answers 200, else what it answered."""
+    try:
+        status, body, _ = await _get(client, "/health", MAX_HEALTH_BODY_BYTES)
+        if status == 200:
+            return None
+        return f"/health answered {status}" + (f": {excerpt(body)}" if body else "")
+    except httpx.HTTPError as exc:
+        return f"/health failed: {type(exc).__name__}"
+
+
+async def _model_listed(client: httpx.AsyncClient, role: str, model: str) -> str | None:
+    """None once /v1/models lists `model`, else what it answered; raises for an answer that
+    lists other models or is too large."""
+    try:
+        status, body, more = await _get(client, "/v1/models", MAX_MODELS_BODY_BYTES)
+        if status == 200:
+            if more:
+                raise EngineError(
                     role,
                     "model_listed",
-                    f"was not ready after {timeout_s:g}s: stuck in phase model_listed ({last})",
+                    f"/v1/models answered more than MAX_MODELS_BODY_BYTES "
+                    f"({MAX_MODELS_BODY_BYTES} bytes): {excerpt(body)}",
                 )
-            wait_s = await pause(wait_s, deadline)
-        phases.mark("model_listed")
+            ids = [m.get("id") for m in json.loads(body).get("data", [])]
+            if model in ids:
+                return None
+            listed = excerpt(", ".join(str(i) for i in ids))
+            raise EngineError(
+                role,
+                "model_listed",
+                f"does not serve model {model!r}; /v1/models lists [{listed}]",
+            )
+        return f"/v1/models answered {status}" + (f": {excerpt(body)}" if body else "")
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
+        return f"/v1/models failed: {type(exc).__name__}"

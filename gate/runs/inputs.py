@@ -20,7 +20,8 @@ from gate.analysis.policy import Policy
 from gate.analysis.samples import Columns, select_requests
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.vocabulary import ROLES, Role
-from gate.runs.judging import load_phases, outputs_from_doc
+from gate.runs.load_phases import load_phases
+from gate.runs.mirrored_outputs import outputs_from_doc
 from gate.spec import ScenarioSpec
 from gate.verdict.document import CrashDoc, EngineDoc, ProbeDoc, ScenarioDoc
 

@@ -1,7 +1,8 @@
 """The probe suites: compatibility (the same fixed probes to both engines; a probe the
 reference answers well and the candidate does not fails a check) and correctness (greedy
 probes with logprobs, the reference's own envelope alone and under load, and teacher-forced
-scoring where the engines allow it; judged in judging.divergence_samples)."""
+scoring where the engines allow it; judged in
+correctness_divergence.divergence_samples)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.policy import Policy
 from gate.runs.context import RunContext
+from gate.runs.correctness_divergence import CorrectnessRun, correctness_doc, divergence_samples
 from gate.runs.engine_pair import Engines
-from gate.runs.judging import CorrectnessRun, correctness_doc, divergence_samples
 from gate.runs.schedules import scenario_seed
 from gate.spec import ScenarioSpec
 from gate.verdict.document import CorrectnessDoc, ProbeDoc, ProbeSide

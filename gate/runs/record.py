@@ -13,9 +13,9 @@ from gate.core.vocabulary import ROLES, FinishedState
 from gate.reports.html import write_report
 from gate.runs import rows
 from gate.runs.context import RunContext
+from gate.runs.correctness_divergence import divergence_examples
 from gate.runs.engine_pair import Engines
 from gate.runs.journal import persist_sync
-from gate.runs.judging import divergence_examples
 from gate.runs.probes import CorrectnessResult
 from gate.runs.scenarios import ScenarioResult
 from gate.verdict.build import Evidence, Header, gate_document

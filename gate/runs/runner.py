@@ -34,10 +34,10 @@ from gate.reservations.allocator import Placement
 from gate.reservations.service import GateReservation
 from gate.runs import inputs, rows
 from gate.runs.context import LiveProgress, RunContext
+from gate.runs.correctness_divergence import merge_divergence
 from gate.runs.engine_pair import Engines
 from gate.runs.heartbeat import Heartbeat, Stops, in_daemon_thread
 from gate.runs.journal import persist
-from gate.runs.judging import merge_divergence
 from gate.runs.probes import compatibility, correctness
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.record import Observed, finish
@@ -246,7 +246,7 @@ class GateRunner:
 
     def _judge(self, ctx: RunContext, seen: Observed, gplan: GatePlan) -> Verdict:
         """The verdict on everything the run fed: under the plan the looks used, so a scenario
-        stopped early is judged on exactly the prefix its last look saw (judging.py)."""
+        stopped early is judged on exactly the prefix its last look saw (early_stop.py)."""
         assert seen.engines is not None
         ran = [
             inputs.RanScenario(

@@ -18,8 +18,9 @@ from gate.core.errors import DeadlinePassed
 from gate.core.limits import Limits, scenario_deadline_s
 from gate.core.vocabulary import ROLES
 from gate.runs.context import RunContext
+from gate.runs.early_stop import EarlyStop, LiveLooks
 from gate.runs.engine_pair import Engines
-from gate.runs.judging import EarlyStop, LiveLooks, mirrored_outputs, outputs_doc
+from gate.runs.mirrored_outputs import mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
 from gate.spec import ScenarioSpec
 from gate.verdict.document import PhaseMark, ScenarioDoc

@@ -20,19 +20,15 @@ from gate.analysis.policy import Policy
 from gate.analysis.samples import Columns, columns_from_records, concat_columns, select_requests
 from gate.analysis.sequential import SequentialJudge
 from gate.analysis.types import ScenarioSamples
-from gate.runs.judging import (
+from gate.runs.correctness_divergence import (
     CorrectnessRun,
-    EarlyStop,
-    LiveLooks,
     divergence_examples,
     divergence_samples,
-    load_phases,
-    mirrored_outputs,
-    outputs_doc,
-    outputs_from_doc,
     probe_divergence,
-    request_log,
 )
+from gate.runs.early_stop import EarlyStop, LiveLooks
+from gate.runs.load_phases import load_phases, request_log
+from gate.runs.mirrored_outputs import mirrored_outputs, outputs_doc, outputs_from_doc
 from gate.verdict.document import ScenarioDoc
 from loadgen.records import RequestRecord
 from loadgen.suite import CorrectnessResult, ScoreResult

@@ -1,0 +1,66 @@
+"""The outputs of mirrored requests: compared across the engines, kept in the verdict, and
+read back from it to re-judge."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gate.analysis.outputs import MirroredOutputs, Output, OutputExample, compare_outputs
+from gate.core.vocabulary import ROLES
+from gate.verdict.document import (
+    OutputExampleDoc,
+    OutputsDoc,
+)
+from loadgen.records import RequestRecord
+
+
+def _output(rec: RequestRecord) -> Output:
+    return Output(text=rec.text, tokens=rec.output_tokens, token_ids=rec.token_ids)
+
+
+def mirrored_outputs(
+    name: str, records: Mapping[str, Sequence[RequestRecord]], early_tokens: int
+) -> MirroredOutputs:
+    """The scenario's mirrored outputs compared, every request both engines answered."""
+    ref, cand = (
+        {r.request_id: _output(r) for r in records.get(role, ()) if r.ok} for role in ROLES
+    )
+    return compare_outputs(name, ref, cand, early_tokens)
+
+
+def outputs_doc(o: MirroredOutputs) -> OutputsDoc:
+    return OutputsDoc(
+        compared=o.compared,
+        exact=o.exact,
+        early=o.early,
+        early_tokens=o.early_tokens,
+        basis=o.basis,
+        histogram=list(o.histogram),
+        examples=[
+            OutputExampleDoc(
+                request_id=e.request_id,
+                position=e.position,
+                reference=e.reference,
+                candidate=e.candidate,
+            )
+            for e in o.examples
+        ],
+        blocks=[(n, e) for n, e in o.blocks],
+    )
+
+
+def outputs_from_doc(name: str, doc: OutputsDoc) -> MirroredOutputs:
+    """A stored comparison, for re-judge."""
+    return MirroredOutputs(
+        scenario=name,
+        compared=doc.compared,
+        exact=doc.exact,
+        early=doc.early,
+        early_tokens=doc.early_tokens,
+        basis=doc.basis,
+        histogram=tuple(doc.histogram),
+        examples=tuple(
+            OutputExample(e.request_id, e.position, e.reference, e.candidate) for e in doc.examples
+        ),
+        blocks=tuple((n, e) for n, e in doc.blocks),
+    )
