@@ -116,6 +116,19 @@ def group_problems(groups: Any, connect: Any, together: Any) -> list[tuple[str, 
         out.append(("groups", f"at most {MAX_GROUPS} groups per engine, got {len(groups)}"))
     if len(connect) > MAX_CONNECT:
         out.append(("connect", f"at most {MAX_CONNECT} rules, got {len(connect)}"))
+    level_of = _group_levels(groups, out)
+    if connect and not groups:
+        out.append(("connect", "connect rules tie `groups` together; give `groups` first"))
+    for i, rule in enumerate(connect):
+        if isinstance(rule, Mapping) and groups:
+            out.extend(_connect_rule_problems(i, rule, level_of))
+    if groups and together in LEVELS:
+        out.extend(_together_problems(together, level_of, connect))
+    return out
+
+
+def _group_levels(groups: list[Any], out: list[tuple[str, str]]) -> dict[str, Level]:
+    """Each group's role -> its level; the groups' own mistakes appended to `out`."""
     level_of: dict[str, Level] = {}
     for i, g in enumerate(groups):
         if not isinstance(g, Mapping):
@@ -150,56 +163,58 @@ def group_problems(groups: Any, connect: Any, together: Any) -> list[tuple[str, 
                     "block, cluster, region or any)",
                 )
             )
-    if connect and not groups:
-        out.append(("connect", "connect rules tie `groups` together; give `groups` first"))
-    for i, rule in enumerate(connect):
-        if not isinstance(rule, Mapping):
-            continue
-        names, level = rule.get("groups"), rule.get("level")
-        if isinstance(names, Sequence) and not isinstance(names, str) and groups:
-            strs = [n for n in names if isinstance(n, str)]
-            unknown = [n for n in strs if n not in level_of]
-            if unknown:
-                out.append(
+    return level_of
+
+
+def _connect_rule_problems(
+    i: int, rule: Mapping[str, Any], level_of: dict[str, Level]
+) -> list[tuple[str, str]]:
+    """The mistakes of connect rule i: unknown or repeated groups, too few, a level too low."""
+    names, level = rule.get("groups"), rule.get("level")
+    if not isinstance(names, Sequence) or isinstance(names, str):
+        return []
+    strs = [n for n in names if isinstance(n, str)]
+    unknown = [n for n in strs if n not in level_of]
+    if unknown:
+        known = ", ".join(sorted(level_of))
+        return [(f"connect[{i}].groups", f"unknown group {unknown[0]!r}; the groups are {known}")]
+    if len(set(strs)) != len(strs):
+        return [(f"connect[{i}].groups", "names a group twice")]
+    if len(strs) == len(names) and len(strs) < 2:
+        return [(f"connect[{i}].groups", "name at least two groups to connect")]
+    if level in LEVELS:
+        for n in strs:
+            own = level_of[n]
+            if LEVELS.index(level) < LEVELS.index(own):
+                return [
                     (
-                        f"connect[{i}].groups",
-                        f"unknown group {unknown[0]!r}; the groups are "
-                        + ", ".join(sorted(level_of)),
+                        f"connect[{i}].level",
+                        f"{level} is below group {n}'s own level {own}: one {level} "
+                        f"cannot hold the whole {n} group; connect at {own} or above",
                     )
+                ]
+    return []
+
+
+def _together_problems(
+    together: Level, level_of: dict[str, Level], connect: list[Any]
+) -> list[tuple[str, str]]:
+    """`together` must be at or above every group's and every connect rule's level."""
+    levels = [(f"group {r}", lv) for r, lv in level_of.items()] + [
+        (f"connect[{i}]", r.get("level"))
+        for i, r in enumerate(connect)
+        if isinstance(r, Mapping) and r.get("level") in LEVELS
+    ]
+    for what, lv in levels:
+        if LEVELS.index(together) < LEVELS.index(lv):
+            return [
+                (
+                    "together",
+                    f"{together} is below the level of {what} ({lv}): one {together} "
+                    "domain must hold every group of both engines",
                 )
-            elif len(set(strs)) != len(strs):
-                out.append((f"connect[{i}].groups", "names a group twice"))
-            elif len(strs) == len(names) and len(strs) < 2:
-                out.append((f"connect[{i}].groups", "name at least two groups to connect"))
-            elif level in LEVELS:
-                for n in strs:
-                    own = level_of[n]
-                    if LEVELS.index(level) < LEVELS.index(own):
-                        out.append(
-                            (
-                                f"connect[{i}].level",
-                                f"{level} is below group {n}'s own level {own}: one {level} "
-                                f"cannot hold the whole {n} group; connect at {own} or above",
-                            )
-                        )
-                        break
-    if groups and together in LEVELS:
-        levels = [(f"group {r}", lv) for r, lv in level_of.items()] + [
-            (f"connect[{i}]", r.get("level"))
-            for i, r in enumerate(connect)
-            if isinstance(r, Mapping) and r.get("level") in LEVELS
-        ]
-        for what, lv in levels:
-            if LEVELS.index(together) < LEVELS.index(lv):
-                out.append(
-                    (
-                        "together",
-                        f"{together} is below the level of {what} ({lv}): one {together} "
-                        "domain must hold every group of both engines",
-                    )
-                )
-                break
-    return out
+            ]
+    return []
 
 
 @dataclass(frozen=True, slots=True)

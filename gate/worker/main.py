@@ -58,11 +58,49 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
         return EXIT_CONFIG
     configure_logging()
     sweep_orphans()  # engine processes a gate killed on this host left behind
-    from celery import signals
-
     name = worker_name("worker")
     factory = open_factory(settings)
     app = make_celery(settings, factory)
+    _connect_signals(settings, name, concurrency)
+
+    # A previous worker of this data directory that died (SIGKILL, OOM) is proven dead by its
+    # liveness mark: its gates end now, not GATE_LOST_AFTER_S later. Then our own mark, before
+    # any claim (gate/service/process_marks.py).
+    end_dead_predecessors(settings, factory, name)
+    mark = ProcessMark(settings.data_dir, name)
+    reaper = Reaper(
+        settings,
+        factory,
+        alive_file=alive_file(settings),
+        requeue=CeleryDispatcher(settings),
+        liveness=BrokerLiveness(settings.broker_url, settings.lost_after_s),
+    ).start()
+    reaper.once()
+    worker = app.Worker(
+        hostname=f"gate-{os.getpid()}@{socket.gethostname()}",
+        pool="solo" if concurrency == 1 else "threads",
+        concurrency=concurrency,
+        queues=[QUEUE],
+        loglevel="INFO",
+        quiet=True,
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=True,
+    )
+    try:
+        worker.start()
+    finally:
+        reaper.stop()
+        mark.release()
+    code = int(getattr(worker, "exitcode", 0) or 0)
+    log.info("%s stopped (exit %d)", name, code, extra={"worker": name})
+    return code
+
+
+def _connect_signals(settings: Settings, name: str, concurrency: int) -> None:
+    """Celery's signals: our logging kept, readiness logged, running gates stopped (engines
+    torn down, GPUs released) at a shutdown."""
+    from celery import signals
 
     def keep_our_logging(**_: Any) -> None:
         return None  # a receiver here stops Celery from configuring logging itself
@@ -100,39 +138,6 @@ def run_worker(settings: Settings, concurrency: int = 1) -> int:
     signals.setup_logging.connect(keep_our_logging, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
-
-    # A previous worker of this data directory that died (SIGKILL, OOM) is proven dead by its
-    # liveness mark: its gates end now, not GATE_LOST_AFTER_S later. Then our own mark, before
-    # any claim (gate/service/process_marks.py).
-    end_dead_predecessors(settings, factory, name)
-    mark = ProcessMark(settings.data_dir, name)
-    reaper = Reaper(
-        settings,
-        factory,
-        alive_file=alive_file(settings),
-        requeue=CeleryDispatcher(settings),
-        liveness=BrokerLiveness(settings.broker_url, settings.lost_after_s),
-    ).start()
-    reaper.once()
-    worker = app.Worker(
-        hostname=f"gate-{os.getpid()}@{socket.gethostname()}",
-        pool="solo" if concurrency == 1 else "threads",
-        concurrency=concurrency,
-        queues=[QUEUE],
-        loglevel="INFO",
-        quiet=True,
-        without_gossip=True,
-        without_mingle=True,
-        without_heartbeat=True,
-    )
-    try:
-        worker.start()
-    finally:
-        reaper.stop()
-        mark.release()
-    code = int(getattr(worker, "exitcode", 0) or 0)
-    log.info("%s stopped (exit %d)", name, code, extra={"worker": name})
-    return code
 
 
 def alive_file(settings: Settings) -> Path:
