@@ -21,12 +21,18 @@ from gate.analysis.calibration import (
     GRID_SIZES,
     MODELS,
     Calibration,
+    Case,
     GridCell,
     SimConfig,
     calibrate,
     calibrate_grid,
 )
-from gate.analysis.calibration_numerics import NUMERICS_CASES, NumericsResult, calibrate_numerics
+from gate.analysis.calibration_numerics import (
+    NUMERICS_CASES,
+    NumericsCase,
+    NumericsResult,
+    calibrate_numerics,
+)
 from gate.analysis.calibration_shapes import (
     BOUNDARY_CASES,
     EPISODE_CASES,
@@ -45,6 +51,7 @@ from gate.calibrate_engines import (
     VLLM_CASES,
     VLLM_RATE,
     VLLM_REQUESTS,
+    EngineCase,
     EngineCaseResult,
     EngineKind,
     calibrate_engines,
@@ -147,49 +154,14 @@ def run_calibration(
     and `engine_runs` whole gates per engine case against real engines (--engines: the sim,
     or real vLLM); print the result; exit code 0 (2 for a bad option)."""
     runs = DEFAULT_RUNS if runs is None else runs
-    if runs < 1:
-        print("gate: --runs must be at least 1", file=sys.stderr)
-        return 2
-    if numerics_runs < 0:
-        print("gate: --numerics-runs must be 0 or more", file=sys.stderr)
-        return 2
-    if engine_runs < 0:
-        print("gate: --engine-runs must be at least 1", file=sys.stderr)
-        return 2
     vllm = engine_kind == "vllm"
     engine_rate = (VLLM_RATE if vllm else RATE) if engine_rate is None else engine_rate
-    if not 0.0 < engine_rate <= 1_000.0:
-        print(f"gate: --engine-rate must be in (0, 1000], got {engine_rate:g}", file=sys.stderr)
+    problem = _option_problem(runs, numerics_runs, engine_runs, engine_rate, engine_kind, limit)
+    selected = _selected_cases(case_names, vllm)
+    if problem is not None or isinstance(selected, str):
+        print(f"gate: {problem or selected}", file=sys.stderr)
         return 2
-    if engine_runs and vllm and (missing := _vllm_bed_missing()):
-        print(f"gate: --engines vllm: {missing}", file=sys.stderr)
-        return 2
-    if engine_runs and (short := _engine_rate_problems(engine_rate, engine_kind)):
-        # Every gate would be refused before its load: say so once, not per gate.
-        print(f"gate: --engine-rate {engine_rate:g}: {short}", file=sys.stderr)
-        return 2
-    if limit is not None and limit < 500:
-        print("gate: --limit must be at least 500 (one look)", file=sys.stderr)
-        return 2
-    cases = list(CASES)
-    all_engine_cases = VLLM_CASES if vllm else ENGINE_CASES
-    engine_cases = list(all_engine_cases)
-    numerics_cases = list(NUMERICS_CASES)
-    if case_names:
-        names = (
-            {c.name for c in CASES}
-            | {c.name for c in all_engine_cases}
-            | {c.name for c in NUMERICS_CASES}
-        )
-        unknown = [n for n in case_names if n not in names]
-        if unknown:
-            known = ", ".join(repr(n) for n in sorted(names))
-            print(f"gate: --case: no case {unknown[0]!r} (cases: {known})", file=sys.stderr)
-            return 2
-        wanted = dict.fromkeys(case_names)
-        cases = [c for c in CASES if c.name in wanted]
-        engine_cases = [c for c in all_engine_cases if c.name in wanted]
-        numerics_cases = [c for c in NUMERICS_CASES if c.name in wanted]
+    cases, engine_cases, numerics_cases = selected
     config = SimConfig() if limit is None else replace(SimConfig(), limit=limit)
     policy = Policy()
     err = Console(stderr=True, highlight=False)
@@ -239,23 +211,86 @@ def run_calibration(
             }
         print(json.dumps(doc, indent=2))
     else:
-        # A pipe gets 80 columns from rich; the table needs about 110 to stay on one line a row.
-        width = None if sys.stdout.isatty() else 120
-        Console(highlight=False, width=width).print(_table(result))
-        aa = result.aa
-        if aa is not None:
-            print(
-                f"A/A false holds: {_fmt_rate(aa.hold_rate)} ({_fmt_rate(aa.fail_rate)} on a "
-                f"failed check, {_fmt_rate(aa.inconclusive_rate)} inconclusive at the limit); "
-                f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
-            )
-        if numerics:
-            Console(highlight=False, width=width).print(_numerics_table(numerics, numerics_runs))
-        if engines:
-            Console(highlight=False, width=width).print(
-                _engine_table(engines, engine_runs, engine_rate, engine_kind)
-            )
+        _print_tables(
+            result, numerics, numerics_runs, engines, engine_runs, engine_rate, engine_kind
+        )
     return 0
+
+
+def _option_problem(
+    runs: int,
+    numerics_runs: int,
+    engine_runs: int,
+    engine_rate: float,
+    engine_kind: EngineKind,
+    limit: int | None,
+) -> str | None:
+    """The first bad option, said as the command line says it; None when all are good."""
+    if runs < 1:
+        return "--runs must be at least 1"
+    if numerics_runs < 0:
+        return "--numerics-runs must be 0 or more"
+    if engine_runs < 0:
+        return "--engine-runs must be at least 1"
+    if not 0.0 < engine_rate <= 1_000.0:
+        return f"--engine-rate must be in (0, 1000], got {engine_rate:g}"
+    if engine_runs and engine_kind == "vllm" and (missing := _vllm_bed_missing()):
+        return f"--engines vllm: {missing}"
+    if engine_runs and (short := _engine_rate_problems(engine_rate, engine_kind)):
+        # Every gate would be refused before its load: say so once, not per gate.
+        return f"--engine-rate {engine_rate:g}: {short}"
+    if limit is not None and limit < 500:
+        return "--limit must be at least 500 (one look)"
+    return None
+
+
+def _selected_cases(
+    case_names: Sequence[str] | None, vllm: bool
+) -> tuple[list[Case], list[EngineCase], list[NumericsCase]] | str:
+    """The simulated, engine and numerics cases to run (every one, or those named), or what
+    is wrong with a name."""
+    all_engine_cases = VLLM_CASES if vllm else ENGINE_CASES
+    if not case_names:
+        return list(CASES), list(all_engine_cases), list(NUMERICS_CASES)
+    names = {c.name for c in CASES} | {c.name for c in all_engine_cases}
+    names |= {c.name for c in NUMERICS_CASES}
+    unknown = [n for n in case_names if n not in names]
+    if unknown:
+        known = ", ".join(repr(n) for n in sorted(names))
+        return f"--case: no case {unknown[0]!r} (cases: {known})"
+    wanted = dict.fromkeys(case_names)
+    return (
+        [c for c in CASES if c.name in wanted],
+        [c for c in all_engine_cases if c.name in wanted],
+        [c for c in NUMERICS_CASES if c.name in wanted],
+    )
+
+
+def _print_tables(
+    result: Calibration,
+    numerics: Sequence[NumericsResult],
+    numerics_runs: int,
+    engines: Sequence[EngineCaseResult],
+    engine_runs: int,
+    engine_rate: float,
+    engine_kind: EngineKind,
+) -> None:
+    # A pipe gets 80 columns from rich; the table needs about 110 to stay on one line a row.
+    width = None if sys.stdout.isatty() else 120
+    Console(highlight=False, width=width).print(_table(result))
+    aa = result.aa
+    if aa is not None:
+        print(
+            f"A/A false holds: {_fmt_rate(aa.hold_rate)} ({_fmt_rate(aa.fail_rate)} on a "
+            f"failed check, {_fmt_rate(aa.inconclusive_rate)} inconclusive at the limit); "
+            f"baseline {_fmt_rate(aa.baseline_hold_rate)}."
+        )
+    if numerics:
+        Console(highlight=False, width=width).print(_numerics_table(numerics, numerics_runs))
+    if engines:
+        Console(highlight=False, width=width).print(
+            _engine_table(engines, engine_runs, engine_rate, engine_kind)
+        )
 
 
 def _numerics_table(results: Sequence[NumericsResult], runs: int) -> Table:
