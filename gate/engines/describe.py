@@ -85,28 +85,6 @@ def engine_doc(
     )
 
 
-def timing_doc(
-    eng: Engine, kind: Literal["process", "endpoint", "kubernetes"], crash: CrashInfo | None
-) -> EngineDoc:
-    """What the judge compares of an engine (its phases, ready time, crash), exact: not
-    rounded for people, and without the log tail (reading it costs a call for some kinds)."""
-    crashed = None
-    if crash is not None:
-        crashed = CrashDoc(
-            at_s=crash.at_s,
-            exit_code=crash.exit_code,
-            description=crash.description,
-            log_tail=list(crash.log_tail),
-        )
-    return EngineDoc(
-        kind=kind,
-        url=eng.base_url,
-        phases=dict(eng.phases.reached),
-        ready_s=ready_s(eng),
-        crash=crashed,
-    )
-
-
 def unlaunched_doc(
     kind: Literal["process", "endpoint", "kubernetes"],
     url: str | None,

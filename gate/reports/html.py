@@ -27,6 +27,7 @@ from jinja2 import BaseLoader, ChoiceLoader, Environment, PackageLoader, select_
 from markupsafe import Markup
 
 from gate.analysis.samples import ERROR_KINDS, Columns, drop_warmup
+from gate.core.vocabulary import ROLES, Role
 from gate.reports.charts import (
     COLORS,
     MUTED,
@@ -39,10 +40,19 @@ from gate.reports.charts import (
     scatter_chart,
     timeline_chart,
 )
-from gate.verdict.document import VerdictDocument
+from gate.verdict.document import (
+    AbsDeltaDoc,
+    Answered,
+    CapabilitiesDoc,
+    CheckDoc,
+    DistributionDoc,
+    EngineDoc,
+    PlacementDoc,
+    ScenarioDoc,
+    VerdictDocument,
+)
 from gate.verdict.summary import Summary, summary_of
 
-ROLES = ("reference", "candidate")
 GROUPS = {
     "latency": "Latency",
     "errors": "Errors",
@@ -114,27 +124,16 @@ def format_time(v: Any) -> str:
 # --------------------------------------------------------------------------- charts
 
 
-def _phases_of(sc: Mapping[str, Any]) -> list[tuple[str, float]]:
-    out = []
-    for p in sc.get("phases") or []:
-        if isinstance(p, Mapping) and isinstance(p.get("start_s"), int | float):
-            out.append((str(p.get("name", "")), float(p["start_s"])))
-    return out
+def _phases_of(sc: ScenarioDoc) -> list[tuple[str, float]]:
+    return [(p.name, float(p.start_s)) for p in sc.phases]
 
 
-def _slos(sc: Mapping[str, Any]) -> dict[str, float]:
-    """The scenario's SLOs (ttft_ms, itl_ms, e2e_ms) when the document names any."""
-    for found in (
-        sc.get("slos"),
-        sc.get("slo"),
-        *((sc.get(role) or {}).get("goodput", {}).get("slos") for role in ROLES),
-    ):
-        if isinstance(found, Mapping) and found:
-            return {
-                k: float(v)
-                for k, v in found.items()
-                if k in ("ttft_ms", "itl_ms", "e2e_ms") and isinstance(v, int | float)
-            }
+def _slos(sc: ScenarioDoc) -> dict[str, float]:
+    """The scenario's SLOs (ttft_ms, itl_ms, e2e_ms) when its run summaries name any."""
+    for side in (sc.reference, sc.candidate):
+        found = side.goodput.slos if side.goodput is not None else None
+        if found:
+            return {k: float(v) for k, v in found.items() if k in ("ttft_ms", "itl_ms", "e2e_ms")}
     return {}
 
 
@@ -294,15 +293,17 @@ def _x(v: Any) -> str:
     return f"{v:.3f}x" if isinstance(v, int | float) and math.isfinite(v) else ""
 
 
-def _pair(v: Any) -> tuple[float, float] | None:
-    if isinstance(v, list | tuple) and len(v) == 2 and all(isinstance(x, int | float) for x in v):
-        return float(v[0]), float(v[1])
-    return None
+def _pair(v: Sequence[float | None] | None) -> tuple[float, float] | None:
+    """An interval with both ends bounded, else None."""
+    if v is None or len(v) != 2:
+        return None
+    lo, hi = v
+    return None if lo is None or hi is None else (float(lo), float(hi))
 
 
-def _value_format(check: Mapping[str, Any]) -> tuple[Any, Any]:
+def _value_format(check: CheckDoc) -> tuple[Any, Any]:
     """How this check's reference/candidate values and threshold read (units by group)."""
-    group, metric = check.get("group"), str(check.get("metric", ""))
+    group, metric = check.group, str(check.metric or "")
     if group == "latency":
         return _ms, _x
     if group == "errors":
@@ -316,51 +317,46 @@ def _value_format(check: Mapping[str, Any]) -> tuple[Any, Any]:
     return _num, _num
 
 
-def _check_row(c: Mapping[str, Any], scale: tuple[float, float] | None) -> dict[str, Any]:
+def _check_row(c: CheckDoc, scale: tuple[float, float] | None) -> dict[str, Any]:
     value, limit = _value_format(c)
-    interval, estimate = _pair(c.get("interval")), _pair(c.get("estimate_interval"))
-    ratio = c.get("ratio") if isinstance(c.get("ratio"), int | float) else None
-    threshold = c.get("threshold")
+    interval, estimate = _pair(c.interval), _pair(c.estimate_interval)
     glyph = None
-    if scale is not None and interval is not None and isinstance(threshold, int | float):
-        glyph = Markup(
-            interval_glyph(ratio, interval, float(threshold), scale, str(c.get("decision")))
-        )
-    if c.get("group") == "latency":
+    if scale is not None and interval is not None and c.threshold is not None:
+        glyph = Markup(interval_glyph(c.ratio, interval, c.threshold, scale, c.decision))
+    if c.group == "latency":
         show_interval = f"{interval[0]:.3f}–{interval[1]:.3f}x" if interval else ""
-    elif interval and c.get("group") in FRACTIONS:
+    elif interval and c.group in FRACTIONS:
         show_interval = f"{interval[0] * 100:+.1f} to {interval[1] * 100:+.1f} pts"
     elif interval:
         show_interval = f"{interval[0]:+.3g} to {interval[1]:+.3g}"
     else:
         show_interval = ""
-    samples = c.get("samples")
+    # a check the document gives no sample counts shows none (not the model's default)
+    samples = c.samples if "samples" in c.model_fields_set and len(c.samples) == 2 else None
     return {
-        "id": str(c.get("id", "")),
-        "decision": str(c.get("decision", "")),
-        "reference": value(c.get("reference")),
-        "candidate": value(c.get("candidate")),
-        "ratio": _x(ratio),
+        "id": c.id,
+        "decision": c.decision,
+        "reference": value(c.reference),
+        "candidate": value(c.candidate),
+        "ratio": _x(c.ratio),
         "interval": show_interval,
         "estimate": f"{estimate[0]:.3f}–{estimate[1]:.3f}x" if estimate else "",
-        "threshold": limit(threshold) if threshold is not None else "–",
-        "samples": f"{samples[0]} / {samples[1]}"
-        if isinstance(samples, list | tuple) and len(samples) == 2
-        else "",
-        "message": str(c.get("message", "")),
-        "warning": str(c["warning"]) if c.get("warning") else None,
+        "threshold": limit(c.threshold) if c.threshold is not None else "–",
+        "samples": f"{samples[0]} / {samples[1]}" if samples else "",
+        "message": c.message,
+        "warning": c.warning or None,
         # an undecided check that does not hold: what the continue could not show
-        "not_shown": c.get("decision") == "undecided" and c.get("required") is False,
+        "not_shown": c.decision == "undecided" and c.required is False,
         "glyph": glyph,
     }
 
 
-def _glyph_scale(checks: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+def _glyph_scale(checks: Sequence[CheckDoc]) -> tuple[float, float] | None:
     ends: list[float] = []
     for c in checks:
-        iv = _pair(c.get("interval"))
-        if iv is not None and isinstance(c.get("threshold"), int | float):
-            ends += [iv[0], iv[1], float(c["threshold"])]
+        iv = _pair(c.interval)
+        if iv is not None and c.threshold is not None:
+            ends += [iv[0], iv[1], c.threshold]
     ends = [e for e in ends if math.isfinite(e)]
     if not ends:
         return None
@@ -369,24 +365,20 @@ def _glyph_scale(checks: Sequence[Mapping[str, Any]]) -> tuple[float, float] | N
     return lo, hi
 
 
-def _count(checks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    return {
-        d: sum(1 for c in checks if c.get("decision") == d) for d in ("fail", "undecided", "pass")
-    }
+def _count(checks: Sequence[CheckDoc]) -> dict[str, int]:
+    return {d: sum(1 for c in checks if c.decision == d) for d in ("fail", "undecided", "pass")}
 
 
-def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    by: dict[str, list[Mapping[str, Any]]] = {}
+def _groups(checks: Sequence[CheckDoc]) -> list[dict[str, Any]]:
+    by: dict[str, list[CheckDoc]] = {}
     for c in checks:
-        by.setdefault(str(c.get("group", "other")), []).append(c)
+        by.setdefault(c.group or "other", []).append(c)
     order = [g for g in GROUPS if g in by] + [g for g in by if g not in GROUPS]
     out = []
     for g in order:
         rows = by[g]
         scale = _glyph_scale(rows) if g == "latency" else None
-        counts = {
-            d: sum(1 for c in rows if c.get("decision") == d) for d in ("fail", "undecided", "pass")
-        }
+        counts = _count(rows)
         out.append(
             {
                 "key": g,
@@ -400,12 +392,11 @@ def _groups(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _headline(doc: Mapping[str, Any], counts: Mapping[str, int], summary: Summary) -> str:
+def _headline(doc: VerdictDocument, counts: Mapping[str, int], summary: Summary) -> str:
     """One sentence beside the verdict word. Never "every check passed" unless each did: a
     continue with undecided checks says what it could not show (`summary`)."""
     total = sum(counts.values())
-    err = doc.get("error")
-    if isinstance(err, Mapping) and err.get("message"):
+    if doc.error is not None and doc.error.message:
         return "The gate could not finish, so it cannot vouch for the candidate."
     if summary.verdict == "continue":
         warned = f", with {_plural(len(summary.warnings), 'warning')}" if summary.warnings else ""
@@ -432,78 +423,72 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _summary_rows(sc: Mapping[str, Any]) -> list[dict[str, str]]:
+def _quantiles(d: DistributionDoc | None, keys: Sequence[str]) -> str:
+    return " / ".join(
+        _ms(getattr(d, k) if d is not None else None).removesuffix(" ms") for k in keys
+    )
+
+
+def _summary_rows(sc: ScenarioDoc) -> list[dict[str, str]]:
     rows = []
-    for role in ROLES:
-        s = sc.get(role)
-        if not isinstance(s, Mapping):
-            continue
-
-        def q(metric: str, keys: Sequence[str], s: Mapping[str, Any] = s) -> str:
-            d = s.get(metric) or {}
-            return " / ".join(_ms(d.get(k)).removesuffix(" ms") for k in keys)
-
-        req = s.get("requests") or {}
-        errs = {k: v for k, v in (s.get("errors_by_kind") or {}).items() if v}
+    for role, s in (("reference", sc.reference), ("candidate", sc.candidate)):
+        req = s.requests
+        errs = {k: v for k, v in s.errors_by_kind.items() if v}
         rows.append(
             {
                 "role": role,
-                "requests": f"{req.get('ok', '–')} / {req.get('sent', '–')}",
-                "ttft": q("ttft_ms", ("p50", "p90", "p99")),
-                "itl": q("itl_ms", ("p50", "p90", "p99")),
-                "e2e": q("e2e_ms", ("p50", "p99")),
-                "tokens": _num((s.get("throughput") or {}).get("output_tokens_per_s"), 1),
+                "requests": f"{req.ok} / {req.sent}" if req is not None else "– / –",
+                "ttft": _quantiles(s.ttft_ms, ("p50", "p90", "p99")),
+                "itl": _quantiles(s.itl_ms, ("p50", "p90", "p99")),
+                "e2e": _quantiles(s.e2e_ms, ("p50", "p99")),
+                "tokens": _num(s.throughput.output_tokens_per_s if s.throughput else None, 1),
                 "errors": ", ".join(f"{k} {v}" for k, v in errs.items()) or "none",
                 # absent from documents of gates before loadgen counted them
-                "resent": str(req["resent"]) if isinstance(req.get("resent"), int) else "–",
+                "resent": str(req.resent) if req is not None and req.resent is not None else "–",
             }
         )
     return rows
 
 
+def _plan_note(doc: VerdictDocument, name: str) -> str | None:
+    """What the plan could detect: its note, written before the load."""
+    return next(
+        (
+            n.removeprefix(f"{name}: ")
+            for n in doc.notes
+            if n.startswith(f"{name}: ") and "planned requests per engine" in n
+        ),
+        None,
+    )
+
+
 def _scenarios(
-    doc: Mapping[str, Any], columns: Mapping[str, Mapping[str, Columns]], warmup: int
+    doc: VerdictDocument, columns: Mapping[str, Mapping[str, Columns]], warmup: int
 ) -> list[dict[str, Any]]:
     out = []
-    for i, sc in enumerate(doc.get("scenarios") or []):
-        if not isinstance(sc, Mapping):
-            continue
-        name = str(sc.get("name", f"scenario {i + 1}"))
+    for i, sc in enumerate(doc.scenarios or []):
+        name = sc.name
         phases = _phases_of(sc)
         cols = columns.get(name)
         slos = _slos(sc)
-        charts = (
-            scenario_charts(name, cols, warmup, phases, slos, sc.get("duration_s")) if cols else {}
-        )
-        early = sc.get("early_stop") if isinstance(sc.get("early_stop"), Mapping) else None
-        # The plan line: what the plan could detect (its note, written before the load) and
-        # what the verdict cost, in requests per engine.
-        plan_note = next(
-            (
-                str(n).removeprefix(f"{name}: ")
-                for n in doc.get("notes") or []
-                if str(n).startswith(f"{name}: ") and "planned requests per engine" in str(n)
-            ),
-            None,
-        )
-        judged = early.get("requests") if early else _judged(sc, warmup)
+        charts = scenario_charts(name, cols, warmup, phases, slos, sc.duration_s) if cols else {}
+        early = sc.early_stop
+        # The plan line: what the plan could detect and what the verdict cost, in requests
+        # per engine.
+        judged = early.requests if early else _judged(sc, warmup)
         rows = _summary_rows(sc)
         out.append(
             {
                 "name": name,
                 "anchor": f"scenario-{i + 1}",
-                "early_stop": str(early.get("message") or early.get("reason") or "")
-                if early
-                else None,
-                "stop_label": "ended"
-                if early and early.get("reason") == "planned"
-                else "stopped early",
-                "planned": sc.get("planned_requests"),
-                "plan_note": plan_note,
+                "early_stop": (early.message or early.reason) if early else None,
+                "stop_label": "ended" if early and early.reason == "planned" else "stopped early",
+                "planned": sc.planned_requests,
+                "plan_note": _plan_note(doc, name),
                 "judged": judged,
-                "looks": sc.get("looks"),
-                "duration": _seconds(sc.get("duration_s")),
-                "aborted": bool(sc.get("aborted")),
+                "looks": sc.looks,
+                "duration": _seconds(sc.duration_s),
+                "aborted": sc.aborted,
                 "phases": phases,
                 "rows": rows,
                 "resent_note": _resent_note(rows),
@@ -527,90 +512,79 @@ def _resent_note(rows: Sequence[Mapping[str, str]]) -> str | None:
     )
 
 
-def _judged(sc: Mapping[str, Any], warmup: int) -> int | None:
+def _judged(sc: ScenarioDoc, warmup: int) -> int | None:
     """Requests per engine the scenario's verdict rests on: what both sent, less the warm-up."""
-    sent = []
-    for role in ROLES:
-        side = sc.get(role)
-        req = side.get("requests") if isinstance(side, Mapping) else None
-        if isinstance(req, Mapping) and isinstance(req.get("sent"), int):
-            sent.append(int(req["sent"]))
-    return max(min(sent) - warmup, 0) if len(sent) == len(ROLES) else None
+    ref, cand = sc.reference.requests, sc.candidate.requests
+    if ref is None or cand is None:
+        return None
+    return max(min(ref.sent, cand.sent) - warmup, 0)
 
 
-def _engines(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    engines = doc.get("engines") or {}
-    for role in [r for r in ROLES if r in engines] + [r for r in engines if r not in ROLES]:
-        e = engines[role] or {}
-        p = e.get("placement") or {}
-        crash = e.get("crash") if isinstance(e.get("crash"), Mapping) else None
-        out.append(
-            {
-                "role": role,
-                "kind": e.get("kind", "–"),
-                "url": e.get("url") or "–",
-                "placement": (
-                    f"{p.get('node', '?')} · {p.get('sku', '?')} · GPU "
-                    + ",".join(str(g) for g in p.get("gpus") or [])
-                )
-                if p
-                else None,
-                "ready": _s(e.get("ready_s"))
-                if e.get("ready_s") is not None
-                else "attached (not launched)"
-                if e.get("kind") == "endpoint"
-                else "never ready",
-                "crash": crash,
-                "log_tail": [str(x) for x in e.get("log_tail") or []],
-                "log": e.get("log"),
-                "capabilities": _capabilities(e.get("capabilities")),
-                "groups": _engine_groups(e),
-            }
-        )
-    return out
+def _roles(engines: Mapping[Role, EngineDoc]) -> list[Role]:
+    return [r for r in ROLES if r in engines] + [r for r in engines if r not in ROLES]
 
 
-def _engine_groups(e: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _placement(p: PlacementDoc | None) -> str | None:
+    if p is None:
+        return None
+    sku = p.sku if p.sku is not None else "?"  # absent from hand-made documents
+    return f"{p.node} · {sku} · GPU " + ",".join(str(g) for g in p.gpus)
+
+
+def _ready(e: EngineDoc) -> str:
+    if e.ready_s is not None:
+        return _s(e.ready_s)
+    return "attached (not launched)" if e.kind == "endpoint" else "never ready"
+
+
+def _engines(doc: VerdictDocument) -> list[dict[str, Any]]:
+    engines = doc.engines or {}
+    return [
+        {
+            "role": role,
+            "kind": e.kind,
+            "url": e.url or "–",
+            "placement": _placement(e.placement),
+            "ready": _ready(e),
+            "crash": e.crash,
+            "log_tail": list(e.log_tail),
+            "log": e.log,
+            "capabilities": _capabilities(e.capabilities),
+            "groups": _engine_groups(e),
+        }
+        for role in _roles(engines)
+        for e in (engines[role],)
+    ]
+
+
+def _engine_groups(e: EngineDoc) -> list[dict[str, Any]]:
     """An engine of several worker groups: each group's placement and lifecycle, the router's."""
-    placed = {
-        str(g.get("role")): g
-        for g in (e.get("placement") or {}).get("groups") or []
-        if isinstance(g, Mapping)
-    }
+    placed = {g.role: g for g in (e.placement.groups if e.placement else None) or []}
     out = []
-    for g in e.get("groups") or []:
-        if not isinstance(g, Mapping):
-            continue
-        role = str(g.get("role"))
-        where = placed.get(role) or {}
+    for g in e.groups or []:
+        where = placed.get(g.role)
         nodes = " + ".join(
-            f"{n.get('node', '?')} GPU " + ",".join(str(x) for x in n.get("gpus") or [])
-            for n in where.get("nodes") or []
-            if isinstance(n, Mapping)
+            f"{n.node} GPU " + ",".join(str(x) for x in n.gpus)
+            for n in (where.nodes if where is not None else [])
         )
-        phases = g.get("phases") or {}
         state = (
             "crashed"
-            if g.get("crashed")
-            else f"ready at {_s(phases['model_listed'])}"
-            if "model_listed" in phases
+            if g.crashed
+            else f"ready at {_s(g.phases['model_listed'])}"
+            if "model_listed" in g.phases
             else "never ready"
         )
-        out.append({"role": role, "where": nodes or "no GPUs", "state": state, "pid": g.get("pid")})
+        out.append({"role": g.role, "where": nodes or "no GPUs", "state": state, "pid": g.pid})
     return out
 
 
-def _lifecycles(engines: Mapping[str, Any]) -> dict[str, Mapping[str, float]]:
+def _lifecycles(engines: Mapping[Role, EngineDoc]) -> dict[str, Mapping[str, float]]:
     """The timeline's rows: each engine, then each of its groups (`candidate decode`)."""
     out: dict[str, Mapping[str, float]] = {}
     for role, e in engines.items():
-        if not isinstance(e, Mapping):
-            continue
-        out[role] = {k: v for k, v in (e.get("phases") or {}).items() if "." not in k}
-        for g in e.get("groups") or []:
-            if isinstance(g, Mapping):
-                out[f"{role} {g.get('role')}"] = g.get("phases") or {}
+        out[role] = {k: v for k, v in e.phases.items() if "." not in k}
+        for g in e.groups or []:
+            out[f"{role} {g.role}"] = g.phases
     return out
 
 
@@ -625,44 +599,26 @@ _CAPABILITY_WORDS = (
 )
 
 
-def _capabilities(caps: Any) -> list[tuple[str, bool]] | None:
+def _capabilities(caps: CapabilitiesDoc | None) -> list[tuple[str, bool]] | None:
     """(feature, supported) as the engine answered at readiness; None when not learned."""
-    if not isinstance(caps, Mapping):
+    if caps is None:
         return None
     out = []
     for key, words in _CAPABILITY_WORDS:
-        if key == "logprobs" and isinstance(caps.get("top_logprobs_max"), int):
-            words = f"logprobs (top {caps['top_logprobs_max']})"
-        out.append((words, bool(caps.get(key))))
+        if key == "logprobs" and caps.top_logprobs_max is not None:
+            words = f"logprobs (top {caps.top_logprobs_max})"
+        out.append((words, bool(getattr(caps, key))))
     return out
 
 
-def _tokens(v: Any) -> list[str]:
-    if isinstance(v, str):
-        return [v]
-    if isinstance(v, Sequence):
-        return [str(t) for t in v]
-    return []
-
-
-def _divergences(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Divergence examples (top level, or per scenario), each with a token window around the
-    first divergence; the index is computed when the document does not give it."""
-    found: list[tuple[str | None, Mapping[str, Any]]] = [
-        (None, ex) for ex in doc.get("divergence_examples") or [] if isinstance(ex, Mapping)
-    ]
-    for sc in doc.get("scenarios") or []:
-        if isinstance(sc, Mapping):
-            found += [
-                (str(sc.get("name")), ex)
-                for ex in sc.get("divergence_examples") or []
-                if isinstance(ex, Mapping)
-            ]
+def _divergences(doc: VerdictDocument) -> list[dict[str, Any]]:
+    """Divergence examples, each with a token window around the first divergence; the index
+    is computed when the document does not give it."""
     out = []
-    for scenario, ex in found:
-        ref, cand = _tokens(ex.get("reference_tokens")), _tokens(ex.get("candidate_tokens"))
-        index = ex.get("index")
-        if not isinstance(index, int) or index < 0:
+    for ex in doc.divergence_examples or []:
+        ref, cand = ex.reference_tokens, ex.candidate_tokens
+        index = ex.index
+        if index is None or index < 0:
             index = next(
                 (i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b),
                 min(len(ref), len(cand)),
@@ -675,99 +631,86 @@ def _divergences(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 for i, t in enumerate(tokens[start : index + 12], start=start)
             ]
 
-        margin = ex.get("margin")
-        prompt = ex.get("prompt")
-        if isinstance(prompt, list):  # chat messages
-            prompt = "\n".join(
-                f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, Mapping) else str(m)
-                for m in prompt
-            )
         out.append(
             {
-                "scenario": scenario or ex.get("scenario"),
-                "prompt": "" if prompt is None else str(prompt),
+                "scenario": ex.scenario,
+                "prompt": ex.prompt,
                 "index": index,
-                "margin": f"{margin:.4g}" if isinstance(margin, int | float) else None,
+                "margin": f"{ex.margin:.4g}" if ex.margin is not None else None,
                 "skipped": start,
                 "reference": window(ref),
                 "candidate": window(cand),
                 "more": max(len(ref), len(cand)) > index + 12,
-                "outside_top_k": bool(ex.get("outside_top_k")),
+                "outside_top_k": bool(ex.outside_top_k),
             }
         )
     return out
 
 
-def _correctness(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for run in doc.get("correctness") or []:
-        if not isinstance(run, Mapping):
-            continue
-        answered: Mapping[str, Any] = run.get("answered") or {}
-        if not isinstance(answered, Mapping):
-            answered = {}
-        out.append(
-            {
-                "name": str(run.get("name", "")),
-                "probes": run.get("probes"),
-                "answered": ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in answered.items()),
-                "exact": run.get("exact_matches"),
-                "envelope": run.get("envelope_exact_matches"),
-                "teacher": run.get("teacher_forced"),
-                "failures": [
-                    (str(f.get("engine", "")), str(f.get("message", "")))
-                    for f in run.get("failures") or []
-                    if isinstance(f, Mapping)
-                ],
-                "probes_detail": [
-                    p for p in run.get("probe_divergence") or [] if isinstance(p, Mapping)
-                ],
-                "delta_chart": _delta_chart(run.get("abs_delta_logprob")),
-            }
-        )
-    return out
+def _answered(a: Answered) -> str:
+    """Each count the document gives: the reference's, the candidate's, the reference's
+    under load (absent from documents of older gates)."""
+    counts = [(name, getattr(a, name)) for name in type(a).model_fields]
+    return ", ".join(
+        f"{name.replace('_', ' ')} {v}" for name, v in counts if name in a.model_fields_set
+    )
 
 
-def _mirrored(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _correctness(doc: VerdictDocument) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": run.name,
+            "probes": run.probes,
+            "answered": _answered(run.answered),
+            "exact": run.exact_matches,
+            "envelope": run.envelope_exact_matches,
+            "teacher": run.teacher_forced,
+            "failures": [(f.engine, f.message) for f in run.failures],
+            "probes_detail": run.probe_divergence,
+            "delta_chart": _delta_chart(run.abs_delta_logprob),
+        }
+        for run in doc.correctness or []
+    ]
+
+
+def _median_bin(hist: Sequence[int]) -> int | None:
+    n, seen = sum(hist), 0
+    for i, count in enumerate(hist):
+        seen += count
+        if n and 2 * seen >= n:
+            return i
+    return None
+
+
+def _mirrored(doc: VerdictDocument) -> list[dict[str, Any]]:
     """Each load scenario's mirrored outputs, as compared (temperature 0 only)."""
-    out = []
-    for sc in doc.get("scenarios") or []:
-        o = sc.get("outputs") if isinstance(sc, Mapping) else None
-        if not isinstance(o, Mapping):
-            continue
-        hist = [int(x) for x in o.get("histogram") or []]
-        n, seen, median = sum(hist), 0, None
-        for i, count in enumerate(hist):
-            seen += count
-            if n and 2 * seen >= n:
-                median = i
-                break
-        out.append(
-            {
-                "scenario": str(sc.get("name", "")),
-                "compared": o.get("compared"),
-                "exact": o.get("exact"),
-                "early": o.get("early"),
-                "early_tokens": o.get("early_tokens"),
-                "median": median,
-                "basis": "token ids" if o.get("basis") == "token_ids" else "text",
-                "examples": [e for e in o.get("examples") or [] if isinstance(e, Mapping)],
-            }
-        )
-    return out
+    return [
+        {
+            "scenario": sc.name,
+            "compared": o.compared,
+            "exact": o.exact,
+            "early": o.early,
+            "early_tokens": o.early_tokens,
+            "median": _median_bin(o.histogram),
+            "basis": "token ids" if o.basis == "token_ids" else "text",
+            "examples": o.examples,
+        }
+        for sc in doc.scenarios or []
+        if (o := sc.outputs) is not None
+    ]
 
 
-def _delta_chart(delta: Any) -> Markup | None:
+def _delta_chart(delta: AbsDeltaDoc | None) -> Markup | None:
     """Teacher-forced |delta logprob| per position, the candidate's against the reference's
     own, with the floor and the envelope's reach marked."""
-    if not isinstance(delta, Mapping):
+    if delta is None:
         return None
-    cand = np.asarray(delta.get("candidate") or [], dtype=np.float64)
-    env = np.asarray(delta.get("envelope") or [], dtype=np.float64)
+    cand = np.asarray(delta.candidate, dtype=np.float64)
+    env = np.asarray(delta.envelope, dtype=np.float64)
     if not cand.size and not env.size:
         return None
-    floor = float(delta.get("floor_nat") or 0.0)
-    scale = 1.0 + float(delta.get("envelope_tolerance") or 0.0)
+    floor = float(delta.floor_nat or 0.0)
+    scale = 1.0 + float(delta.envelope_tolerance or 0.0)
     marks = [(f"floor {floor:g}", floor)]
     if env.size and float(np.max(env)) > 0:
         reach = scale * float(np.quantile(env, 0.99)) + floor
@@ -785,29 +728,22 @@ def _delta_chart(delta: Any) -> Markup | None:
     )
 
 
-def _probes(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _probes(doc: VerdictDocument) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for p in doc.get("probes") or []:
-        if not isinstance(p, Mapping):
-            continue
-        ref, cand = p.get("reference") or {}, p.get("candidate") or {}
-        if ref.get("ok") and not cand.get("ok"):
+    for p in doc.probes or []:
+        ref, cand = p.reference, p.candidate
+        if ref.ok and not cand.ok:
             outcome = "fail"
-        elif not ref.get("ok"):
+        elif not ref.ok:
             outcome = "not judged"
         else:
             outcome = "pass"
         out.append(
             {
-                "name": str(p.get("name", "")),
+                "name": p.name,
                 "outcome": outcome,
                 "sides": [
-                    (
-                        role,
-                        side.get("status"),
-                        bool(side.get("ok")),
-                        [str(x) for x in side.get("problems") or []],
-                    )
+                    (role, side.status, side.ok, list(side.problems))
                     for role, side in (("reference", ref), ("candidate", cand))
                 ],
             }
@@ -823,47 +759,47 @@ def report_context(
     warmup: int = 0,
     links: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the report template shows, computed once, from the document's JSON form
-    (what the file beside the report and the API hold, so the page shows what they say)."""
-    doc = document.to_json()
-    checks = [c for c in doc.get("checks") or [] if isinstance(c, Mapping)]
-    counts = {
-        d: sum(1 for c in checks if c.get("decision") == d) for d in ("fail", "undecided", "pass")
-    }
+    """Everything the report template shows, computed once, from the typed document (the
+    inline JSON is its JSON form: what the file beside the report and the API hold)."""
+    checks = document.checks
+    counts = _count(checks)
     summary = summary_of(document)
-    engines = doc.get("engines") or {}
-    phases = _lifecycles(engines)
+    phases = _lifecycles(document.engines or {})
     if links is None:
         # The file report: the verdict document is written beside it.
-        beside = doc.get("document")
-        links = [("verdict document (JSON)", os.path.basename(str(beside)))] if beside else []
-    err = doc.get("error") if isinstance(doc.get("error"), Mapping) else None
+        beside = document.document
+        links = [("verdict document (JSON)", os.path.basename(beside))] if beside else []
+    duration = document.duration_s
     return {
-        "doc": doc,
-        "verdict": str(doc.get("verdict") or "hold"),
+        "doc": document,
+        # a document that does not say how long the gate took reads "–"; a null is not shown
+        "took": _seconds(duration)
+        if duration is not None or "duration_s" not in document.model_fields_set
+        else None,
+        "verdict": document.verdict,
         "banner": summary.banner,
         "with_warnings": summary.with_warnings if summary.verdict == "continue" else "",
         "summary_line": summary.line(),
-        "headline": _headline(doc, counts, summary),
+        "headline": _headline(document, counts, summary),
         "warnings": list(summary.warnings),
         "not_shown": list(summary.not_shown),
         "counts": counts,
-        "error": err,
-        "reasons": [r for r in doc.get("reasons") or [] if isinstance(r, Mapping)],
-        "notes": [str(n) for n in doc.get("notes") or []],
+        "error": document.error,
+        "reasons": document.reasons,
+        "notes": document.notes,
         "groups": _groups(checks),
-        "check_ids": {str(c.get("id")) for c in checks},
-        "scenarios": _scenarios(doc, columns, warmup),
+        "check_ids": {c.id for c in checks},
+        "scenarios": _scenarios(document, columns, warmup),
         "timeline": Markup(timeline_chart(phases, "Engine lifecycle: launch to ready"))
         if any(phases.values())
         else None,
-        "engines": _engines(doc),
-        "divergences": _divergences(doc),
-        "correctness": _correctness(doc),
-        "mirrored": _mirrored(doc),
-        "probes": _probes(doc),
+        "engines": _engines(document),
+        "divergences": _divergences(document),
+        "correctness": _correctness(document),
+        "mirrored": _mirrored(document),
+        "probes": _probes(document),
         "links": list(links),
-        "doc_json": json.dumps(doc, indent=2, allow_nan=False, default=str),
+        "doc_json": json.dumps(document.to_json(), indent=2, allow_nan=False, default=str),
     }
 
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from gate.core.errors import EngineError, GateError
 from gate.core.limits import scenario_deadline_s
 from gate.core.vocabulary import ROLES, Role
-from gate.engines.describe import placement_doc, timing_doc, unlaunched_doc
+from gate.engines.describe import placement_doc, ready_s, unlaunched_doc
 from gate.engines.groups import ROUTER, GroupedEngine, WorkerSpec
 from gate.engines.launchers import TERM_GRACE_S, EndpointEngine, Engine, ProcessEngine
 from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import Placement
 from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
+from gate.runs.inputs import EngineEvidence
 from gate.runs.schedules import LazyRequests
 from gate.spec import EngineSpec, Runtime
 from gate.verdict.document import CapabilitiesDoc, EngineDoc
@@ -241,14 +242,19 @@ class Engines:
     def _crash(self, role: Role) -> CrashInfo | None:
         return next((c for c in self.crashes if c.role == role), None)
 
-    def timings(self) -> dict[Role, EngineDoc]:
-        """The engines as the judge reads them: exact phases, ready times and crashes."""
-        return {
-            role: timing_doc(eng, self.ctx.spec.engine(role).runtime, self._crash(role)).model_copy(
-                update={"capabilities": self.capabilities_doc(role)}
+    def evidence(self) -> dict[Role, EngineEvidence]:
+        """The engines as the judge reads them: exact phases and ready times (not rounded for
+        people), crashes and capabilities, straight from the engines."""
+        out = {}
+        for role, eng in self.built.items():
+            caps = self.capabilities.get(role)
+            out[role] = EngineEvidence(
+                phases=dict(eng.phases.reached),
+                ready_s=ready_s(eng),
+                crash=self._crash(role),
+                capabilities=caps.to_dict() if caps is not None else None,
             )
-            for role, eng in self.built.items()
-        }
+        return out
 
     def describe(self) -> dict[Role, EngineDoc]:
         """Both engines for the verdict document, built or not."""

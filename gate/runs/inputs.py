@@ -1,14 +1,19 @@
 """The judge's inputs, built one way for the live run and for re-judge: each load scenario's
 per-request columns (cut to the prefix its last look saw, after the warm-up), its load phases,
-the engines' facts and the compatibility probes, all read from what the verdict document and
-the stored columns hold. A re-judge therefore sees exactly what the live judge saw."""
+the engines' facts and the compatibility probes.
+
+The live run hands its evidence on as it is: the engines' phases, ready times, crashes and
+capabilities (`EngineEvidence`, from the engines themselves, not through document types).
+Re-judge reads the same evidence back from the stored verdict document and columns only
+(`EngineEvidence.stored`, `RanScenario.stored`, `probe_pairs`), so it sees what the live judge
+saw."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
@@ -23,7 +28,7 @@ from gate.core.vocabulary import ROLES, Role
 from gate.runs.load_phases import load_phases
 from gate.runs.mirrored_outputs import outputs_from_doc
 from gate.spec import ScenarioSpec
-from gate.verdict.document import CrashDoc, EngineDoc, ProbeDoc, ScenarioDoc
+from gate.verdict.document import EngineDoc, ProbeDoc, ScenarioDoc
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,50 @@ class RanScenario:
         return cls(name, columns, upto, marks, outputs)
 
 
+class CrashSeen(Protocol):
+    """A crash as the judge words it: the live engine's (CrashInfo) or the document's."""
+
+    @property
+    def at_s(self) -> float: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def log_tail(self) -> Sequence[str]: ...
+
+
+class EngineSeen(Protocol):
+    """What the judge compares of an engine: its phases, its ready time and a crash."""
+
+    @property
+    def phases(self) -> Mapping[str, float]: ...
+    @property
+    def ready_s(self) -> float | None: ...
+    @property
+    def crash(self) -> CrashSeen | None: ...
+
+
+@dataclass(frozen=True)
+class EngineEvidence:
+    """One engine as the judge reads it: startup phases (seconds into the gate), launch to
+    ready (None: attached, or never ready), a crash, and what it answered it supports at
+    readiness (None: not learned)."""
+
+    phases: Mapping[str, float]
+    ready_s: float | None
+    crash: CrashSeen | None = None
+    capabilities: Mapping[str, Any] | None = None
+
+    @classmethod
+    def stored(cls, doc: EngineDoc) -> EngineEvidence:
+        """The engine as the stored verdict document describes it."""
+        caps = doc.capabilities.model_dump() if doc.capabilities is not None else None
+        return cls(doc.phases, doc.ready_s, doc.crash, caps)
+
+
+def stored_engines(engines: Mapping[Role, EngineDoc] | None) -> dict[Role, EngineEvidence]:
+    return {role: EngineEvidence.stored(doc) for role, doc in (engines or {}).items()}
+
+
 @dataclass(frozen=True)
 class JudgeInputs:
     scenarios: list[ScenarioSamples]
@@ -59,7 +108,7 @@ class JudgeInputs:
     facts: list[EngineFacts]
     probes: list[ProbePair]
     outputs: list[MirroredOutputs]
-    capabilities: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None)
     steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
 
 
@@ -92,13 +141,13 @@ def phase_durations(
     return {**gaps(common), **own}
 
 
-def crash_detail(crash: CrashDoc) -> str:
+def crash_detail(crash: CrashSeen) -> str:
     tail = " | ".join(line for line in crash.log_tail[-3:] if line.strip())
     out = f"{crash.description} at {crash.at_s:.1f}s into the gate"
     return f"{out}; last log lines: {tail}" if tail else out
 
 
-def engine_facts(engines: Mapping[Role, EngineDoc] | None) -> list[EngineFacts]:
+def engine_facts(engines: Mapping[Role, EngineSeen] | None) -> list[EngineFacts]:
     """What the judge compares of the engines: ready time, startup phases, crashes."""
     facts = []
     docs = [d for d in (engines or {}).values() if d is not None]
@@ -138,7 +187,7 @@ def probe_pairs(probes: Sequence[ProbeDoc] | None) -> list[ProbePair]:
 def judge_inputs(
     scenarios: Mapping[str, ScenarioSpec],
     ran: Iterable[RanScenario],
-    engines: Mapping[Role, EngineDoc] | None,
+    engines: Mapping[Role, EngineEvidence],
     probes: Sequence[ProbeDoc] | None,
     warmup: int,
 ) -> JudgeInputs:
@@ -174,14 +223,13 @@ def judge_inputs(
 
 
 def engine_capabilities(
-    engines: Mapping[Role, EngineDoc] | None,
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(reference, candidate) capabilities as the document lists them (None: not learned)."""
+    engines: Mapping[Role, EngineEvidence],
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(reference, candidate) capabilities (None: not learned)."""
 
-    def of(role: Role) -> dict[str, Any] | None:
-        eng = (engines or {}).get(role)
-        caps = eng.capabilities if eng is not None else None
-        return caps.model_dump() if caps is not None else None
+    def of(role: Role) -> Mapping[str, Any] | None:
+        eng = engines.get(role)
+        return eng.capabilities if eng is not None else None
 
     return of("reference"), of("candidate")
 

@@ -257,7 +257,7 @@ class GateRunner:
         found = inputs.judge_inputs(
             {sc.name: sc for sc in self.spec.stages},
             ran,
-            seen.engines.timings(),
+            seen.engines.evidence(),
             seen.probes,
             self.spec.policy.warmup_requests,
         )

@@ -23,7 +23,7 @@ from gate.runs.engine_pair import Engines
 from gate.runs.mirrored_outputs import mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
 from gate.spec import ScenarioSpec
-from gate.verdict.document import PhaseMark, ScenarioDoc
+from gate.verdict.document import PhaseMark, RunSummaryDoc, ScenarioDoc
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 from loadgen.runner import PairedResult, Pause, run_paired
@@ -52,8 +52,8 @@ class ScenarioResult:
             duration_s=round(self.duration_s, 3),
             aborted=self.aborted,
             phases=[PhaseMark(name=n, start_s=round(s, 3)) for n, s in self.phases],
-            reference=dict(self.summaries["reference"]),
-            candidate=dict(self.summaries["candidate"]),
+            reference=RunSummaryDoc.model_validate(self.summaries["reference"]),
+            candidate=RunSummaryDoc.model_validate(self.summaries["candidate"]),
             planned_requests=self.planned,
             looks=self.looks,
             early_stop=early.describe() if early else None,

@@ -20,7 +20,7 @@ from gate.analysis.policy import Policy
 from gate.analysis.types import Verdict
 from gate.core.errors import GateConflict
 from gate.core.vocabulary import FINISHED
-from gate.runs.inputs import RanScenario, judge_gate, judge_inputs
+from gate.runs.inputs import RanScenario, judge_gate, judge_inputs, stored_engines
 from gate.service import service
 from gate.spec import parse_spec
 from gate.verdict.document import VerdictDocument
@@ -49,7 +49,7 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
     found = judge_inputs(
         {sc.name: sc for sc in spec.scenarios},
         ran,
-        doc.engines,
+        stored_engines(doc.engines),
         doc.probes,
         policy.warmup_requests,
     )

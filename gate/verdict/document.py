@@ -260,6 +260,60 @@ class OutputsDoc(_Doc):
     )
 
 
+class DistributionDoc(_Doc):
+    """Mean and p50/p90/p99 of a per-request measure, in ms; all null without samples."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+class RequestCountsDoc(_Doc):
+    sent: int
+    ok: int
+    errors: int
+    resent: int | None = Field(
+        None,
+        description=(
+            "requests sent once more on a fresh connection after the engine closed a "
+            "kept-alive one under them, never errors (absent from documents of older gates)"
+        ),
+    )
+
+
+class ThroughputDoc(_Doc):
+    requests_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+
+
+class GoodputDoc(_Doc):
+    """Requests that met every SLO: count, share of requests sent, and rate."""
+
+    slos: dict[str, float]
+    requests: int
+    fraction: float | None = None
+    requests_per_s: float | None = None
+
+
+class RunSummaryDoc(_Doc):
+    """What one engine served in a load scenario (loadgen.metrics.summarize): requests,
+    errors by kind, latency quantiles, output tokens, throughput and, with SLOs, goodput.
+    A stored document may lack the fields its gate's version did not write."""
+
+    requests: RequestCountsDoc | None = None
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    ttft_ms: DistributionDoc | None = None
+    itl_ms: DistributionDoc | None = None
+    tpot_ms: DistributionDoc | None = None
+    e2e_ms: DistributionDoc | None = None
+    dispatch_delay_ms: DistributionDoc | None = None
+    output_tokens: int | None = None
+    duration_s: float | None = None
+    throughput: ThroughputDoc | None = None
+    goodput: GoodputDoc | None = None
+
+
 class ScenarioDoc(_Doc):
     """A load scenario: what each engine served (loadgen.metrics.summarize) and how it ended."""
 
@@ -267,14 +321,8 @@ class ScenarioDoc(_Doc):
     duration_s: float
     aborted: bool = False
     phases: list[PhaseMark] = Field(default_factory=list)
-    reference: dict[str, Any] = Field(
-        description=(
-            "the reference's run summary; `requests` is {sent, ok, errors, resent}, resent: "
-            "requests sent once more on a fresh connection after the engine closed a "
-            "kept-alive one under them, never errors (absent from documents of older gates)"
-        )
-    )
-    candidate: dict[str, Any] = Field(description="the candidate's run summary, as reference's")
+    reference: RunSummaryDoc = Field(description="the reference's run summary")
+    candidate: RunSummaryDoc = Field(description="the candidate's run summary, as reference's")
     planned_requests: int | None = None
     looks: int = 0
     early_stop: EarlyStopDoc | None = None
