@@ -188,18 +188,7 @@ def scenario_charts(
     cols = {role: drop_warmup(c, warmup) for role, c in columns.items()}
     ttft = {role: c.ttft_ms() for role, c in cols.items()}
     itl = {role: c.itl_ms() for role, c in cols.items()}
-    ttft_time, itl_time = {}, {}
-    for role, c in cols.items():
-        ok = c.ok & (c.first_token_ns >= 0)
-        ttft_time[role] = (
-            (c.sent_ns[ok] / 1e9).astype(np.float64),
-            ((c.first_token_ns[ok] - c.sent_ns[ok]) / 1e6).astype(np.float64),
-        )
-        has = c.ok & ~np.isnan(c.itl_mean_ns)
-        itl_time[role] = (
-            (c.sent_ns[has] / 1e9).astype(np.float64),
-            (c.itl_mean_ns[has] / 1e6).astype(np.float64),
-        )
+    ttft_time, itl_time = _latency_over_time(cols)
     # Throughput, goodput and errors describe everything that was sent, warm-up included.
     end_s = max(
         [duration_s or 0.0]
@@ -207,33 +196,7 @@ def scenario_charts(
         + [float(c.sent_ns.max()) / 1e9 for c in columns.values() if len(c)]
     )
     width = _bucket_width(end_s or 1.0)
-    lines: list[Line] = []
-    first = next(iter(columns.values()), None)
-    if first is not None and len(first):
-        x, y = _rate((first.sent_ns / 1e9).astype(np.float64), width, end_s)
-        lines.append(Line("sent (each engine)", "#8c959f", x, y, dash=True, width=1.6))
-    for role, c in columns.items():
-        color = COLORS.get(role, MUTED)
-        done = c.end_ns >= 0
-        if slos:
-            at = (c.end_ns[c.ok & done] / 1e9).astype(np.float64)
-            lines.append(Line(f"{role} throughput", color, *_rate(at, width, end_s), width=1.4))
-        good = _good(c, slos) & done
-        at = (c.end_ns[good] / 1e9).astype(np.float64)
-        lines.append(Line(f"{role} goodput", color, *_rate(at, width, end_s), dash=bool(slos)))
-    good_desc = (
-        goodput_note(slos)
-        + ": "
-        + "; ".join(
-            f"{role}: {int((_good(c, slos) & (c.end_ns >= 0)).sum())} good of {len(c)} sent"
-            for role, c in columns.items()
-        )
-    )
-    errors = {}
-    for role, c in columns.items():
-        bad = c.error >= 0
-        kinds = [ERROR_KINDS[int(k)] if 0 <= k < len(ERROR_KINDS) else "?" for k in c.error[bad]]
-        errors[role] = ((c.sent_ns[bad] / 1e9).astype(np.float64), kinds)
+    lines, good_desc = _throughput_lines(columns, slos, width, end_s)
     return {
         "ttft_cdf": Markup(cdf_chart(ttft, f"{name}: time to first token (CDF)", "ms")),
         "itl_cdf": Markup(
@@ -264,8 +227,70 @@ def scenario_charts(
                 desc=good_desc,
             )
         ),
-        "errors": Markup(error_timeline(errors, end_s, f"{name}: failed requests", phases)),
+        "errors": Markup(
+            error_timeline(_errors_over_time(columns), end_s, f"{name}: failed requests", phases)
+        ),
     }
+
+
+Series = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def _latency_over_time(cols: Mapping[str, Columns]) -> tuple[Series, Series]:
+    """Per engine, (send time in s, TTFT in ms) and (send time, mean ITL in ms)."""
+    ttft_time: Series = {}
+    itl_time: Series = {}
+    for role, c in cols.items():
+        ok = c.ok & (c.first_token_ns >= 0)
+        ttft_time[role] = (
+            (c.sent_ns[ok] / 1e9).astype(np.float64),
+            ((c.first_token_ns[ok] - c.sent_ns[ok]) / 1e6).astype(np.float64),
+        )
+        has = c.ok & ~np.isnan(c.itl_mean_ns)
+        itl_time[role] = (
+            (c.sent_ns[has] / 1e9).astype(np.float64),
+            (c.itl_mean_ns[has] / 1e6).astype(np.float64),
+        )
+    return ttft_time, itl_time
+
+
+def _throughput_lines(
+    columns: Mapping[str, Columns], slos: Mapping[str, float], width: float, end_s: float
+) -> tuple[list[Line], str]:
+    """The sent rate, each engine's throughput (with SLOs) and goodput, and their summary."""
+    lines: list[Line] = []
+    first = next(iter(columns.values()), None)
+    if first is not None and len(first):
+        x, y = _rate((first.sent_ns / 1e9).astype(np.float64), width, end_s)
+        lines.append(Line("sent (each engine)", "#8c959f", x, y, dash=True, width=1.6))
+    for role, c in columns.items():
+        color = COLORS.get(role, MUTED)
+        done = c.end_ns >= 0
+        if slos:
+            at = (c.end_ns[c.ok & done] / 1e9).astype(np.float64)
+            lines.append(Line(f"{role} throughput", color, *_rate(at, width, end_s), width=1.4))
+        good = _good(c, slos) & done
+        at = (c.end_ns[good] / 1e9).astype(np.float64)
+        lines.append(Line(f"{role} goodput", color, *_rate(at, width, end_s), dash=bool(slos)))
+    good_desc = (
+        goodput_note(slos)
+        + ": "
+        + "; ".join(
+            f"{role}: {int((_good(c, slos) & (c.end_ns >= 0)).sum())} good of {len(c)} sent"
+            for role, c in columns.items()
+        )
+    )
+    return lines, good_desc
+
+
+def _errors_over_time(columns: Mapping[str, Columns]) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """Per engine, the send times of its failed requests and each one's kind."""
+    errors = {}
+    for role, c in columns.items():
+        bad = c.error >= 0
+        kinds = [ERROR_KINDS[int(k)] if 0 <= k < len(ERROR_KINDS) else "?" for k in c.error[bad]]
+        errors[role] = ((c.sent_ns[bad] / 1e9).astype(np.float64), kinds)
+    return errors
 
 
 # --------------------------------------------------------------------------- view data
