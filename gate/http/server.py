@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gate.core.settings import Settings
@@ -50,6 +51,7 @@ from gate.core.settings import Settings
 log = logging.getLogger("gate.http")
 
 FD_SHARE = 2  # connections may take at most 1/FD_SHARE of the open-file limit
+REFUSED_LINGER_S = 2.0  # a refused connection reads (and drops) its request this long at most
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,27 @@ def _answer(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode() + body
 
 
+class _TimedFlow(FlowControl):
+    """uvicorn's flow control, adding up how long reading was paused (the body deadline
+    gives that time back)."""
+
+    def __init__(self, transport: asyncio.Transport, owner: GuardedH11Protocol) -> None:
+        super().__init__(transport)
+        self._owner = owner
+        self._since: float | None = None
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self._since = self._owner.loop.time()
+        super().pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused and self._since is not None:
+            self._owner._paused_s += self._owner.loop.time() - self._since
+            self._since = None
+        super().resume_reading()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadlines and caps of the module docstring. `limits`
     and the per-client counts are class attributes: `protocol_class` makes one subclass per
@@ -111,11 +134,14 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_for: str | None = None  # "head" or "body": what the deadline is for
         self._counted: str | None = None  # the client address counted for this connection
+        self._refused = False  # answered 503: what the client still sends is discarded
 
     # -- the connection caps -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._paused_s = 0.0  # reading paused this long while the body deadline ran
+        self.flow = _TimedFlow(transport, self)
         peer = self.client[0] if self.client else "unknown"
         per_client = self.limits.max_connections_per_client
         if len(self.connections) > self.limits.max_connections:
@@ -139,8 +165,16 @@ class GuardedH11Protocol(H11Protocol):
     def _refuse(self, why: str, message: str) -> None:
         self.refused[why] += 1
         log.debug("connection from %s refused: %s", self.client, why)
+        self._refused = True
         self.transport.write(_answer(503, "Service Unavailable", "too_many_connections", message))
-        self.transport.close()
+        # close() with the client's request unread in the socket sends RST, and the client
+        # reads "connection reset" instead of the 503: half-close, discard what comes, close
+        # on the client's EOF or after REFUSED_LINGER_S at most.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._deadline = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -154,14 +188,21 @@ class GuardedH11Protocol(H11Protocol):
     # -- the deadlines ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         super().data_received(data)
         self._follow()
 
+    def eof_received(self) -> None:
+        if self._refused:
+            self.transport.close()
+        super().eof_received()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._follow(between=True)
+        self._follow()
 
-    def _follow(self, between: bool = False) -> None:
+    def _follow(self) -> None:
         """Arm the deadline for what the client owes now: a head (a request begun and not
         yet parsed), a body (a head parsed, its body not all here), or nothing. Between
         requests nothing is owed until the next one's first byte (`timeout_keep_alive`
@@ -172,15 +213,22 @@ class GuardedH11Protocol(H11Protocol):
         state = self.conn.their_state
         if state is h11.SEND_BODY:
             self._arm("body")
-        elif state is h11.IDLE and not between:
-            self._arm("head")
+        elif state is h11.IDLE and (self.cycle is None or self.conn.trailing_data[0]):
+            self._arm("head")  # the first request, or bytes of the next one
         else:
             self._disarm()
+            if state is h11.IDLE and self.timeout_keep_alive_task is None:
+                # Idle after an answer whose unread body the client has just finished
+                # sending: uvicorn's data_received dropped the keep-alive timer; re-arm it.
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
 
     def _arm(self, what: str) -> None:
         if self._waiting_for == what:
             return  # counted from when it was first owed, not from the latest byte
         self._disarm()
+        self._paused_s = 0.0
         timeout = self.limits.header_timeout_s if what == "head" else self.limits.body_timeout_s
         self._waiting_for = what
         self._deadline = self.loop.call_later(timeout, self._expired, what, timeout)
@@ -195,10 +243,15 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline = None
         if self.transport.is_closing() or self._waiting_for != what:
             return
-        if what == "body" and self.flow.read_paused:
-            # The server stopped reading (the app has not read what came): not the client's
-            # time. Look again a deadline later.
-            self._deadline = self.loop.call_later(timeout, self._expired, what, timeout)
+        if what == "body" and (self.flow.read_paused or self._paused_s > 0):
+            # Time the server did not read is not the client's: give it back.
+            owed = self._paused_s if not self.flow.read_paused else timeout
+            self._paused_s = 0.0
+            self._deadline = self.loop.call_later(owed, self._expired, what, timeout)
+            return
+        if self.cycle is not None and self.cycle.response_complete:
+            # Answered already (e.g. 413 before the body): no second answer, just close.
+            self.transport.close()
             return
         self._waiting_for = None
         setting = "GATE_HEADER_TIMEOUT_S" if what == "head" else "GATE_BODY_TIMEOUT_S"

@@ -97,6 +97,60 @@ async def slow_honest(port: int) -> bytes:
     return answer
 
 
+async def answered_early(port: int) -> tuple[float, bytes]:
+    """A body over the API's limit: answered 413 at once, before the body came; the client
+    goes on trickling the body it announced. One answer, never a 408 after it (a review found
+    the body deadline writing one onto the answered connection)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.6", 0))
+    t0 = time.monotonic()
+    writer.write(
+        b"POST /v1/gates HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2000000\r\n\r\n{"
+    )
+    answer = b""
+    try:
+        while time.monotonic() - t0 < BODY_S + SLACK_S + 5:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), 0.5)
+            except TimeoutError:
+                writer.write(b"a")
+                await writer.drain()
+                continue
+            if not chunk:
+                break
+            answer += chunk
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    return time.monotonic() - t0, answer
+
+
+async def refused_eagerly(port: int) -> list[bytes]:
+    """Past the per-client cap, clients that send their request the moment they connect (as
+    real ones do) read the 503, not a connection reset (a review found a close with the
+    request unread in the socket answering RST)."""
+    held = [
+        await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.7", 0))
+        for _ in range(PER_CLIENT)
+    ]
+    await asyncio.sleep(0.5)  # the server counted them
+    out = []
+    for _ in range(5):
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=("127.0.0.7", 0)
+        )
+        writer.write(b"GET /v1/gates HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            out.append(await asyncio.wait_for(reader.read(), 10))
+        except ConnectionError as exc:
+            out.append(type(exc).__name__.encode())
+        writer.close()
+    for _, w in held:
+        w.close()
+    return out
+
+
 @pytest.mark.serial  # wall-clock deadlines, and 70 connections to one server
 def test_slow_clients_are_cut_and_honest_ones_served(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / ".gate", database_url=f"sqlite:///{tmp_path}/g.db")
@@ -121,12 +175,14 @@ def test_slow_clients_are_cut_and_honest_ones_served(tmp_path: Path) -> None:
             silent = [idle(f"127.0.3.{i + 1}", port) for i in range(10)]
             crowd = [idle("127.0.0.4", port) for _ in range(PER_CLIENT + 14)]
             slow_ok = slow_honest(port)
-            h, b, s, c, ok = await asyncio.gather(
+            h, b, s, c, ok, early, eager = await asyncio.gather(
                 asyncio.gather(*heads),
                 asyncio.gather(*bodies),
                 asyncio.gather(*silent),
                 asyncio.gather(*crowd),
                 slow_ok,
+                answered_early(port),
+                refused_eagerly(port),
             )
             done.set()
             answers = await served
@@ -145,6 +201,10 @@ def test_slow_clients_are_cut_and_honest_ones_served(tmp_path: Path) -> None:
             assert all(t < HEAD_S for t, _ in refused)  # at once, not at a deadline
             held = [(t, a) for t, a in c if a.startswith(b"HTTP/1.1 408")]
             assert len(held) == PER_CLIENT  # the ones under the cap: cut at the head deadline
+            t, answer = early
+            assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 413"), answer
+            assert t <= BODY_S + SLACK_S  # closed at the body deadline, without a second answer
+            assert all(a.startswith(b"HTTP/1.1 503") for a in eager), [a[:40] for a in eager]
             assert len(answers) >= 10 and all(code == 200 for code, _ in answers), answers
             assert max(s for _, s in answers) < 5.0, answers
 
