@@ -24,6 +24,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,7 @@ def run_sharded(
         share_conc = None
         if concurrency is not None:
             share_conc = concurrency // workers + (1 if k < concurrency % workers else 0)
-        args = (
+        share = _Share(
             k,
             list(targets),
             [requests[i] for i in mine],
@@ -107,7 +108,7 @@ def run_sharded(
             go,
             stop,
         )
-        procs.append(ctx.Process(target=_worker, args=args, daemon=True, name=f"loadgen-{k}"))
+        procs.append(ctx.Process(target=_worker, args=(share,), daemon=True, name=f"loadgen-{k}"))
     for proc in procs:
         proc.start()
     try:
@@ -177,41 +178,37 @@ def _collect(
     return PairedResult(start_ns=start_ns, end_ns=end_ns, records=merged)
 
 
-def _worker(
-    k: int,
-    targets: list[Target],
-    requests: list[RequestSpec],
-    offsets: npt.NDArray[np.float64] | None,
-    concurrency: int | None,
-    warmup: list[RequestSpec],
-    messages: Any,
-    start_at: Any,
-    go: Any,
-    stop: Any,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One worker's share of the run, and the parent's queue and signals (sent at spawn)."""
+
+    k: int
+    targets: list[Target]
+    requests: list[RequestSpec]
+    offsets: npt.NDArray[np.float64] | None
+    concurrency: int | None
+    warmup: list[RequestSpec]
+    messages: Any
+    start_at: Any
+    go: Any
+    stop: Any
+
+
+def _worker(share: _Share) -> None:
     # The parent owns Ctrl-C: it tells every worker to stop, so that what finished comes back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        asyncio.run(
-            _work(k, targets, requests, offsets, concurrency, warmup, messages, start_at, go, stop)
-        )
+        asyncio.run(_work(share))
     except BaseException:
-        messages.put(("error", k, traceback.format_exc()))
+        share.messages.put(("error", share.k, traceback.format_exc()))
 
 
-async def _work(
-    k: int,
-    targets: list[Target],
-    requests: list[RequestSpec],
-    offsets: npt.NDArray[np.float64] | None,
-    concurrency: int | None,
-    warmup: list[RequestSpec],
-    messages: Any,
-    start_at: Any,
-    go: Any,
-    stop: Any,
-) -> None:
-    need = max(1, len(requests) if concurrency is None else concurrency, len(warmup))
+async def _work(share: _Share) -> None:
+    need = max(
+        1,
+        len(share.requests) if share.concurrency is None else share.concurrency,
+        len(share.warmup),
+    )
     finished = 0
     failed = 0
     halt = asyncio.Event()
@@ -223,33 +220,37 @@ async def _work(
 
     async def report() -> None:
         while True:
-            messages.put(("progress", k, finished, failed))
-            if stop.is_set():
+            share.messages.put(("progress", share.k, finished, failed))
+            if share.stop.is_set():
                 halt.set()
             await asyncio.sleep(_PROGRESS_S)
 
     async with contextlib.AsyncExitStack() as stack:
-        clients = {t.name: await stack.enter_async_context(make_client(t, need)) for t in targets}
-        if warmup:
-            await run_paired(targets, warmup, concurrency=len(warmup), clients=clients)
-        messages.put(("ready", k))
-        await asyncio.to_thread(go.wait)
-        if stop.is_set():
+        clients = {
+            t.name: await stack.enter_async_context(make_client(t, need)) for t in share.targets
+        }
+        if share.warmup:
+            await run_paired(
+                share.targets, share.warmup, concurrency=len(share.warmup), clients=clients
+            )
+        share.messages.put(("ready", share.k))
+        await asyncio.to_thread(share.go.wait)
+        if share.stop.is_set():
             return  # the parent gave up before the start
         reporter = asyncio.create_task(report())
         try:
             result = await run_paired(
-                targets,
-                requests,
-                offsets_s=offsets,
-                concurrency=concurrency,
+                share.targets,
+                share.requests,
+                offsets_s=share.offsets,
+                concurrency=share.concurrency,
                 on_record=on_record,
                 stop=halt,
                 clients=clients,
-                start_ns=int(start_at.value),
+                start_ns=int(share.start_at.value),
             )
         finally:
             reporter.cancel()
             await asyncio.gather(reporter, return_exceptions=True)
-    messages.put(("progress", k, finished, failed))
-    messages.put(("done", k, result.records, result.start_ns, result.end_ns))
+    share.messages.put(("progress", share.k, finished, failed))
+    share.messages.put(("done", share.k, result.records, result.start_ns, result.end_ns))

@@ -574,3 +574,14 @@ async def start_server(
         sock=sock,
         backlog=2048,
     )
+
+
+async def cut_connections(server: asyncio.Server, connections: set[HttpProtocol]) -> None:
+    """Stop listening and abort every connection, then give the aborted handlers a second to
+    finish (what they write on the way out, ground truth for one, still lands)."""
+    server.close()
+    handlers = [t for c in connections if (t := c.task) is not None]
+    for connection in list(connections):
+        connection.abort()
+    if handlers:
+        await asyncio.wait(handlers, timeout=1.0)

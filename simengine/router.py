@@ -57,7 +57,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from simengine.announce import base_url, format_listening_line
-from simengine.http11 import HttpProtocol, Request, Responder, start_server
+from simengine.http11 import HttpProtocol, Request, Responder, cut_connections, start_server
 from simengine.server import bind_socket
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -440,12 +440,7 @@ async def serve(config: RouterConfig) -> int:
     )
     await stop.wait()
     log("shutting down")
-    server.close()
-    handlers = [t for c in connections if (t := c.task) is not None]
-    for connection in list(connections):
-        connection.abort()
-    if handlers:
-        await asyncio.wait(handlers, timeout=1.0)
+    await cut_connections(server, connections)
     await router.close()
     await server.wait_closed()
     return 0

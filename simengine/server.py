@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from simengine import rxstamp
 from simengine.announce import base_url, format_listening_line
 from simengine.config import SimConfig
-from simengine.http11 import ConnectionHabits, HttpProtocol, start_server
+from simengine.http11 import ConnectionHabits, HttpProtocol, cut_connections, start_server
 
 if TYPE_CHECKING:  # numpy-backed: imported for real inside the loading phase
     from simengine.model import ToyModel, ToyTokenizer
@@ -158,13 +158,8 @@ async def _shut_down(
     truth: TruthLog | None,
 ) -> None:
     """Stop listening, cut every connection, stop the engine, close the truth log."""
-    server.close()
-    handlers = [t for c in connections if (t := c.task) is not None]
-    for connection in list(connections):
-        connection.abort()
-    # Let the aborted handlers finish (they write their ground truth) before the log closes.
-    if handlers:
-        await asyncio.wait(handlers, timeout=1.0)
+    # The aborted handlers finish (they write their ground truth) before the log closes.
+    await cut_connections(server, connections)
     engine_task.cancel()
     await server.wait_closed()
     if truth is not None:

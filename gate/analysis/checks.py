@@ -16,6 +16,8 @@ quotient: the ratio reported beside two values that are not a ratio themselves.
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 from gate.analysis.types import Check, CheckGroup, Decision
 
 __all__ = ["quotient", "ratio_check", "rule_check", "statistic_check"]
@@ -26,34 +28,28 @@ def quotient(reference: float | None, candidate: float | None) -> float | None:
     return candidate / reference if reference and candidate is not None else None
 
 
+class RuleFields(TypedDict, total=False):
+    """What a deterministic rule may report beside its decision: `statistic_check`'s fields
+    less the interval and alpha, which a rule never has."""
+
+    scenario: str | None
+    reference: float | None
+    candidate: float | None
+    ratio: float | None
+    threshold: float | None
+    samples: tuple[int, int]
+
+
 def rule_check(
     id: str,
     group: CheckGroup,
     metric: str,
     decision: Decision,
     message: str,
-    *,
-    scenario: str | None = None,
-    reference: float | None = None,
-    candidate: float | None = None,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    samples: tuple[int, int] = (0, 0),
+    **fields: Unpack[RuleFields],
 ) -> Check:
     """A deterministic rule: what was observed and the limit, no interval and no alpha."""
-    return statistic_check(
-        id,
-        group,
-        metric,
-        decision,
-        message,
-        scenario=scenario,
-        reference=reference,
-        candidate=candidate,
-        ratio=ratio,
-        threshold=threshold,
-        samples=samples,
-    )
+    return statistic_check(id, group, metric, decision, message, **fields)
 
 
 def statistic_check(

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import numpy as np
 from scipy.special import betainc
@@ -221,17 +222,22 @@ def _full_quantiles(xs: np.ndarray, probs: Sequence[float]) -> np.ndarray:
     return np.array([xs[min(max(math.ceil(p * n) - 1, 0), n - 1)] for p in probs])
 
 
+class BootstrapOptions(TypedDict, total=False):
+    """The knobs of `bootstrap_ratio_intervals_sorted`, which holds their defaults."""
+
+    resamples: int
+    level: float
+    seed: int
+    ref_offsets_s: np.ndarray | None
+    cand_offsets_s: np.ndarray | None
+    block_s: float
+
+
 def bootstrap_ratio_intervals(
     ref: np.ndarray,
     cand: np.ndarray,
     probs: Sequence[float],
-    *,
-    resamples: int = 200,
-    level: float = 0.95,
-    seed: int = 0,
-    ref_offsets_s: np.ndarray | None = None,
-    cand_offsets_s: np.ndarray | None = None,
-    block_s: float = 20.0,
+    **options: Unpack[BootstrapOptions],
 ) -> list[tuple[float, float] | None]:
     """Block-bootstrap intervals for the candidate/reference Harrell-Davis quantile ratios.
 
@@ -243,19 +249,7 @@ def bootstrap_ratio_intervals(
     cand = np.asarray(cand, dtype=np.float64).ravel()
     ref_order = np.argsort(ref)
     cand_order = np.argsort(cand)
-    return bootstrap_ratio_intervals_sorted(
-        ref,
-        ref_order,
-        cand,
-        cand_order,
-        probs,
-        resamples=resamples,
-        level=level,
-        seed=seed,
-        ref_offsets_s=ref_offsets_s,
-        cand_offsets_s=cand_offsets_s,
-        block_s=block_s,
-    )
+    return bootstrap_ratio_intervals_sorted(ref, ref_order, cand, cand_order, probs, **options)
 
 
 def bootstrap_ratio_intervals_sorted(

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gate.access.sessions import SessionChecker
 from gate.access.tokens import TokenChecker
@@ -20,7 +20,7 @@ from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
 from gate.http.deps import Ctx
 from gate.http.guards import FiniteJson, SessionGuard
-from gate.http.problems import AnswerLimit, mistakes
+from gate.http.problems import AnswerLimit, ByteLimit, mistakes
 from gate.http.problems import problem as _problem
 from gate.service.dispatch import InProcessDispatcher
 from gate.service.execution import open_factory
@@ -167,18 +167,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         return mistakes(422, "invalid_request", "request has mistakes", problems, len(errors))
 
 
-class BodyLimit:
+class BodyLimit(ByteLimit):
     """Refuse bodies over the limit (413) before any route reads them: by Content-Length when
     it is given, by counting the bytes as they arrive when it is not (chunked uploads)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length")
         too_big = _problem(413, "body_too_large", f"body: larger than the {self.limit}-byte limit")
         if length is not None and (not length.isdigit() or int(length) > self.limit):

@@ -151,14 +151,7 @@ class GroupedEngine:
         for name, proc in self.processes.items():
             crash = proc.crashed()
             if crash is not None:
-                return CrashInfo(
-                    role=self.role,
-                    at_s=crash.at_s,
-                    exit_code=crash.exit_code,
-                    description=f"{who(name)}: {crash.description}",
-                    log_tail=crash.log_tail,
-                    group=name,
-                )
+                return member_crash(self.role, name, crash)
         return None
 
     def log_tail(self, lines: int = 40) -> list[str]:
@@ -206,6 +199,18 @@ class GroupedEngine:
 def who(name: str) -> str:
     """A member of a grouped engine as its errors name it."""
     return "router" if name == ROUTER else f"{name} group"
+
+
+def member_crash(role: str, name: str, crash: CrashInfo) -> CrashInfo:
+    """A member's crash as the grouped engine's: named for the member, tagged with its group."""
+    return CrashInfo(
+        role=role,
+        at_s=crash.at_s,
+        exit_code=crash.exit_code,
+        description=f"{who(name)}: {crash.description}",
+        log_tail=crash.log_tail,
+        group=name,
+    )
 
 
 async def start_all(

@@ -32,7 +32,7 @@ from kubernetes import client
 from gate.core.errors import EngineError
 from gate.engines import kubernetes as k8s
 from gate.engines.describe import engine_doc
-from gate.engines.groups import start_all, who
+from gate.engines.groups import member_crash, start_all, who
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import ROUTER, EngineWorkload, dns_part, lease_name
 from gate.verdict.document import EngineDoc, GroupDoc, KubernetesDoc, PlacementDoc
@@ -149,14 +149,7 @@ class GroupedKubernetesEngine:
         if not found:
             return None
         name, crash = min(found, key=lambda nc: nc[1].at_s)  # the first to go says why
-        return CrashInfo(
-            role=self.role,
-            at_s=crash.at_s,
-            exit_code=crash.exit_code,
-            description=f"{who(name)}: {crash.description}",
-            log_tail=crash.log_tail,
-            group=name,
-        )
+        return member_crash(self.role, name, crash)
 
     def log_tail(self, lines: int = 40) -> list[str]:
         return self.router.log_tail(lines)

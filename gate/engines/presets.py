@@ -149,37 +149,31 @@ GROUP_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {
     "sglang": ("--disaggregation-transfer-backend", "mooncake"),
 }
 
+# The arguments of a router that takes its prefill and decode groups' URLs as flags.
+_ROUTER_ARGS = (
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--prefill",
+    "{url:prefill}",
+    "--decode",
+    "{url:decode}",
+)
+
 # A preset as an engine's router, in front of groups named prefill and decode.
 ROUTERS: dict[str, Preset] = {
     "sim": Preset(
         "sim",
         "python",
         "simengine.router",
-        (
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--prefill",
-            "{url:prefill}",
-            "--decode",
-            "{url:decode}",
-        ),
+        _ROUTER_ARGS,
     ),
     "sglang": Preset(
         "sglang",
         "python",
         "sglang.srt.disaggregation.launch_lb",
-        (
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-            "--prefill",
-            "{url:prefill}",
-            "--decode",
-            "{url:decode}",
-        ),
+        _ROUTER_ARGS,
     ),
     "vllm": Preset(
         "vllm",

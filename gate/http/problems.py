@@ -99,10 +99,9 @@ def _encode(error: dict[str, object]) -> bytes:
     return json.dumps({"error": error}, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class AnswerLimit:
-    """Hold every answer to a byte limit (MAX_ERROR_BYTES for an error, `limit` for any), by
-    its Content-Length or, without one, by counting its body as it is written. An answer past
-    it is replaced by a short error and logged; the body already written is never sent."""
+class ByteLimit:
+    """An ASGI middleware that holds HTTP traffic to `limit` bytes in `limited`; every other
+    scope (lifespan) passes through untouched."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -112,6 +111,18 @@ class AnswerLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.limited(scope, receive, send)
+
+    async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class AnswerLimit(ByteLimit):
+    """Hold every answer to a byte limit (MAX_ERROR_BYTES for an error, `limit` for any), by
+    its Content-Length or, without one, by counting its body as it is written. An answer past
+    it is replaced by a short error and logged; the body already written is never sent."""
+
+    async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         start: Message | None = None
         held: list[Message] = []
         size = 0
