@@ -11,21 +11,36 @@ statistic_check: decided by a test that spends alpha (errors, startup phases ove
     (goodput, collapse).
 ratio_check: a paired latency check on the candidate/reference ratio of a quantile or of the
     tail, with its role (required) and what it could detect.
-quotient: the ratio reported beside two values that are not a ratio themselves.
+quotient: the ratio reported beside two values that are not a ratio themselves; compared: the
+    two values and that ratio, as a check's fields.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TypedDict, Unpack
 
 from gate.analysis.types import Check, CheckGroup, Decision
 
-__all__ = ["quotient", "ratio_check", "rule_check", "statistic_check"]
+__all__ = ["compared", "quotient", "ratio_check", "rule_check", "statistic_check"]
 
 
 def quotient(reference: float | None, candidate: float | None) -> float | None:
     """candidate / reference, or None when either is unknown or the reference is zero."""
     return candidate / reference if reference and candidate is not None else None
+
+
+class Compared(TypedDict):
+    """Two observed values and the ratio reported beside them."""
+
+    reference: float | None
+    candidate: float | None
+    ratio: float | None
+
+
+def compared(reference: float | None, candidate: float | None) -> Compared:
+    """The fields of a check that reports both values with their `quotient`."""
+    return Compared(reference=reference, candidate=candidate, ratio=quotient(reference, candidate))
 
 
 class RuleFields(TypedDict, total=False):
@@ -109,21 +124,24 @@ def ratio_check(
     block_requests: int | None = None,
 ) -> Check:
     """A latency check of a scenario; the estimates stay None when it could not be computed."""
-    return Check(
-        id=id,
-        group="latency",
+    check = statistic_check(
+        id,
+        "latency",
+        metric,
+        decision,
+        message,
         scenario=scenario,
-        metric=metric,
-        quantile=quantile,
         reference=reference,
         candidate=candidate,
         ratio=ratio,
         interval=interval,
         threshold=threshold,
-        decision=decision,
         samples=samples,
         alpha=alpha,
-        message=message,
+    )
+    return replace(
+        check,
+        quantile=quantile,
         estimate_interval=estimate_interval,
         required=required,
         detectable=detectable,

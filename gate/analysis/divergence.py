@@ -56,7 +56,7 @@ import numpy as np
 from scipy.special import comb
 from scipy.stats import fisher_exact, mannwhitneyu
 
-from gate.analysis.checks import quotient, statistic_check
+from gate.analysis.checks import compared, statistic_check
 from gate.analysis.policy import DivergencePolicy, Policy
 from gate.analysis.types import Check, Decision
 from gate.core.vocabulary import Role
@@ -306,9 +306,7 @@ def _check(
         cid,
         decision,
         message,
-        reference=reference,
-        candidate=candidate,
-        ratio=quotient(reference, candidate),
+        **compared(reference, candidate),
         threshold=threshold,
         samples=samples,
         alpha=alpha,

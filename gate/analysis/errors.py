@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
-from gate.analysis.checks import quotient, rule_check, statistic_check
+from gate.analysis.checks import compared, rule_check, statistic_check
 from gate.analysis.counts import (
     kind_mixture_pvalues,
 )
@@ -245,9 +245,7 @@ def _errors_check(
         decision,
         message,
         scenario=s.name,
-        reference=frac_r,
-        candidate=frac_c,
-        ratio=quotient(frac_r, frac_c),
+        **compared(frac_r, frac_c),
         threshold=policy.max_error_rate,
         samples=(s.reference.requests, s.candidate.requests),
         alpha=check_alpha,

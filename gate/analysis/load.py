@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gate.analysis.bounded import paired_mean_cs
-from gate.analysis.checks import quotient, rule_check, statistic_check
+from gate.analysis.checks import compared, rule_check, statistic_check
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check, Decision
 
@@ -247,9 +247,7 @@ def goodput_check(phase: PeakPhase, policy: Policy, alpha: float, notes: list[st
         decision,
         message,
         scenario=phase.name,
-        reference=frac_r,
-        candidate=frac_c,
-        ratio=quotient(frac_r, frac_c),
+        **compared(frac_r, frac_c),
         interval=(lo, hi),
         threshold=-tol,
         samples=samples,
@@ -347,9 +345,7 @@ def overload_check(phase: OverloadPhase, policy: Policy, alpha: float, notes: li
         decision,
         message,
         scenario=phase.name,
-        reference=f_r,
-        candidate=f_c,
-        ratio=quotient(f_r, f_c),
+        **compared(f_r, f_c),
         interval=(lo, hi),
         threshold=tol,
         samples=samples,
@@ -440,9 +436,7 @@ def recovery_check(phase: OverloadPhase, policy: Policy) -> Check:
         decision,
         message,
         scenario=phase.name,
-        reference=t_r,
-        candidate=t_c,
-        ratio=quotient(t_r, t_c),
+        **compared(t_r, t_c),
         threshold=limit,
         samples=(len(phase.reference), len(phase.candidate)),
     )
