@@ -27,8 +27,9 @@ runs; or once, at a scenario's end, with a plan built from the sizes held (one l
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -52,6 +53,8 @@ from gate.analysis.types import ArmSamples, Check, Decision, ScenarioSamples
 from gate.analysis.windows import creep_test, window_test
 
 __all__ = ["fmt_ratio", "latency_checks", "planned_latency_checks", "slowest_mean"]
+
+_T = TypeVar("_T")
 
 GROSS = 2.0  # an undecided estimate this many times its threshold is named in the warning
 
@@ -434,14 +437,22 @@ def _tail_check(lk: _Look, pc: PlannedCheck) -> Check:
     return _judged(lk, pc, decision, message, est, (lo, hi))
 
 
-def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
+def _shape_test(
+    lk: _Look,
+    pc: PlannedCheck,
+    kind: Literal["window", "creep"],
+    test: Callable[[np.ndarray, float, float], _T],
+) -> tuple[_T, float, float, str]:
+    """A test of the shape of the p50 blocks at the check's levels, with its tolerance as a
+    log-ratio (theta) and a ratio (threshold), and the check's label."""
     alpha, beta = lk.levels(pc)
-    x = lk.p50_blocks()
-    w = window_test(x, alpha, beta)
-    tol = tolerance_of(lk.policy, None, "window")
-    theta = math.log1p(tol)
-    threshold = 1.0 + tol
-    label = f"{pc.label} in {lk.s.name}"
+    result = test(lk.p50_blocks(), alpha, beta)
+    tol = tolerance_of(lk.policy, None, kind)
+    return result, math.log1p(tol), 1.0 + tol, f"{pc.label} in {lk.s.name}"
+
+
+def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
+    w, theta, threshold, label = _shape_test(lk, pc, "window", window_test)
     if w.runs == 0:
         return _too_few(lk, pc, False)
     decision = _decision(w.lower, w.upper, theta)
@@ -479,13 +490,7 @@ def _window_check(lk: _Look, pc: PlannedCheck) -> Check:
 
 
 def _creep_check(lk: _Look, pc: PlannedCheck) -> Check:
-    alpha, beta = lk.levels(pc)
-    x = lk.p50_blocks()
-    c = creep_test(x, alpha, beta)
-    tol = tolerance_of(lk.policy, None, "creep")
-    theta = math.log1p(tol)
-    threshold = 1.0 + tol
-    label = f"{pc.label} in {lk.s.name}"
+    c, theta, threshold, label = _shape_test(lk, pc, "creep", creep_test)
     if not math.isfinite(c.end):
         return _too_few(lk, pc, False)
     decision = _decision(c.lower, c.upper, theta)
