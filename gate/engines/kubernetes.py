@@ -435,6 +435,14 @@ def _uid(obj: Any) -> str:
 # -- the gate's Lease ----------------------------------------------------------------------------
 
 
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background task (a lease renewer, a pod watcher) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class GateLease:
     """The Lease that owns every object of one gate, shared by its engines.
 
@@ -519,10 +527,7 @@ class GateLease:
 
     async def _stop_renewing(self) -> None:
         task, self._renewer = self._renewer, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(task)
 
     async def release(self) -> None:
         self._holders = max(0, self._holders - 1)
@@ -798,10 +803,7 @@ class KubernetesEngine:
 
     async def _stop_watching(self) -> None:
         task, self._watcher = self._watcher, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(task)
 
     async def stop(self) -> None:
         self._stopped = True
