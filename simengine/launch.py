@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 from urllib.parse import urlsplit
 
 from simengine.announce import parse_listening_line
@@ -29,8 +30,26 @@ class SimStartError(RuntimeError):
     """The process exited, or did not announce itself or become healthy in time."""
 
 
+class _Closes:
+    """A `with` block over it ends by `close()`, however it ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 @dataclass
-class SimHandle:
+class SimHandle(_Closes):
     proc: subprocess.Popen[bytes]
     url: str
     port: int
@@ -61,15 +80,8 @@ class SimHandle:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def __enter__(self) -> SimHandle:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """`kill`, the name a `with` block ends by."""
         self.kill()
 
 
@@ -187,7 +199,7 @@ class PdSim:
 
 
 @dataclass
-class SimPool:
+class SimPool(_Closes):
     """Starts sims and remembers them so that one ``close`` always cleans every one up."""
 
     workdir: Path | None = None
@@ -243,14 +255,3 @@ class SimPool:
     def close(self) -> None:
         for handle in self.handles:
             handle.kill()
-
-    def __enter__(self) -> SimPool:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

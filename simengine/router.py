@@ -361,22 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--port", type=int, required=True, help="port to bind; 0 picks one, announced on stdout"
     )
-    parser.add_argument(
-        "--prefill",
-        type=_worker_url,
-        action="append",
-        required=True,
-        metavar="URL",
-        help="a prefill worker, http://HOST:PORT (repeatable; round robin)",
-    )
-    parser.add_argument(
-        "--decode",
-        type=_worker_url,
-        action="append",
-        required=True,
-        metavar="URL",
-        help="a decode worker, http://HOST:PORT (repeatable; round robin)",
-    )
+    for role in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{role}",
+            type=_worker_url,
+            action="append",
+            required=True,
+            metavar="URL",
+            help=f"a {role} worker, http://HOST:PORT (repeatable; round robin)",
+        )
     parser.add_argument(
         "--connect-timeout",
         type=_seconds,
