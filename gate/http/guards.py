@@ -116,22 +116,19 @@ def _loopback(host: str | None) -> bool:
 def origin_problem(connection: HTTPConnection, public_url: str) -> str | None:
     """None when the request says it comes from this service's pages; else what is wrong."""
     expected = origin_of(public_url)
-    origin = connection.headers.get("origin")
-    if origin is not None:
-        if same_origin(origin, expected):
-            return None
-        return (
-            f"the Origin {origin[:200]!r} is not this service's origin {expected!r} "
-            "(GATE_PUBLIC_URL)"
-        )
-    referer = connection.headers.get("referer")
-    if referer is not None:
-        if same_origin(referer, expected):
-            return None
-        return (
-            f"there is no Origin header, and the Referer {referer[:200]!r} is not on this "
-            f"service's origin {expected!r} (GATE_PUBLIC_URL)"
-        )
+    # The first of the two headers that is there decides.
+    for header, wrong in (
+        ("origin", "the Origin {} is not this service's origin {}"),
+        (
+            "referer",
+            "there is no Origin header, and the Referer {} is not on this service's origin {}",
+        ),
+    ):
+        said = connection.headers.get(header)
+        if said is not None:
+            if same_origin(said, expected):
+                return None
+            return wrong.format(repr(said[:200]), repr(expected)) + " (GATE_PUBLIC_URL)"
     return "neither an Origin nor a Referer header says which site sent this request"
 
 
