@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from gate.analysis.types import Verdict
 from gate.core.database import make_engine, make_sessionmaker, upgrade
@@ -284,15 +284,17 @@ class GateRunner:
                 ctx.gate_phase("released", f"reservation {released}")
 
 
+class RunOptions(TypedDict, total=False):
+    """What `run_gate` passes on to `GateRunner`, which holds the defaults."""
+
+    report_dir: Path | None
+    db_url: str | None
+    progress: Progress | None
+    gate_id: str
+    worker: str | None
+
+
 async def run_gate(
-    spec: GateSpec,
-    settings: Settings,
-    *,
-    report_dir: Path | None = None,
-    db_url: str | None = None,
-    progress: Progress | None = None,
-    gate_id: str = "",
-    worker: str | None = None,
+    spec: GateSpec, settings: Settings, **options: Unpack[RunOptions]
 ) -> GateOutcome:
-    runner = GateRunner(spec, settings, report_dir, db_url, progress, gate_id, worker)
-    return await runner.run()
+    return await GateRunner(spec, settings, **options).run()
