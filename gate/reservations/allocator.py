@@ -51,7 +51,9 @@ from gate.reservations.shapes import (
     domain_key,
     domain_of,
     eligible,
+    headroom_blocked,
     held_by_node,
+    lease_blocked,
     stage_message,
 )
 
@@ -345,20 +347,7 @@ def _diagnose(
         out["transition_headroom"] = sum(
             f.nodes for p, f in with_headroom.items() if no_headroom_fit[p].gates >= 1
         )
-        return Blocked(
-            "transition_headroom",
-            f"the shape fits only by leaving fewer than {shape.headroom_gpus} GPUs free in its "
-            f"{shape.pair_level} domain",
-            out,
-            True,
-            fits,
-        )
+        return headroom_blocked(shape, out, fits)
     out["lease_conflict"] = sum(f.nodes for p, f in with_headroom.items() if f.gates >= 1)
     held_here = sum(1 for x in eligible for g in range(x.gpus) if (x.name, g) in held)
-    return Blocked(
-        "lease_conflict",
-        f"the shape would fit, but other gate reservations hold {held_here} of the eligible GPUs",
-        out,
-        True,
-        fits,
-    )
+    return lease_blocked(held_here, out, fits)

@@ -82,7 +82,9 @@ from gate.reservations.shapes import (
     domain_key,
     domain_of,
     eligible,
+    headroom_blocked,
     held_by_node,
+    lease_blocked,
     level_index,
     stage_message,
 )
@@ -1230,20 +1232,7 @@ def _diagnose(shape: ShapeRequest, held: set[GpuKey], f: _Fleet) -> Blocked:
         return Blocked("topology", msg, out, possible, fits)
     if not _fits_anywhere(whole, set(), False, headroom=True):
         out["transition_headroom"] = len(f.nodes)
-        return Blocked(
-            "transition_headroom",
-            f"the shape fits only by leaving fewer than {shape.headroom_gpus} GPUs free in its "
-            f"{shape.pair_level} domain",
-            out,
-            True,
-            fits,
-        )
+        return headroom_blocked(shape, out, fits)
     out["lease_conflict"] = len(f.nodes)
     held_here = sum(1 for x in f.nodes for g in range(x.gpus) if (x.name, g) in held)
-    return Blocked(
-        "lease_conflict",
-        f"the shape would fit, but other gate reservations hold {held_here} of the eligible GPUs",
-        out,
-        True,
-        fits,
-    )
+    return lease_blocked(held_here, out, fits)

@@ -542,6 +542,33 @@ def stage_message(
     }[stage]
 
 
+def headroom_blocked(
+    shape: ShapeRequest, eliminated: dict[str, int], fits: tuple[DomainFit, ...]
+) -> Blocked:
+    """The shape fits only by eating into the transition headroom: waiting can help."""
+    return Blocked(
+        "transition_headroom",
+        f"the shape fits only by leaving fewer than {shape.headroom_gpus} GPUs free in its "
+        f"{shape.pair_level} domain",
+        eliminated,
+        True,
+        fits,
+    )
+
+
+def lease_blocked(
+    held_here: int, eliminated: dict[str, int], fits: tuple[DomainFit, ...]
+) -> Blocked:
+    """The shape would fit but for GPUs other reservations hold: waiting can help."""
+    return Blocked(
+        "lease_conflict",
+        f"the shape would fit, but other gate reservations hold {held_here} of the eligible GPUs",
+        eliminated,
+        True,
+        fits,
+    )
+
+
 def held_by_node(held: Iterable[GpuKey]) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for name, g in held:
