@@ -274,22 +274,30 @@ def all_running(pods: Sequence[PodView], expected: int) -> bool:
     )
 
 
-def pull_failure(pods: Sequence[PodView]) -> str | None:
+def _first_waiting(
+    pods: Sequence[PodView], reasons: frozenset[str]
+) -> tuple[PodView, ContainerView, str] | None:
+    """The first container waiting for one of `reasons`, with its pod and why it waits."""
     for p in pods:
         for c in p.containers:
-            if c.waiting in PULL_FAILURES:
+            if c.waiting in reasons:
                 msg = f": {c.waiting_message}" if c.waiting_message else ""
-                return f"could not pull image {c.image} for pod {p.name} ({c.waiting}{msg})"
+                return p, c, f"{c.waiting}{msg}"
     return None
+
+
+def pull_failure(pods: Sequence[PodView]) -> str | None:
+    if (found := _first_waiting(pods, PULL_FAILURES)) is None:
+        return None
+    p, c, why = found
+    return f"could not pull image {c.image} for pod {p.name} ({why})"
 
 
 def start_failure(pods: Sequence[PodView]) -> str | None:
-    for p in pods:
-        for c in p.containers:
-            if c.waiting in START_FAILURES:
-                msg = f": {c.waiting_message}" if c.waiting_message else ""
-                return f"could not start container {c.name} in pod {p.name} ({c.waiting}{msg})"
-    return None
+    if (found := _first_waiting(pods, START_FAILURES)) is None:
+        return None
+    p, c, why = found
+    return f"could not start container {c.name} in pod {p.name} ({why})"
 
 
 def stuck_detail(pods: Sequence[PodView], expected: int, phase: str) -> str:
