@@ -284,9 +284,7 @@ class GateRunner:
                 ctx.gate_phase("released", f"reservation {released}")
 
 
-class RunOptions(TypedDict, total=False):
-    """What `run_gate` passes on to `GateRunner`, which holds the defaults."""
-
+class RunOptions(TypedDict, total=False):  # run_gate's, passed on; GateRunner has the defaults
     report_dir: Path | None
     db_url: str | None
     progress: Progress | None
