@@ -66,18 +66,24 @@ def spec(
     return p
 
 
+def gate_argv(tmp_path: Path, *args: str) -> list[str]:
+    """`python -m gate ARGS` on the test's own database and report folder."""
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    return [
+        sys.executable,
+        "-m",
+        "gate",
+        *args,
+        "--db",
+        db,
+        "--report-dir",
+        str(tmp_path / "reports"),
+    ]
+
+
 def gate(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gate",
-            *args,
-            "--db",
-            f"sqlite:///{tmp_path / 'g.db'}",
-            "--report-dir",
-            str(tmp_path / "reports"),
-        ],
+        gate_argv(tmp_path, *args),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -314,18 +320,7 @@ def _default_sigint() -> None:
 def test_interrupt_tears_down_and_records(tmp_path: Path, tag: str, sig: signal.Signals) -> None:
     p = spec(tmp_path, {"command": sim(tag)}, {"command": sim(tag)}, requests=2000, rate=20)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gate",
-            "run",
-            str(p),
-            "--json",
-            "--db",
-            f"sqlite:///{tmp_path / 'g.db'}",
-            "--report-dir",
-            str(tmp_path / "reports"),
-        ],
+        gate_argv(tmp_path, "run", str(p), "--json"),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -424,18 +419,7 @@ def test_waits_for_an_expiring_lease_then_runs(tmp_path: Path, tag: str) -> None
     err = tmp_path / "stderr.txt"
     with err.open("w") as sink:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gate",
-                "run",
-                str(p),
-                "--json",
-                "--db",
-                f"sqlite:///{tmp_path / 'g.db'}",
-                "--report-dir",
-                str(tmp_path / "reports"),
-            ],
+            gate_argv(tmp_path, "run", str(p), "--json"),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=sink,

@@ -39,9 +39,21 @@ async def trickle(source: str, port: int, what: str, every_s: float = 0.5) -> tu
             b"POST /v1/gates HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100000\r\n\r\n{"
         )
+    return await _trickled(reader, writer, t0, every_s, HEAD_S + BODY_S + SLACK_S + 5)
+
+
+async def _trickled(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    t0: float,
+    every_s: float,
+    limit_s: float,
+) -> tuple[float, bytes]:
+    """Read what the server answers, sending a byte every `every_s` it says nothing, until it
+    closes (or `limit_s` since t0): (seconds since t0, the answer)."""
     answer = b""
     try:
-        while time.monotonic() - t0 < HEAD_S + BODY_S + SLACK_S + 5:
+        while time.monotonic() - t0 < limit_s:
             try:
                 chunk = await asyncio.wait_for(reader.read(65536), every_s)
             except TimeoutError:
@@ -107,23 +119,7 @@ async def answered_early(port: int) -> tuple[float, bytes]:
         b"POST /v1/gates HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 2000000\r\n\r\n{"
     )
-    answer = b""
-    try:
-        while time.monotonic() - t0 < BODY_S + SLACK_S + 5:
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536), 0.5)
-            except TimeoutError:
-                writer.write(b"a")
-                await writer.drain()
-                continue
-            if not chunk:
-                break
-            answer += chunk
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-    return time.monotonic() - t0, answer
+    return await _trickled(reader, writer, t0, 0.5, BODY_S + SLACK_S + 5)
 
 
 async def refused_eagerly(port: int) -> list[bytes]:
