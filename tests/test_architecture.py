@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,13 +194,18 @@ def test_the_runner_is_a_small_state_machine() -> None:
     assert lines < RUNNER_MAX_LINES, f"gate/runs/runner.py has {lines} lines"
 
 
-def test_no_function_in_gate_runs_or_the_service_is_longer_than_a_screen() -> None:
-    long = [
+def _longer_than(limit: int, paths: Iterable[Path]) -> list[str]:
+    return [
         f"{path.relative_to(ROOT)}::{name} ({n} lines)"
-        for path in [*sorted(RUNS.glob("*.py")), *sorted(SERVICE.glob("*.py"))]
+        for path in paths
         for name, n in _functions(path)
-        if n > FUNCTION_MAX_LINES
+        if n > limit
     ]
+
+
+def test_no_function_in_gate_runs_or_the_service_is_longer_than_a_screen() -> None:
+    paths = [*sorted(RUNS.glob("*.py")), *sorted(SERVICE.glob("*.py"))]
+    long = _longer_than(FUNCTION_MAX_LINES, paths)
     assert not long, f"functions over {FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
 
 
@@ -275,7 +280,6 @@ def test_the_function_size_rule_sees_a_long_function(tmp_path: Path) -> None:
 # -- the sim engine (issue 31): a product of its own, beside the gate, never inside it ---------
 
 SIMENGINE = ROOT / "simengine"
-SIM_FUNCTION_MAX_LINES = 80
 
 
 def _imports_of(package: Path, forbidden: str) -> list[str]:
@@ -294,16 +298,6 @@ def test_simengine_imports_nothing_from_the_gate() -> None:
     assert not offences, "simengine stands alone:\n" + "\n".join(offences)
 
 
-def test_no_function_in_simengine_is_longer_than_80_lines() -> None:
-    long = [
-        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
-        for path in sorted(SIMENGINE.rglob("*.py"))
-        for name, n in _functions(path)
-        if n > SIM_FUNCTION_MAX_LINES
-    ]
-    assert not long, f"functions over {SIM_FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
-
-
 def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
     """`python -m simengine` in an argv, never an import: the gate runs any engine the same way."""
     offences = _imports_of(GATE, "simengine") + _imports_of(ROOT / "loadgen", "simengine")
@@ -313,8 +307,6 @@ def test_the_gate_and_loadgen_start_the_sim_only_as_a_process() -> None:
 # -- the floor and the registries (issue 31) ---------------------------------------------------
 
 CORE = GATE / "core"
-SPLIT_ROOMS = (GATE / "spec", ROOT / "loadgen" / "suite", CORE)
-SPLIT_FUNCTION_MAX_LINES = 80
 KIND_NAMES = {"command", "preset", "url", "kubernetes", "groups"}
 KINDS_MODULE = GATE / "spec" / "kinds.py"
 
@@ -341,17 +333,6 @@ def test_gate_core_imports_nothing_above_it() -> None:
                 if above:
                     offences.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     assert not offences, "gate/core imports upward:\n" + "\n".join(offences)
-
-
-def test_no_function_in_the_split_rooms_is_longer_than_80_lines() -> None:
-    long = [
-        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
-        for room in SPLIT_ROOMS
-        for path in sorted(room.rglob("*.py"))
-        for name, n in _functions(path)
-        if n > SPLIT_FUNCTION_MAX_LINES
-    ]
-    assert not long, f"functions over {SPLIT_FUNCTION_MAX_LINES} lines:\n" + "\n".join(long)
 
 
 def _lists_kinds(node: ast.AST) -> bool:
@@ -382,11 +363,7 @@ SIZED_PACKAGES = (GATE, ROOT / "loadgen", ROOT / "simengine")  # the whole produ
 
 
 def test_no_function_anywhere_is_longer_than_80_lines() -> None:
-    long = [
-        f"{path.relative_to(ROOT)}::{name} ({n} lines)"
-        for package in SIZED_PACKAGES
-        for path in sorted(package.rglob("*.py"))
-        for name, n in _functions(path)
-        if n > LONG_FUNCTION_LINES
-    ]
+    """The whole product, the sim and the split rooms (spec, suite, core) included."""
+    paths = [path for package in SIZED_PACKAGES for path in sorted(package.rglob("*.py"))]
+    long = _longer_than(LONG_FUNCTION_LINES, paths)
     assert not long, f"functions over {LONG_FUNCTION_LINES} lines:\n" + "\n".join(long)
