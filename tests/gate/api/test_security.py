@@ -104,6 +104,9 @@ def test_program_execution_through_a_request_is_refused(
         ),
         ("args", {"preset": "sim", "args": ["--truth-log", str(marker)]}),
         ("command", {"command": ["touch", str(marker)]}),
+        # the explicit kind (gate/spec/kinds.py) is no way around the allow-list either
+        ("kind", {"kind": "command", "command": ["touch", str(marker)]}),
+        ("kind", {"kind": "url", "url": "http://169.254.169.254/"}),
         ("preset", {"preset": "vllm"}),
         ("cwd", {"url": "http://127.0.0.1:1", "cwd": str(tmp_path)}),
         (
