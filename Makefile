@@ -56,13 +56,14 @@ lint: $(STAMP)
 # run mostly wait on engine processes, so three workers on two cores cut the wall time. Then,
 # alone, the tests marked `serial` (they cannot share the machine) and the real-vLLM ones
 # (marked `vllm`: six vLLM processes beside a parallel run starve each other). Both runs always
-# run; the target fails if either failed. `pytest` by itself still runs everything, serially.
+# run; the target fails if either failed, and each prints its 25 slowest tests (where CI time
+# goes). `pytest` by itself still runs everything, serially.
 TEST_WORKERS ?= 3
 
 test: lint
 	@rc=0; \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial and not vllm" || rc=$$?; \
-	$(BIN)/pytest -p no:xdist -m "serial or vllm" || rc=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not serial and not vllm" || rc=$$?; \
+	$(BIN)/pytest -p no:xdist --durations=25 -m "serial or vllm" || rc=$$?; \
 	exit $$rc
 
 fmt: $(STAMP)
