@@ -256,6 +256,20 @@ PERFORMANCE = FlagGroup(
                 "KV cache size in tokens; when full the newest sequence is preempted; 0 = unlimited"
             ),
         ),
+        Flag(
+            "--block-size",
+            type=int,
+            default=16,
+            help="tokens per KV block, as vLLM's --block-size (vllm:cache_config_info)",
+        ),
+        Flag(
+            "--num-gpu-blocks-override",
+            type=int,
+            help=(
+                "KV cache size in blocks, as vLLM's flag of that name: sets --kv-cache-tokens to "
+                "blocks x --block-size (a candidate with fewer blocks preempts at a peak)"
+            ),
+        ),
     ),
     "flags without a default here take the profile's value",
 )
@@ -559,6 +573,14 @@ def _check_figures(ns: argparse.Namespace, require: Require) -> None:
     require(ns.tokens_per_event >= 1, "--tokens-per-event must be >= 1")
     require(ns.max_num_seqs >= 1, "--max-num-seqs must be >= 1")
     require(ns.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be >= 1")
+    require(1 <= ns.block_size <= 4096, "--block-size must be in [1, 4096]")
+    if ns.num_gpu_blocks_override is not None:
+        require(ns.num_gpu_blocks_override >= 1, "--num-gpu-blocks-override must be >= 1")
+        ns.kv_cache_tokens = ns.num_gpu_blocks_override * ns.block_size
+        require(
+            ns.kv_cache_tokens >= ns.max_model_len,
+            "--num-gpu-blocks-override x --block-size must be at least --max-model-len",
+        )
     require(
         ns.kv_cache_tokens == 0 or ns.kv_cache_tokens >= ns.max_model_len,
         "--kv-cache-tokens must be 0 (unlimited) or at least --max-model-len",
@@ -649,6 +671,7 @@ def _config(ns: argparse.Namespace, stalls: tuple[tuple[float, float], ...]) -> 
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         kv_cache_tokens=ns.kv_cache_tokens,
+        block_size=ns.block_size,
         role=ns.role,
         kv_transfer_ms=ns.kv_transfer_ms,
         kv_transfer_us_per_token=ns.kv_transfer_us_per_token,

@@ -54,6 +54,7 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_cache_tokens: int = 0
+    block_size: int = 16  # tokens per KV block: what vllm:cache_config_info states
     # Disaggregated prefill and decode: which half this process is, and what a decode worker
     # waits for the prompt's KV from a prefill worker (Llama 3.1 8B's 128 KiB a token over a
     # 400 Gb/s NIC at ~80%: ~3 us a token, after ~2 ms of handshake).

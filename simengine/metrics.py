@@ -68,6 +68,21 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _cache_config(app: Scraped) -> Sequence[tuple[str, float]]:
+    """vLLM's cache_config_info: the KV cache's configuration as labels of a gauge of 1
+    (vllm/v1/metrics/loggers.py line 1120 in the test bed's vLLM; a few of its labels). An
+    unlimited cache (--kv-cache-tokens 0) states no size, as "None", as vLLM writes unset ones."""
+    c = app.config
+    tokens = c.kv_cache_tokens
+    blocks = str(tokens // c.block_size) if tokens > 0 else "None"
+    size = str(tokens) if tokens > 0 else "None"
+    labels = (
+        f'block_size="{c.block_size}",cache_dtype="auto",enable_prefix_caching="False",'
+        f'kv_cache_size_tokens="{size}",num_gpu_blocks="{blocks}"'
+    )
+    return ((labels, 1.0),)
+
+
 VLLM: tuple[Family, ...] = (
     Family(
         "vllm:num_requests_running",
@@ -92,6 +107,12 @@ VLLM: tuple[Family, ...] = (
         "counter",
         "Cumulative number of preemption from the engine.",
         _one(lambda app: app.engine.scheduler.num_preemptions),
+    ),
+    Family(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+        _cache_config,
     ),
     Family(
         "vllm:request_success_total",

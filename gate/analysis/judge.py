@@ -41,6 +41,7 @@ from typing import Any
 from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, capability_checks, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
+from gate.analysis.engine_metrics import ScenarioTelemetry, engine_metric_checks
 from gate.analysis.engines import crash_checks, startup_checks
 from gate.analysis.errors import ENVIRONMENT, error_checks, outputs_checks
 from gate.analysis.latency import latency_checks, planned_latency_checks
@@ -63,6 +64,7 @@ _REASON_ORDER = {
     "peak": 6,
     "overload": 7,
     "recovery": 8,
+    "engine": 9,
 }
 
 
@@ -111,6 +113,7 @@ def judge(
     capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
     envelope_share: float | None = None,
     saturation: Collection[str] = (),
+    telemetry: Sequence[ScenarioTelemetry] | None = None,
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
@@ -121,7 +124,8 @@ def judge(
     envelope_share: the reference's early share against itself when `divergence` is not
     given (re-judge reads it from the document); saturation: the steady open-loop scenarios,
     whose engines are checked for a queue that grows through them (saturation.py: the
-    candidate's alone holds, the reference's is the test bed's).
+    candidate's alone holds, the reference's is the test bed's); telemetry: both engines'
+    own metrics per load scenario (engine_metrics.py; None: not sampled, no engine checks).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -163,6 +167,8 @@ def judge(
     # samples are gone) as the document kept it.
     share = envelope_early_share(divergence, policy) if divergence is not None else envelope_share
     checks.extend(mirrored_output_checks(outputs, policy, share))
+    if telemetry is not None:
+        checks.extend(engine_metric_checks(telemetry, policy, notes))
     reasons = sorted(
         (c for c in checks if c.holds),
         key=lambda c: (c.decision != "fail", _REASON_ORDER[c.group]),

@@ -38,6 +38,7 @@ __all__ = [
     "CHECK_GROUPS",
     "DEFAULT_ERROR_KINDS",
     "DivergencePolicy",
+    "EnginePolicy",
     "LoadPolicy",
     "Metric",
     "Policy",
@@ -49,7 +50,7 @@ __all__ = [
 AUTO_QUANTILES: tuple[float, ...] = (0.5, 0.9)
 CHECK_GROUPS: tuple[str, ...] = ("latency", "errors", "correctness")
 """Budget groups a spec must weigh (the original three; older specs give exactly these)."""
-OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup", "tail")
+OPTIONAL_GROUPS: tuple[str, ...] = ("load", "startup", "tail", "engine")
 """Budget groups that may be left out of alpha_split: left out, they weigh 0 and their
 statistical checks are skipped with a note (weight 0 is how a spec turns a group off)."""
 BUDGET_GROUPS: tuple[str, ...] = CHECK_GROUPS + OPTIONAL_GROUPS
@@ -367,6 +368,78 @@ class DivergencePolicy(BaseModel):
     )
 
 
+class EnginePolicy(BaseModel):
+    """Tolerances of the checks on what the engines say about themselves (engine_metrics.py):
+    each bounded, so a typo cannot turn a check off by accident."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preemption_tolerance: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "How many times the reference's rate of preemption episodes the candidate may have "
+            "beyond it before the count test holds: 0 tests 'no more than the reference'."
+        ),
+    )
+    preemption_episode_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "Scrape intervals with preemptions less than this many seconds apart are one "
+            "episode, one event in the count test: a cache that runs out at a peak preempts "
+            "in a burst, and the burst is one event, not dozens of independent coins."
+        ),
+    )
+    kv_capacity_tolerance: float = Field(
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "The candidate's KV cache (tokens, else blocks, as the engines' metrics state it) "
+            "may be this share smaller than the reference's before the rule holds."
+        ),
+    )
+    prefix_cache_tolerance: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Points of prefix-cache hit rate the candidate may lose to the reference.",
+    )
+    prefix_cache_min_rate: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "The reference's hit rate below which the prompts are taken to share no prefix "
+            "worth comparing (the check is then a note)."
+        ),
+    )
+    spec_decode_tolerance: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Share of the reference's spec-decode acceptance rate the candidate may lose.",
+    )
+    queue_tolerance: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description=(
+            "The candidate's mean queue (requests waiting) may be (1 + this) x the reference's "
+            "plus queue_slack under the same offered load."
+        ),
+    )
+    queue_slack: float = Field(
+        default=4.0,
+        ge=0.0,
+        le=1_000_000.0,
+        description="Requests of queue the candidate may have beyond the ratio (jitter).",
+    )
+
+
 class Policy(BaseModel):
     """How strict the gate is. Defaults suit a mirrored-load comparison of a few hundred to a few
     thousand requests per scenario and arm."""
@@ -388,20 +461,22 @@ class Policy(BaseModel):
             "tail": 0.1,
             "errors": 0.2,
             "correctness": 0.25,
-            "load": 0.1,
+            "load": 0.05,
             "startup": 0.05,
+            "engine": 0.05,
         },
         description=(
             "Share of alpha per budget group (weighted Bonferroni), split evenly over the "
             "group's checks. Keys: latency, errors, correctness (required), load, startup, "
-            "tail (optional, 0 when left out: their statistical checks are then skipped with "
-            "a note); weights >= 0 summing to 1, latency > 0. Latency and tail together keep "
-            "the largest share (0.4) because they have the most checks and the smallest "
-            "effects: 0.3 for the quantile checks (scenarios x metrics x quantiles), 0.1 for "
-            "the tail checks (scenarios x metrics), the same alpha per check with the default "
-            "quantiles; correctness next, since a numerical bug is the costliest miss; "
-            "errors 0.2 already holds a doubled error rate within a few thousand requests; "
-            "load and startup have one or two checks each."
+            "tail, engine (optional, 0 when left out: their statistical checks are then "
+            "skipped with a note); weights >= 0 summing to 1, latency > 0. Latency and tail "
+            "together keep the largest share (0.4) because they have the most checks and the "
+            "smallest effects: 0.3 for the quantile checks (scenarios x metrics x "
+            "quantiles), 0.1 for the tail checks (scenarios x metrics), the same alpha per "
+            "check with the default quantiles; correctness next, since a numerical bug is "
+            "the costliest miss; errors 0.2 already holds a doubled error rate within a few "
+            "thousand requests; load, startup and engine (the preemption count test: "
+            "engine_metrics.py) have one or two checks each."
         ),
     )
     quantiles: Literal["auto"] | list[float] = Field(
@@ -649,6 +724,11 @@ class Policy(BaseModel):
     tail: TailPolicy = Field(
         default_factory=TailPolicy,
         description="The tail check: the slowest requests as a whole (latency.py).",
+    )
+    engine: EnginePolicy = Field(
+        default_factory=EnginePolicy,
+        description="The engine checks: preemptions, KV capacity, prefix cache, spec decode, "
+        "queue depth (engine_metrics.py).",
     )
     divergence: DivergencePolicy = Field(
         default_factory=DivergencePolicy,

@@ -252,3 +252,8 @@ def transient(exc: BaseException) -> bool:
     return isinstance(
         exc, sa.OperationalError | sa.InterfaceError | sa.TimeoutError | OSError | TimeoutError
     )
+
+
+class TelemetryError(GateError):
+    """A telemetry source could not be read this tick (gate/telemetry): the sampler records a
+    gap in the timeline and carries on; it never ends a gate."""

@@ -30,6 +30,7 @@ CheckGroup = Literal[
     "peak",
     "overload",
     "recovery",
+    "engine",
 ]
 
 # Exit codes of `gate run` (and the document's `exit_code`).

@@ -11,12 +11,16 @@ saw."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
+from gate.analysis.engine_metrics import EngineSeries, ScenarioTelemetry
 from gate.analysis.judge import judge
 from gate.analysis.load import OverloadPhase, PeakPhase
 from gate.analysis.outputs import MirroredOutputs
@@ -28,7 +32,13 @@ from gate.core.vocabulary import ROLES, Role
 from gate.runs.load_phases import load_phases
 from gate.runs.mirrored_outputs import outputs_from_doc
 from gate.spec import ScenarioSpec
-from gate.verdict.document import EngineDoc, ProbeDoc, ScenarioDoc
+from gate.verdict.document import (
+    EngineDoc,
+    EngineTelemetryDoc,
+    ProbeDoc,
+    ScenarioDoc,
+    TelemetryDoc,
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class RanScenario:
     upto: int | None = None
     marks: Sequence[tuple[str, float]] = ()
     outputs: MirroredOutputs | None = None
+    telemetry: TelemetryDoc | None = None
 
     @classmethod
     def stored(cls, columns: Mapping[str, Columns], doc: ScenarioDoc | None) -> RanScenario:
@@ -53,7 +64,26 @@ class RanScenario:
             if doc is not None and doc.outputs is not None
             else None
         )
-        return cls(name, columns, upto, marks, outputs)
+        telemetry = doc.telemetry if doc is not None else None
+        return cls(name, columns, upto, marks, outputs, telemetry)
+
+
+def engine_series(doc: EngineTelemetryDoc | None) -> EngineSeries | None:
+    """A stored timeline as the judge reads it (null values become NaN: gaps)."""
+    if doc is None:
+        return None
+    series = {
+        k: np.array([math.nan if x is None else x for x in v], dtype=np.float64)
+        for k, v in doc.series.items()
+        if len(v) == len(doc.t_s)
+    }
+    return EngineSeries(np.array(doc.t_s, dtype=np.float64), series, dict(doc.config))
+
+
+def scenario_telemetry(name: str, doc: TelemetryDoc | None) -> ScenarioTelemetry | None:
+    if doc is None:
+        return None
+    return ScenarioTelemetry(name, engine_series(doc.reference), engine_series(doc.candidate))
 
 
 class CrashSeen(Protocol):
@@ -110,6 +140,7 @@ class JudgeInputs:
     outputs: list[MirroredOutputs]
     capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None)
     steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
+    telemetry: list[ScenarioTelemetry] | None = None  # None: no scenario was sampled
 
 
 def phase_durations(
@@ -210,6 +241,11 @@ def judge_inputs(
         peaks.extend(p)
         overloads.extend(o)
     outputs = [r.outputs for r in ran_list if r.outputs is not None and r.name in scenarios]
+    sampled = [
+        t
+        for r in ran_list
+        if r.name in scenarios and (t := scenario_telemetry(r.name, r.telemetry)) is not None
+    ]
     return JudgeInputs(
         samples,
         peaks,
@@ -219,6 +255,7 @@ def judge_inputs(
         outputs,
         engine_capabilities(engines),
         tuple(steady),
+        sampled or None,
     )
 
 
@@ -255,4 +292,5 @@ def judge_gate(
         capabilities=inputs.capabilities,
         envelope_share=envelope_share,
         saturation=inputs.steady,
+        telemetry=inputs.telemetry,
     )

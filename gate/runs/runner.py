@@ -248,12 +248,7 @@ class GateRunner:
         """The verdict on everything the run fed: under the plan the looks used, so a scenario
         stopped early is judged on exactly the prefix its last look saw (early_stop.py)."""
         assert seen.engines is not None
-        ran = [
-            inputs.RanScenario(
-                r.name, r.columns, r.early_stop.upto if r.early_stop else None, r.phases, r.outputs
-            )
-            for r in seen.scenarios
-        ]
+        ran = [r.ran() for r in seen.scenarios]
         found = inputs.judge_inputs(
             {sc.name: sc for sc in self.spec.stages},
             ran,

@@ -20,10 +20,12 @@ from gate.core.vocabulary import ROLES
 from gate.runs.context import RunContext
 from gate.runs.early_stop import EarlyStop, LiveLooks
 from gate.runs.engine_pair import Engines
+from gate.runs.inputs import RanScenario
 from gate.runs.mirrored_outputs import mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
+from gate.runs.telemetry import start_sampler, telemetry_doc
 from gate.spec import ScenarioSpec
-from gate.verdict.document import PhaseMark, RunSummaryDoc, ScenarioDoc
+from gate.verdict.document import PhaseMark, RunSummaryDoc, ScenarioDoc, TelemetryDoc
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 from loadgen.runner import PairedResult, Pause, run_paired
@@ -44,6 +46,12 @@ class ScenarioResult:
     looks: int = 0
     overran: str | None = None  # why it was stopped at its deadline, when it was
     outputs: MirroredOutputs | None = None  # compared at temperature 0 (analysis/outputs.py)
+    telemetry: TelemetryDoc | None = None  # the engines' own metrics (gate/telemetry)
+
+    def ran(self) -> RanScenario:
+        """The scenario as the judge's inputs take it (inputs.py)."""
+        upto = self.early_stop.upto if self.early_stop else None
+        return RanScenario(self.name, self.columns, upto, self.phases, self.outputs, self.telemetry)
 
     def describe(self) -> ScenarioDoc:
         early = self.early_stop
@@ -58,6 +66,7 @@ class ScenarioResult:
             looks=self.looks,
             early_stop=early.describe() if early else None,
             outputs=outputs_doc(self.outputs) if self.outputs is not None else None,
+            telemetry=self.telemetry,
         )
 
 
@@ -179,12 +188,19 @@ class LoadScenario:
         # Its deadline (gate/core/limits.py), from what it plans after any extension: past it
         # the scenario stops like a crash stops it, keeping what finished, and the gate holds.
         planned_s = sc.duration_s if first.open_ended else sched.planned_s
+        sampler = start_sampler(ctx, self.engines)  # beside the load, on its own thread
         t0 = time.monotonic()
-        result, aborted, overran = await self._mirror(sched, pause, stop, on_record, planned_s)
+        try:
+            result, aborted, overran = await self._mirror(sched, pause, stop, on_record, planned_s)
+        finally:
+            timelines = await asyncio.to_thread(sampler.stop) if sampler is not None else None
         duration = time.monotonic() - t0
         self.engines.check_crashes()
         ctx.progress.scenario_finished(sc.name)
-        return self._result(sched, result, duration, aborted, looks, overran)
+        out = self._result(sched, result, duration, aborted, looks, overran)
+        if sampler is not None and timelines is not None:
+            out.telemetry = telemetry_doc(sampler.interval_s, timelines)
+        return out
 
     async def _mirror(
         self,

@@ -73,6 +73,14 @@ class EngineSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     cwd: str | None = Field(default=None, description="Working directory of the process.")
     readiness_timeout_s: float = Field(default=300.0, gt=0, le=7200)
+    metrics_path: str | None = Field(
+        default="/metrics",
+        max_length=200,
+        pattern=r"^/[A-Za-z0-9_./~-]*(\?[A-Za-z0-9_.=&-]*)?$",
+        description="the engine's Prometheus endpoint, a path on its URL (vLLM, SGLang with "
+        "--enable-metrics, llama.cpp with --metrics, the sim: /metrics; TensorRT-LLM: "
+        "/prometheus/metrics); null: it has none (its engine checks are notes)",
+    )
     caller_url: bool = Field(
         default=False,
         description="set by the service when a request named this `url`: the engine checks "

@@ -19,6 +19,30 @@ from gate.spec.scenarios import ScenarioSpec
 from gate.spec.shape import ShapeSpec
 
 
+class TelemetrySpec(StrictModel):
+    """How the gate samples what the engines say about themselves during every load scenario
+    (gate/telemetry; docs/telemetry.md)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="scrape each engine's metrics endpoint (EngineSpec.metrics_path) while "
+        "each load scenario runs; off: no engine checks, one note",
+    )
+    interval_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=60.0,
+        description="seconds between scrapes (0.05 to 60): at 1 s a scrape costs the gate "
+        "well under a percent of a core (docs/performance.md)",
+    )
+    timeout_s: float = Field(
+        default=2.0,
+        gt=0.0,
+        le=30.0,
+        description="a scrape that takes longer is a gap in the timeline, never an error",
+    )
+
+
 def _yaml_switch(v: Any) -> Any:
     """YAML 1.1 (PyYAML, what reads every spec file) reads a bare `off` as false and `on` as
     true: `correctness: off`, as documented, arrives as False. A switch means what it says."""
@@ -47,6 +71,10 @@ class GateSpec(StrictModel):
         default=None, description="inventory YAML; default: settings, then the local example"
     )
     policy: Policy = Field(default_factory=Policy)
+    telemetry: TelemetrySpec = Field(
+        default_factory=TelemetrySpec,
+        description="sampling the engines' own metrics during each load scenario",
+    )
     correctness: Annotated[Literal["auto", "off"], BeforeValidator(_yaml_switch)] = Field(
         default="auto",
         description="'auto' (or true): when no scenario is a correctness suite, the gate runs "

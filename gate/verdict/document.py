@@ -314,6 +314,35 @@ class RunSummaryDoc(_Doc):
     goodput: GoodputDoc | None = None
 
 
+class EngineTelemetryDoc(_Doc):
+    """One engine's timeline over a scenario (gate/telemetry): seconds since the scenario
+    started, and per series (the gate's vocabulary, gate/telemetry/vocabulary.py) one value per
+    scrape, null where the scrape failed or lacked it. At most `DEFAULT_MAX_POINTS` scrapes
+    and 64 series, so the document stays bounded."""
+
+    sources: list[str] = Field(default_factory=list, description="what was read, e.g. its URL")
+    t_s: list[float] = Field(default_factory=list)
+    series: dict[str, list[float | None]] = Field(default_factory=dict)
+    config: dict[str, str] = Field(
+        default_factory=dict,
+        description="the engine's configuration as its metrics state it: kv_cache_blocks, "
+        "block_size, kv_cache_tokens, cache_dtype, prefix_caching",
+    )
+    gaps: int = Field(0, description="scrapes that failed (a gap, never an error)")
+    notes: list[str] = Field(default_factory=list)
+
+
+class TelemetryDoc(_Doc):
+    """What both engines said about themselves while the scenario ran (null: not sampled)."""
+
+    interval_s: float
+    reference: EngineTelemetryDoc | None = None
+    candidate: EngineTelemetryDoc | None = None
+
+    def of(self, role: str) -> EngineTelemetryDoc | None:
+        return self.reference if role == "reference" else self.candidate
+
+
 class ScenarioDoc(_Doc):
     """A load scenario: what each engine served (loadgen.metrics.summarize) and how it ended."""
 
@@ -328,6 +357,9 @@ class ScenarioDoc(_Doc):
     early_stop: EarlyStopDoc | None = None
     outputs: OutputsDoc | None = Field(
         default=None, description="the mirrored outputs compared (temperature 0 only)"
+    )
+    telemetry: TelemetryDoc | None = Field(
+        default=None, description="the engines' own metrics over the scenario (gate/telemetry)"
     )
 
 

@@ -1,0 +1,68 @@
+"""The telemetry stage of a load scenario: which sources each engine role is read from, the
+sampler started beside the load and stopped after it, and its timelines as the document
+stores them (`TelemetryDoc`, which re-judge reads back).
+
+A source per role today: the engine's Prometheus endpoint (`EngineSpec.metrics_path` on its
+URL; none when the spec says null). GPU sources (NVML, nvidia-smi, DCGM) join the same lists
+in `role_sources`, so their series land in the same timelines on the same clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from gate.core.vocabulary import ROLES
+from gate.runs.context import RunContext
+from gate.runs.engine_pair import Engines
+from gate.telemetry import PrometheusSource, Sampler, Source, Timeline
+from gate.verdict.document import EngineTelemetryDoc, TelemetryDoc
+
+__all__ = ["role_sources", "start_sampler", "telemetry_doc"]
+
+
+def role_sources(ctx: RunContext, engines: Engines) -> dict[str, list[Source]]:
+    """Each role's sources (an empty list: nothing to read, which the judge notes)."""
+    out: dict[str, list[Source]] = {}
+    for role in ROLES:
+        es = ctx.spec.engine(role)
+        eng = engines.built.get(role)
+        srcs: list[Source] = []
+        if es.metrics_path is not None and eng is not None:
+            url = eng.base_url.rstrip("/") + es.metrics_path
+            srcs.append(PrometheusSource(url, url, timeout_s=ctx.spec.telemetry.timeout_s))
+        out[role] = srcs
+    return out
+
+
+def start_sampler(ctx: RunContext, engines: Engines) -> Sampler | None:
+    """The sampler of one scenario, started (None: telemetry is off in the spec)."""
+    spec = ctx.spec.telemetry
+    if not spec.enabled:
+        return None
+    sampler = Sampler(
+        role_sources(ctx, engines), interval_s=spec.interval_s, zero_ns=time.monotonic_ns()
+    )
+    sampler.start()
+    return sampler
+
+
+def _engine_doc(tl: Timeline | None) -> EngineTelemetryDoc | None:
+    if tl is None or not tl.sources:
+        return None
+    return EngineTelemetryDoc(
+        sources=tl.sources,
+        t_s=tl.t_s,
+        series=tl.series,
+        config=tl.config,
+        gaps=tl.gaps,
+        notes=tl.notes,
+    )
+
+
+def telemetry_doc(interval_s: float, timelines: Mapping[str, Timeline]) -> TelemetryDoc:
+    return TelemetryDoc(
+        interval_s=interval_s,
+        reference=_engine_doc(timelines.get("reference")),
+        candidate=_engine_doc(timelines.get("candidate")),
+    )
