@@ -393,6 +393,16 @@ class EnginePolicy(BaseModel):
             "in a burst, and the burst is one event, not dozens of independent coins."
         ),
     )
+    preemption_block_s: float = Field(
+        default=2.0,
+        gt=0.0,
+        le=600.0,
+        description=(
+            "Time blocks of the preemption sign test: each block where the candidate "
+            "preempted more than the reference is a coin under the null, so a block should "
+            "outlast a burst (2 s, the episode window, by default)."
+        ),
+    )
     kv_capacity_tolerance: float = Field(
         default=0.05,
         ge=0.0,
