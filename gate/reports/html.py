@@ -40,6 +40,7 @@ from gate.reports.charts import (
     scatter_chart,
     timeline_chart,
 )
+from gate.reports.telemetry import engine_config, telemetry_charts
 from gate.verdict.document import (
     AbsDeltaDoc,
     Answered,
@@ -517,7 +518,7 @@ def _scenarios(
                 "phases": phases,
                 "rows": rows,
                 "resent_note": _resent_note(rows),
-                "charts": list(charts.values()),
+                "charts": [*charts.values(), *telemetry_charts(name, sc.telemetry, phases)],
                 "goodput": goodput_note(slos),
                 "warmup": warmup,
             }
@@ -576,6 +577,7 @@ def _engines(doc: VerdictDocument) -> list[dict[str, Any]]:
             "log": e.log,
             "capabilities": _capabilities(e.capabilities),
             "groups": _engine_groups(e),
+            "config": engine_config(doc.scenarios or [], role),
         }
         for role in _roles(engines)
         for e in (engines[role],)

@@ -1,0 +1,89 @@
+"""The sampler (gate/telemetry/sampler.py) and the Prometheus source against a real sim
+process over real HTTP: timelines on the gate's clock, gaps for failed scrapes (never a crash),
+bounds on points, series and bytes."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from gate.core.errors import TelemetryError
+from gate.telemetry import PrometheusSource, Sample, Sampler
+from simengine.launch import SimPool
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[SimPool]:
+    with SimPool(workdir=tmp_path, cwd=REPO_ROOT) as p:
+        yield p
+
+
+class Flaky:
+    """A source that fails every other read."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def read(self) -> Sequence[Sample]:
+        self.n += 1
+        if self.n % 2 == 0:
+            raise TelemetryError("no answer")
+        return [
+            Sample("requests_waiting", float(self.n)),
+            Sample("block_size", math.nan, text="16"),
+        ]
+
+
+def test_a_failed_read_is_a_gap_and_the_bounds_hold() -> None:
+    clock = iter(range(0, 10**12, 250_000_000))  # 0.25 s a tick
+    sampler = Sampler(
+        {"reference": [Flaky()]},
+        interval_s=0.25,
+        max_points=5,
+        zero_ns=0,
+        clock_ns=lambda: next(clock),
+    )
+    for _ in range(8):
+        sampler.tick()
+    tl = sampler.timelines["reference"]
+    assert tl.t_s == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert tl.series["requests_waiting"] == [1.0, None, 3.0, None, 5.0]
+    assert tl.gaps == 2 and tl.config == {"block_size": "16"}
+    assert "flaky: no answer" in tl.notes
+    assert "sampling stopped after 5 scrapes" in tl.notes
+
+
+def test_the_sampler_thread_reads_a_real_sim_and_survives_its_end(pool: SimPool) -> None:
+    sim = pool.start("--num-gpu-blocks-override", "300", "--max-model-len", "1024")
+    src = PrometheusSource("sim", f"{sim.url}/metrics", timeout_s=1.0)
+    sampler = Sampler({"candidate": [src]}, interval_s=0.05)
+    sampler.start()
+    time.sleep(0.4)
+    sim.proc.kill()
+    sim.proc.wait()
+    time.sleep(0.2)  # the engine is gone: scrapes fail, the sampler carries on
+    tl = sampler.stop()["candidate"]
+    assert tl.config["kv_cache_blocks"] == "300" and tl.config["kv_cache_tokens"] == "4800"
+    assert tl.series["preemptions_total"][0] == 0.0
+    assert tl.gaps >= 1 and any("ConnectError" in n for n in tl.notes)
+    assert len(tl.t_s) == len(tl.series["requests_running"])
+    assert tl.t_s == sorted(tl.t_s)
+    assert sampler.cpu_s > 0
+
+
+def test_an_answer_past_the_byte_bound_is_refused(pool: SimPool) -> None:
+    sim = pool.start()
+    src = PrometheusSource("sim", f"{sim.url}/metrics", max_bytes=200)
+    with pytest.raises(TelemetryError, match="over 200 bytes"):
+        src.read()
+    src.max_bytes = 1 << 20
+    assert any(s.metric == "requests_running" for s in src.read())
+    src.close()
