@@ -146,6 +146,15 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
     EngineCase("tail share 3% x4", ("--slow-share", "0.03", "--slow-factor", "4")),
     EngineCase("stall 5 s", ("--stalls", f"{STALL_AT_S:.1f}:{STALL_S:g}")),
     EngineCase("TTFT creep", ("--degrade-ttft-per-min", f"{TTFT_CREEP_PER_MIN:.1f}")),
+    # Issue 32: an image that allocates fewer KV blocks. At 40/s about 17 requests of 160
+    # tokens are in flight (2,700 tokens): 4096 blocks of 16 never run out, 128 (2,048
+    # tokens) do at the load's busier moments, and the sim's scheduler preempts
+    # (vllm:num_preemptions_total); both state their cache in vllm:cache_config_info.
+    EngineCase(
+        "fewer KV blocks (preempts)",
+        ("--max-model-len", "1024", "--num-gpu-blocks-override", "128"),
+        ("--max-model-len", "1024", "--num-gpu-blocks-override", "4096"),
+    ),
 )
 
 

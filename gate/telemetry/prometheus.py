@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gate.core.errors import TelemetryError
 from gate.telemetry.source import Sample
-from gate.telemetry.vocabulary import map_families
+from gate.telemetry.vocabulary import map_families, wanted_lines
 
 __all__ = ["PrometheusSource", "parse_metrics"]
 
@@ -26,11 +26,12 @@ DEFAULT_MAX_BYTES = 1 << 20
 
 
 def parse_metrics(text: str) -> list[Sample]:
-    """Prometheus' text format -> the vocabulary's samples (TelemetryError when unparsable)."""
+    """Prometheus' text format -> the vocabulary's samples (TelemetryError when unparsable):
+    the lines the vocabulary reads (`wanted_lines`), through prometheus-client's parser."""
     try:
         flat = [
             (s.name, s.labels, float(s.value))
-            for family in text_string_to_metric_families(text)
+            for family in text_string_to_metric_families(wanted_lines(text))
             for s in family.samples
         ]
     except (ValueError, TypeError, IndexError) as exc:
