@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_bench  # noqa: E402
+import loadgen_bench
 
-from gate.telemetry import PrometheusSource, Sampler  # noqa: E402
-from loadgen.client import RequestSpec, Target  # noqa: E402
-from loadgen.runner import run_paired  # noqa: E402
+from gate.telemetry import PrometheusSource, Sampler
+from loadgen.client import RequestSpec, Target
+from loadgen.runner import run_paired
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = ROOT / "tests" / "support" / "captures" / "vllm" / "vllm-metrics.http"

@@ -96,7 +96,8 @@ class EngineSeries:
             return None
         ok = np.isfinite(v)
         t, finite = self.t_s[ok], v[ok]
-        return t[1:][np.diff(finite) != 0]
+        out: np.ndarray = t[1:][np.diff(finite) != 0]
+        return out
 
     def mean(self, metric: str) -> float | None:
         v = self.values(metric)

@@ -112,12 +112,47 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
     checks = decisions(doc)
     assert checks["steady.ttft.p50"] != "fail" and checks["steady.itl.p50"] != "fail"
     assert checks["correctness.greedy.flips"] == "pass"  # same weights, same greedy tokens
+    # vLLM's own metrics, scraped beside the load (gate/telemetry): the engine checks are there
+    # and pass, each engine's KV cache as its vllm:cache_config_info states it.
+    for cid in ("steady.engine.preemptions", "steady.engine.queue_depth", "engine.kv_capacity"):
+        assert checks[cid] == "pass", cid
+    config = doc["scenarios"][0]["telemetry"]["candidate"]["config"]
+    assert int(config["kv_cache_blocks"]) > 0 and config["cache_dtype"] == "auto"
     for role in ("reference", "candidate"):
         phases = doc["engines"][role]["phases"]
         # vLLM's own startup steps, read from its log (gate/engines/logphases.py), in order
         steps = ["config_resolved", "weights_loaded", "kv_cache_sized", "api_up", "ready"]
         assert all(s in phases for s in steps), sorted(phases)
         assert [phases[s] for s in steps] == sorted(phases[s] for s in steps)
+
+
+def test_a_smaller_kv_cache_holds_naming_it(bed: Path, tmp_path: Path) -> None:
+    """A candidate with a KV cache of 4 blocks of 32 tokens (`--num-gpu-blocks-override`,
+    everything else equal; vLLM keeps one block for itself) under requests of 48 tokens at
+    4/s. The gate holds naming the KV capacity the candidate's vllm:cache_config_info states
+    (128 tokens against the reference's 1 GiB), and its preemption check is there, judged on
+    vllm:num_preemptions_total. At this load the candidate seldom has two requests in flight
+    and was not seen to preempt (0 in the run that sized this test); the preemption test's
+    power on a cache that does run out is the sim's gate
+    (tests/gate/test_engine_metrics_gate.py). Two starts and 8 s of load."""
+    small = ("--block-size", "32", "--max-model-len", "96")
+    doc = run(
+        tmp_path,
+        engine(bed, "--max-num-seqs", "8", *small),
+        engine(bed, "--max-num-seqs", "8", *small, "--num-gpu-blocks-override", "4"),
+        correctness="off",
+        telemetry={"interval_s": 0.5},
+        policy={"extend": 0, "short_scenarios": "allow", "engine": {"preemption_block_s": 1.0}},
+        scenarios=[{**STEADY, "rate": 4.0, "requests": 32}],
+    )
+    assert doc["verdict"] == "hold", doc["summary"]
+    reasons = {r["check"] for r in doc["reasons"]}
+    assert "engine.kv_capacity" in reasons, doc["reasons"]
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert checks["engine.kv_capacity"]["candidate"] == 128  # 4 blocks of 32 tokens
+    assert checks["engine.kv_capacity"]["reference"] > 1_000
+    pre = checks["steady.engine.preemptions"]
+    assert pre["reference"] == 0 and pre["candidate"] is not None
 
 
 def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
