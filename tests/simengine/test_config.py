@@ -173,3 +173,30 @@ def test_a_hardware_profile_serves(launcher: SimPool) -> None:
     assert resp["usage"]["completion_tokens"] == 5
     metrics = httpx.get(sim.url + "/metrics").text
     assert "vllm:kv_cache_usage_perc" in metrics
+
+
+def test_kv_blocks_as_vllm_states_them() -> None:
+    """--num-gpu-blocks-override x --block-size is the KV cache in tokens, as vLLM's flags."""
+    cfg = parse_args(["--port", "0", "--num-gpu-blocks-override", "300", "--block-size", "32"])
+    assert (cfg.kv_cache_tokens, cfg.block_size) == (9600, 32)
+    assert parse_args(["--port", "0"]).block_size == 16
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--block-size", "0"], "--block-size must be in [1, 4096]"),
+        (["--num-gpu-blocks-override", "0"], "--num-gpu-blocks-override must be >= 1"),
+        (
+            ["--num-gpu-blocks-override", "10", "--max-model-len", "1024"],
+            "--num-gpu-blocks-override x --block-size must be at least --max-model-len",
+        ),
+    ],
+)
+def test_kv_block_flags_name_themselves_when_wrong(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--port", "0", *argv])
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err
