@@ -29,7 +29,8 @@ check is evidence of a regression and always holds. An undecided check is a lack
 it holds for every fact-based and error check (an engine that served nothing cannot be judged),
 but a latency or tail check left undecided holds only when the policy `require`s it; otherwise
 it stays in the verdict with the smallest regression the gate could have detected, and the gate
-decides on evidence.
+decides on evidence. A check the policy lists in `advisory` is judged the same and never holds
+(advisory.py): the verdict lists it apart when it would have.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gate.analysis.advisory import mark_advisory
 from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, capability_checks, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
@@ -169,6 +171,7 @@ def judge(
     checks.extend(mirrored_output_checks(outputs, policy, share))
     if telemetry is not None:
         checks.extend(engine_metric_checks(telemetry, policy, notes))
+    checks = mark_advisory(checks, policy)
     reasons = sorted(
         (c for c in checks if c.holds),
         key=lambda c: (c.decision != "fail", _REASON_ORDER[c.group]),

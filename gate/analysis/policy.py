@@ -23,6 +23,16 @@ import math
 import re
 from typing import Annotated, Literal
 
+from gate.analysis.advisory import is_latency_key, pattern_problem, unmatched
+from gate.analysis.check_keys import (
+    SHAPE_KINDS,
+    Metric,
+    check_key,
+    key_problem,
+    matches_key,
+    quantile_key,
+)
+from gate.analysis.check_keys import QUANTILE_KEY as _KEY
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -68,56 +78,6 @@ DEFAULT_ERROR_KINDS: tuple[str, ...] = (
 MAX_BOOTSTRAP_RESAMPLES = 20_000
 MAX_QUANTILES = 8
 MAX_ERROR_KINDS = 32
-
-_KEY = re.compile(r"^p(\d+(?:\.\d+)?)$")
-
-
-def quantile_key(q: float) -> str:
-    """The tolerance key of a quantile: 0.5 -> "p50", 0.99 -> "p99", 0.999 -> "p99.9"."""
-    return f"p{round(q * 100.0, 6):g}"
-
-
-Metric = Literal["ttft", "itl", "e2e"]
-
-
-SHAPE_KINDS: tuple[str, ...] = ("tail", "window", "creep")
-"""Latency checks that are not one quantile: the slow tail, a slow window, a creep."""
-
-
-def check_key(metric: str, q: float | None, kind: str = "tail") -> str:
-    """The key of a latency check in `require` and `detect`: 'ttft.p50', 'itl.tail',
-    'ttft.window', 'ttft.creep' (q None: the `kind`)."""
-    return f"{metric}.{kind if q is None else quantile_key(q)}"
-
-
-def _key_problem(key: str) -> str | None:
-    metric, dot, what = key.rpartition(".")
-    if not dot:
-        metric, what = "", key
-    if metric and metric not in ("ttft", "itl", "e2e"):
-        return f"{key!r}: unknown metric {metric!r}; expected ttft, itl or e2e"
-    if what not in SHAPE_KINDS:
-        m = _KEY.match(what)
-        if m is None or not 0.0 < float(m.group(1)) < 100.0:
-            return (
-                f"{key!r} is not a check key like 'ttft.p50', 'itl.p90', 'tail', 'window', "
-                "'creep' or 'p90'"
-            )
-    return None
-
-
-def _matches(keys: list[str], metric: str, q: float | None, kind: str = "tail") -> bool:
-    what = kind if q is None else quantile_key(q)
-    for key in keys:
-        m, dot, w = key.rpartition(".")
-        if not dot:
-            m, w = "", key
-        if w not in SHAPE_KINDS:
-            w = quantile_key(float(w[1:]) / 100.0)
-        if w == what and m in ("", metric):
-            return True
-    return False
-
 
 def _default_metrics() -> list[Metric]:
     return ["ttft", "itl"]
@@ -523,6 +483,19 @@ class Policy(BaseModel):
             "holds identical engines gets switched off."
         ),
     )
+    advisory: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Checks computed and shown but never holding (Argo Rollouts' dryRun metrics): "
+            "how a new check comes in without blocking rollouts. The verdict lists the "
+            "advisory checks that failed apart from its reasons, on every surface. Each entry "
+            "is a `require` key ('ttft.p90', 'tail': those latency checks in every scenario) "
+            "or a check id with '*' and '?' wildcards ('steady.ttft.p90', 'startup.phase.*', "
+            "'compat.capability.*'); one that matches no check the gate can make is refused. "
+            "gate.environment and latency.coverage are never advisory."
+        ),
+    )
     detect: dict[str, float] = Field(
         default_factory=dict,
         max_length=32,
@@ -812,18 +785,29 @@ class Policy(BaseModel):
     @classmethod
     def _check_require(cls, v: list[str]) -> list[str]:
         for key in v:
-            problem = _key_problem(key)
+            problem = key_problem(key)
             if problem is not None:
                 raise ValueError(problem)
         if len(set(v)) != len(v):
             raise ValueError("require lists a check twice")
         return v
 
+    @field_validator("advisory")
+    @classmethod
+    def _check_advisory(cls, v: list[str]) -> list[str]:
+        for i, pattern in enumerate(v):
+            problem = pattern_problem(pattern)
+            if problem is not None:
+                raise ValueError(f"[{i}] {problem}")
+        if len(set(v)) != len(v):
+            raise ValueError("advisory lists a pattern twice")
+        return v
+
     @field_validator("detect")
     @classmethod
     def _check_detect(cls, v: dict[str, float]) -> dict[str, float]:
         for key, shift in v.items():
-            problem = _key_problem(key)
+            problem = key_problem(key)
             if problem is not None:
                 raise ValueError(problem)
             if not (math.isfinite(shift) and 0.0 < shift <= 10.0):
@@ -863,7 +847,12 @@ class Policy(BaseModel):
     def _check_keys_name_checks(self) -> Policy:
         """Every `require` and `detect` key must name a check this policy plans: a key that
         matches nothing would silently require nothing."""
-        for field_name, keys in (("require", list(self.require)), ("detect", list(self.detect))):
+        keyed = (
+            ("require", list(self.require)),
+            ("detect", list(self.detect)),
+            ("advisory", [p for p in self.advisory if is_latency_key(p)]),
+        )
+        for field_name, keys in keyed:
             for key in keys:
                 metric, dot, what = key.rpartition(".")
                 if not dot:
@@ -891,14 +880,22 @@ class Policy(BaseModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _check_advisory_matches(self) -> Policy:
+        """Every advisory pattern must match a check the judge can make under this policy
+        (a typo would leave the check blocking): the families of `advisory.families`."""
+        for i, why in unmatched(self.advisory, self):
+            raise ValueError(f"advisory[{i}]: {why}")
+        return self
+
     def requires(self, metric: str, q: float | None, kind: str = "tail") -> bool:
         """Whether an undecided check of this metric and quantile (None: the `kind`) holds."""
-        return _matches(self.require, metric, q, kind)
+        return matches_key(self.require, metric, q, kind)
 
     def detect_for(self, metric: str, q: float | None, kind: str = "tail") -> float | None:
         """The regression the user wants this check to catch, if `detect` names it."""
         for key, shift in self.detect.items():
-            if _matches([key], metric, q, kind):
+            if matches_key([key], metric, q, kind):
                 return shift
         return None
 

@@ -31,13 +31,15 @@ may extend). The final
 `judge(..., plan=plan)` on the same samples gives the same decisions and intervals as the last
 look (the same blocks and tests). A decision is the one at the current look: under drift a
 check decided at one look may be undecided at the next, so the gate stops on a look where
-everything is decided, never on decisions collected from different looks.
+everything is decided, never on decisions collected from different looks. An advisory check
+(policy.advisory) is looked at as any other but never stops a scenario on a hold nor extends it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gate.analysis.advisory import mark_advisory
 from gate.analysis.errors import error_check, outputs_checks
 from gate.analysis.latency import planned_latency_checks
 from gate.analysis.plan import Plan
@@ -49,7 +51,14 @@ __all__ = ["Look", "SequentialJudge"]
 def _extends(c: Check) -> bool:
     """An undecided required check that more samples could settle (an unhealthy test bed,
     `gate.environment`, is not one)."""
-    return c.decision == "undecided" and c.required and c.metric != "environment"
+    return (
+        c.decision == "undecided" and c.required and not c.advisory and c.metric != "environment"
+    )
+
+
+def _fails(c: Check) -> bool:
+    """A failed check that holds (an advisory one never does, policy.advisory)."""
+    return c.decision == "fail" and not c.advisory
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,7 @@ class Look:
     @property
     def hold(self) -> bool:
         """A check failed: the gate will hold whatever more samples say."""
-        return any(c.decision == "fail" for c in self.checks)
+        return any(_fails(c) for c in self.checks)
 
     @property
     def all_decided(self) -> bool:
@@ -130,7 +139,7 @@ class SequentialJudge:
         extending = (
             final
             and n < limit
-            and not any(c.decision == "fail" for c in checks)
+            and not any(_fails(c) for c in checks)
             and any(_extends(c) for c in checks)
         )
         if extending:
@@ -173,4 +182,4 @@ class SequentialJudge:
             )
         )
         checks.extend(outputs_checks([s]))
-        return checks, notes
+        return mark_advisory(checks, self.plan.policy), notes

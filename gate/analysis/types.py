@@ -244,13 +244,20 @@ class Check:
         ceiling without confidence, a test bed that looks unhealthy). A continue with
         warnings reads "continue, with N warnings" on every surface; exit codes and rollout
         answers stay binary.
+    advisory: the policy's `advisory` names it: judged as any other, it never holds
+        (`holds`); one that would have (`advisory_failed`) is listed apart.
     """
 
     @property
     def not_shown(self) -> bool:
         """An undecided check that does not hold: what a continue could not show (a test bed's
         warning, `gate.environment`, is no claim about the candidate: it is a warning only)."""
-        return self.decision == "undecided" and not self.required and self.metric != "environment"
+        return (
+            self.decision == "undecided"
+            and not self.required
+            and not self.advisory
+            and self.metric != "environment"
+        )
 
     id: str
     group: CheckGroup
@@ -272,11 +279,23 @@ class Check:
     correlation_requests: float | None = None
     block_requests: int | None = None
     warning: str | None = None
+    advisory: bool = False
+
+    @property
+    def would_hold(self) -> bool:
+        """A failed check, or an undecided required one: what holds unless it is advisory."""
+        return self.decision == "fail" or (self.decision == "undecided" and self.required)
 
     @property
     def holds(self) -> bool:
-        """A failed check holds the gate; an undecided one only when it is required."""
-        return self.decision == "fail" or (self.decision == "undecided" and self.required)
+        """A failed check holds the gate; an undecided one only when it is required; an
+        advisory one never (policy.advisory)."""
+        return self.would_hold and not self.advisory
+
+    @property
+    def advisory_failed(self) -> bool:
+        """An advisory check that would have held: listed apart, holding nothing."""
+        return self.would_hold and self.advisory
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: NaN and infinities become None (an unbounded interval end reads as null)."""
@@ -312,6 +331,7 @@ class Check:
             "correlation_requests": _json_float(self.correlation_requests),
             "block_requests": self.block_requests,
             "warning": self.warning,
+            "advisory": self.advisory,
         }
 
 
@@ -327,7 +347,13 @@ class Verdict:
     @property
     def warnings(self) -> tuple[Check, ...]:
         """Checks in the warning tier that do not hold the gate (Check.warning)."""
-        return tuple(c for c in self.checks if c.warning and not c.holds)
+        return tuple(c for c in self.checks if c.warning and not c.would_hold)
+
+    @property
+    def advisory(self) -> tuple[Check, ...]:
+        """Advisory checks that failed (or stayed undecided where required): shown apart,
+        holding nothing (policy.advisory)."""
+        return tuple(c for c in self.checks if c.advisory_failed)
 
     @property
     def not_shown(self) -> tuple[Check, ...]:
@@ -341,5 +367,6 @@ class Verdict:
             "reasons": [c.to_dict() for c in self.reasons],
             "warnings": [c.to_dict() for c in self.warnings],
             "not_shown": [c.to_dict() for c in self.not_shown],
+            "advisory": [c.to_dict() for c in self.advisory],
             "notes": list(self.notes),
         }

@@ -73,6 +73,10 @@ class GateView(BaseModel):
         description=f"as the verdict object's, at most {ANSWER_ITEMS}"
     )
     not_shown_omitted: int = 0
+    advisory: list[ReasonDoc] = Field(
+        default_factory=list, description=f"as the verdict object's, at most {ANSWER_ITEMS}"
+    )
+    advisory_omitted: int = 0
     source: str
     reference: str | None = Field(description="the reference engine's label")
     candidate: str | None = Field(description="the candidate engine's label")
@@ -179,6 +183,7 @@ def view(run: GateRun) -> GateView:
     said = stored_summary(run.verdict, run.document, run.reason) if finished else None
     warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
     not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
+    advisory, advisory_omitted = bounded(said.advisory if said else (), ANSWER_ITEMS)
     return GateView(
         id=run.id,
         name=run.name,
@@ -191,6 +196,8 @@ def view(run: GateRun) -> GateView:
         warnings_omitted=warnings_omitted,
         not_shown=not_shown,
         not_shown_omitted=not_shown_omitted,
+        advisory=advisory,
+        advisory_omitted=advisory_omitted,
         source=run.source,
         reference=run.reference_label,
         candidate=run.candidate_label,
@@ -480,6 +487,7 @@ def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
         reasons=[check_doc(c) for c in verdict.reasons],
         warnings=list(said.warnings),
         not_shown=list(said.not_shown),
+        advisory=list(said.advisory),
         notes=list(verdict.notes),
         policy=policy.model_dump(mode="json"),
     ).to_json()

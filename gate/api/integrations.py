@@ -61,7 +61,8 @@ class FlaggerHook(BaseModel):
 class FlaggerAnswer(BaseModel):
     """The hook's answer: the gate of the revision the target holds (null fields when there is
     none), and the images compared. The status code decides (binary); the body says it in the
-    words every surface uses (`summary`, `warnings`, `not_shown`: gate/verdict/summary.py)."""
+    words every surface uses (`summary`, `warnings`, `not_shown`, `advisory`:
+    gate/verdict/summary.py)."""
 
     id: str | None
     state: GateState | None
@@ -72,6 +73,8 @@ class FlaggerAnswer(BaseModel):
     warnings_omitted: int = 0
     not_shown: list[ReasonDoc] = Field(default_factory=list)
     not_shown_omitted: int = 0
+    advisory: list[ReasonDoc] = Field(default_factory=list)
+    advisory_omitted: int = 0
     report_url: str | None
     candidate: str | None = Field(description="the candidate image the gate runs")
     reference: str | None = Field(description="the reference image the gate runs")
@@ -322,6 +325,8 @@ def _answer(
         warnings_omitted=summary.warnings_omitted if summary else 0,
         not_shown=summary.not_shown if summary else [],
         not_shown_omitted=summary.not_shown_omitted if summary else 0,
+        advisory=summary.advisory if summary else [],
+        advisory_omitted=summary.advisory_omitted if summary else 0,
         report_url=summary.report_url if summary else None,
         candidate=candidate,
         reference=reference,

@@ -372,7 +372,8 @@ def _check_row(c: CheckDoc, scale: tuple[float, float] | None) -> dict[str, Any]
         "message": c.message,
         "warning": c.warning or None,
         # an undecided check that does not hold: what the continue could not show
-        "not_shown": c.decision == "undecided" and c.required is False,
+        "not_shown": c.decision == "undecided" and c.required is False and not c.advisory,
+        "advisory": c.advisory,
         "glyph": glyph,
     }
 
@@ -432,6 +433,9 @@ def _headline(doc: VerdictDocument, counts: Mapping[str, int], summary: Summary)
                 f"({len(summary.not_shown)} undecided, listed below as not shown){warned}: the "
                 "candidate may keep rolling out."
             )
+        if summary.advisory:
+            n = _plural(len(summary.advisory), "advisory check")
+            return f"Nothing held the gate{warned}; {n} failed, which the policy lets pass."
         if total and counts["pass"] == total:
             return f"All {total} checks passed{warned}: the candidate may keep rolling out."
         return f"Nothing held the gate{warned}: the candidate may keep rolling out."
@@ -810,6 +814,7 @@ def report_context(
         "headline": _headline(document, counts, summary),
         "warnings": list(summary.warnings),
         "not_shown": list(summary.not_shown),
+        "advisory": list(summary.advisory),
         "counts": counts,
         "error": document.error,
         "reasons": document.reasons,

@@ -135,7 +135,8 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
             table.add_row(
                 c.id,
                 f"[{DECISION_STYLE.get(c.decision, 'white')}]{c.decision}[/]"
-                + (" [yellow]warning[/]" if c.warning else ""),
+                + (" [yellow]warning[/]" if c.warning else "")
+                + (" [magenta]advisory[/]" if c.advisory else ""),
                 _fmt_ratio(c.ratio),
                 _fmt_interval(c),
                 _fmt_threshold(c),
@@ -153,6 +154,8 @@ def print_summary(doc: VerdictDocument, console: Console | None = None) -> None:
         console.print(f"  [{color}]-[/{color}] {escape(r.check)}: {escape(r.message)}")
     for r in summary.warnings:
         console.print(f"  [yellow]warning  [/yellow] {escape(r.check)}: {escape(r.message)}")
+    for r in summary.advisory:
+        console.print(f"  [magenta]advisory [/magenta] {escape(r.check)}: {escape(r.message)}")
     if doc.verdict == "continue":  # a hold's reasons say what matters
         for r in summary.not_shown:
             console.print(f"  [yellow]not shown[/yellow] {escape(r.message)}")

@@ -171,7 +171,7 @@ class LiveLooks:
             return
         if self.hold_only and not look.hold:
             return
-        failed = tuple(c.id for c in look.checks if c.decision == "fail")
+        failed = tuple(c.id for c in look.checks if c.decision == "fail" and not c.advisory)
         reason: Literal["hold", "decided", "planned"] = (
             "hold" if look.hold else "planned" if look.past_plan else "decided"
         )

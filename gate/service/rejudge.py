@@ -16,9 +16,10 @@ from dataclasses import replace
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.analysis.advisory import unmatched
 from gate.analysis.policy import Policy
 from gate.analysis.types import Verdict
-from gate.core.errors import GateConflict
+from gate.core.errors import FieldProblem, GateConflict, SpecError
 from gate.core.vocabulary import FINISHED
 from gate.runs.inputs import RanScenario, judge_gate, judge_inputs, stored_engines
 from gate.service import service
@@ -41,6 +42,10 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
     # so a stored one the caps now refuse does not stop its samples from being judged again.
     stored = {k: v for k, v in run.spec.items() if k != "policy"}
     spec = parse_spec(stored, source=f"gate {gate_id}")
+    stages = [sc.name for sc in spec.stages]
+    wrong = [FieldProblem(f"policy.advisory[{i}]", why) for i, why in unmatched(policy.advisory, policy, stages)]
+    if wrong:
+        raise SpecError(wrong, f"the policy for gate {gate_id}")
     ran_docs = {sc.name: sc for sc in doc.scenarios or []}
     ran = [
         replace(RanScenario.stored(cols, ran_docs.get(name)), name=name)

@@ -45,6 +45,12 @@ class VerdictSummary(BaseModel):
         f"most {ANSWER_ITEMS}"
     )
     not_shown_omitted: int = Field(description="not-shown checks beyond those listed")
+    advisory: list[ReasonDoc] = Field(
+        default_factory=list,
+        description=f"advisory checks (policy.advisory) that failed: listed apart, they hold "
+        f"nothing; at most {ANSWER_ITEMS}",
+    )
+    advisory_omitted: int = Field(0, description="advisory failures beyond those listed")
     report_url: str
 
 

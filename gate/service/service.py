@@ -513,6 +513,7 @@ def _verdict_summary(run: Any, document: Any, public_url: str) -> VerdictSummary
     said = stored_summary(run.verdict, document, run.reason) if finished else None
     warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
     not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
+    advisory, advisory_omitted = bounded(said.advisory if said else (), ANSWER_ITEMS)
     return VerdictSummary(
         id=run.id,
         state=run.state,
@@ -523,5 +524,7 @@ def _verdict_summary(run: Any, document: Any, public_url: str) -> VerdictSummary
         warnings_omitted=warnings_omitted,
         not_shown=list(not_shown),
         not_shown_omitted=not_shown_omitted,
+        advisory=list(advisory),
+        advisory_omitted=advisory_omitted,
         report_url=f"{public_url.rstrip('/')}/gates/{run.id}",
     )

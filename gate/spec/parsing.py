@@ -12,6 +12,7 @@ from pydantic import (
     ValidationError,
 )
 
+from gate.analysis.advisory import unmatched
 from gate.core.errors import FieldProblem, SpecError
 from gate.spec.engines import engine_group_problems, engine_pair_problems
 from gate.spec.fields import MAX_SPEC_BYTES
@@ -91,6 +92,9 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     names = [g.role for g in spec.shape.groups]
     for role in ("reference", "candidate"):  # each engine's groups against the shape's
         problems += engine_group_problems(role, spec.engine(role), names)  # type: ignore[arg-type]
+    stages = [s.name for s in spec.stages]
+    for i, why in unmatched(spec.policy.advisory, spec.policy, stages):  # by scenario now
+        problems.append(FieldProblem(f"policy.advisory[{i}]", why))
     if problems:  # rules on both engines together (the model passed each alone)
         raise SpecError(problems, source)
     return spec

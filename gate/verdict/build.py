@@ -103,6 +103,7 @@ def gate_document(
         reasons=reasons,
         warnings=list(summary.warnings),
         not_shown=list(summary.not_shown),
+        advisory=list(summary.advisory),
         checks=checks,
         notes=notes,
         report=header.report,

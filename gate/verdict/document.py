@@ -77,6 +77,14 @@ class CheckDoc(_Doc):
         ),
     )
 
+    advisory: bool = Field(
+        False,
+        description=(
+            "the policy's `advisory` names this check: judged as any other, it never holds "
+            "the gate; one that would have is listed in the document's `advisory`"
+        ),
+    )
+
     @field_validator("decision", mode="before")
     @classmethod
     def _legacy_decision(cls, v: object) -> object:
@@ -493,6 +501,14 @@ class VerdictDocument(_Doc):
             "older gates)"
         ),
     )
+    advisory: list[ReasonDoc] = Field(
+        default_factory=list,
+        description=(
+            "advisory checks (policy.advisory) that failed, or stayed undecided where "
+            "required: shown apart from the reasons, they never hold the gate (absent from "
+            "documents of older gates)"
+        ),
+    )
     checks: list[CheckDoc]
     notes: list[str]
     report: str | None = Field(None, description="the HTML report's path on the worker")
@@ -545,5 +561,8 @@ class RejudgeResult(_Doc):
     reasons: list[CheckDoc]
     warnings: list[ReasonDoc] = Field(default_factory=list)
     not_shown: list[ReasonDoc] = Field(default_factory=list)
+    advisory: list[ReasonDoc] = Field(
+        default_factory=list, description="advisory checks that failed: they hold nothing"
+    )
     notes: list[str]
     policy: dict[str, Any] = Field(description="the policy judged by, defaults filled in")

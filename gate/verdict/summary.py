@@ -9,7 +9,9 @@ rate above the ceiling without confidence, a test bed that looks unhealthy). The
 report, the API, the commit status and the Argo and Flagger answers all print what `summarize`
 returns, so none of them can say "every check passed" beside an undecided check, or drop a
 warning another shows. Exit codes and rollout answers stay binary: this is what they say, not
-what they decide.
+what they decide. Advisory checks (policy.advisory) that would have held are listed apart
+(`Summary.advisory`, "; advisory: 1 check failed (steady.ttft.p90)" in the line): never among
+the reasons, the warnings or what a continue did not show.
 
 The line is at most `LINE_CHARS` characters, the tightest surface's limit: GitHub's
 commit-status description is refused past 140 characters (422 "description is too long
@@ -88,7 +90,7 @@ def not_shown_phrase(check: CheckDoc) -> str:
     return phrase
 
 
-def _holds(check: CheckDoc) -> bool:
+def _would_hold(check: CheckDoc) -> bool:
     return check.decision == "fail" or (check.decision == "undecided" and check.required)
 
 
@@ -109,7 +111,9 @@ def _clip(text: str, limit: int) -> str:
 class Summary:
     """A gate's verdict in words. failed / undecided: the ids of the failed checks and of the
     required checks left undecided (what holds); others: why a gate with neither holds (an
-    error, a refused spec); warnings and not_shown: check id and what to say, in check order."""
+    error, a refused spec); warnings and not_shown: check id and what to say, in check order;
+    advisory: the advisory checks that would have held (policy.advisory), apart: they hold
+    nothing."""
 
     verdict: GateDecision
     failed: tuple[str, ...] = ()
@@ -117,6 +121,14 @@ class Summary:
     others: tuple[ReasonDoc, ...] = ()
     warnings: tuple[ReasonDoc, ...] = ()
     not_shown: tuple[ReasonDoc, ...] = ()
+    advisory: tuple[ReasonDoc, ...] = ()
+
+    def _advisory_part(self, k: int) -> str:
+        """'' or '; advisory: 1 check failed (steady.ttft.p90)' naming at most k of them."""
+        if not self.advisory:
+            return ""
+        ids = [r.check for r in self.advisory]
+        return f"; advisory: {_plural(len(ids), 'check')} failed{_listed(ids, k)}"
 
     @property
     def with_warnings(self) -> str:
@@ -127,14 +139,17 @@ class Summary:
     def banner(self) -> str:
         """The verdict word as a banner shows it: 'CONTINUE', 'CONTINUE, with 2 warnings',
         'HOLD'."""
+        advisory = (
+            f", {_plural(len(self.advisory), 'advisory check')} failed" if self.advisory else ""
+        )
         if self.verdict == "hold":
-            return "HOLD"
-        return f"CONTINUE{self.with_warnings}"
+            return f"HOLD{advisory}"
+        return f"CONTINUE{self.with_warnings}{advisory}"
 
     def _compose(self, k: int) -> str:
         """The line naming at most k items of each list (k large: all of them)."""
         if self.verdict == "continue":
-            head = f"continue{self.with_warnings}"
+            head = f"continue{self.with_warnings}{self._advisory_part(k)}"
             n = len(self.not_shown)
             if not n:
                 return head
@@ -151,7 +166,7 @@ class Summary:
             required = _plural(len(self.undecided), "required check")
             parts.append(f"{required} undecided{_listed(self.undecided, k)}")
         if parts:
-            return "hold: " + ", ".join(parts)
+            return "hold: " + ", ".join(parts) + self._advisory_part(k)
         if self.others:
             first = self.others[0].message.split(":\n", 1)[0]  # a list's heading
             rest = len(self.others) - 1
@@ -160,7 +175,9 @@ class Summary:
 
     def line(self, limit: int = LINE_CHARS) -> str:
         """One line within `limit` characters: as many items as fit, the rest counted."""
-        most = max(len(self.not_shown), len(self.failed), len(self.undecided))
+        most = max(
+            len(self.not_shown), len(self.failed), len(self.undecided), len(self.advisory)
+        )
         for k in range(most, -1, -1):
             text = self._compose(k)
             if len(text) <= limit:
@@ -176,16 +193,25 @@ def summarize(
     ids = {c.id for c in checks}
     return Summary(
         verdict=verdict,
-        failed=tuple(c.id for c in checks if c.decision == "fail"),
-        undecided=tuple(c.id for c in checks if c.decision == "undecided" and c.required),
+        failed=tuple(c.id for c in checks if c.decision == "fail" and not c.advisory),
+        undecided=tuple(
+            c.id for c in checks if c.decision == "undecided" and c.required and not c.advisory
+        ),
         others=tuple(r for r in reasons if r.check not in ids),
         warnings=tuple(
-            ReasonDoc(check=c.id, message=c.warning) for c in checks if c.warning and not _holds(c)
+            ReasonDoc(check=c.id, message=c.warning)
+            for c in checks
+            if c.warning and not _would_hold(c)
         ),
         not_shown=tuple(
             ReasonDoc(check=c.id, message=not_shown_phrase(c))
             for c in checks
-            if c.decision == "undecided" and not c.required
+            if c.decision == "undecided" and not c.required and not c.advisory
+        ),
+        advisory=tuple(
+            ReasonDoc(check=c.id, message=c.message)
+            for c in checks
+            if c.advisory and _would_hold(c)
         ),
     )
 
