@@ -106,7 +106,7 @@ def families(policy: Policy, scenarios: Sequence[str] | None = None) -> list[Fam
         (scen, "engine", _FREE),  # the engines' own metrics (engine_metrics.py)
         ("engine", _FREE),
         ("startup", "ready"),
-        ("startup", "phase", _FREE),
+        ("startup", "phase", _ANY),  # a worker group's phases are GROUP.PHASE
         ("crash", _ROLES),
         ("crash", _ROLES, _FREE),
         ("compat", _FREE),

@@ -20,19 +20,8 @@ compatibility, single-launch startup, recovery time) spend nothing: they hold on
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Literal
 
-from gate.analysis.advisory import is_latency_key, pattern_problem, unmatched
-from gate.analysis.check_keys import (
-    SHAPE_KINDS,
-    Metric,
-    check_key,
-    key_problem,
-    matches_key,
-    quantile_key,
-)
-from gate.analysis.check_keys import QUANTILE_KEY as _KEY
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -40,6 +29,16 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_validator,
+)
+
+from gate.analysis.advisory import is_latency_key, pattern_problem, unmatched
+from gate.analysis.check_keys import QUANTILE_KEY as _KEY
+from gate.analysis.check_keys import (
+    Metric,
+    check_key,
+    key_problem,
+    matches_key,
+    quantile_key,
 )
 
 __all__ = [
@@ -78,6 +77,7 @@ DEFAULT_ERROR_KINDS: tuple[str, ...] = (
 MAX_BOOTSTRAP_RESAMPLES = 20_000
 MAX_QUANTILES = 8
 MAX_ERROR_KINDS = 32
+
 
 def _default_metrics() -> list[Metric]:
     return ["ttft", "itl"]

@@ -51,9 +51,7 @@ __all__ = ["Look", "SequentialJudge"]
 def _extends(c: Check) -> bool:
     """An undecided required check that more samples could settle (an unhealthy test bed,
     `gate.environment`, is not one)."""
-    return (
-        c.decision == "undecided" and c.required and not c.advisory and c.metric != "environment"
-    )
+    return c.decision == "undecided" and c.required and not c.advisory and c.metric != "environment"
 
 
 def _fails(c: Check) -> bool:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gate.analysis.policy import Policy
 from gate.core.clock import Timestamp
-from gate.core.errors import DocumentUnreadable, FieldProblem, GateConflict, SpecError
+from gate.core.errors import DocumentUnreadable, GateConflict, SpecError
 from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED, GateState
@@ -22,7 +22,7 @@ from gate.service import service
 from gate.service.admission import resolve_spec
 from gate.service.rejudge import rejudge
 from gate.service.schemas import CallbackTarget, GateFilter, VerdictSummary
-from gate.spec import GateSpec
+from gate.spec import GateSpec, policy_problems
 from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 from gate.verdict.document import ReasonDoc
 from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary, summarize
@@ -469,11 +469,7 @@ def _rejudge(gate_id: str, body: Rejudge, ctx: Ctx) -> dict[str, Any]:
     try:
         policy = Policy.model_validate(body.policy)
     except ValidationError as exc:
-        problems = [
-            FieldProblem("policy." + ".".join(str(p) for p in e["loc"]), e["msg"])
-            for e in exc.errors()
-        ]
-        raise SpecError(problems, "policy") from None
+        raise SpecError(policy_problems(exc), "policy") from None
     verdict = rejudge(ctx.factory, gate_id, policy)
     run = service.get_gate(ctx.factory, gate_id)
     checks = [check_doc(c) for c in verdict.checks]

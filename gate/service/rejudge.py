@@ -43,7 +43,10 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
     stored = {k: v for k, v in run.spec.items() if k != "policy"}
     spec = parse_spec(stored, source=f"gate {gate_id}")
     stages = [sc.name for sc in spec.stages]
-    wrong = [FieldProblem(f"policy.advisory[{i}]", why) for i, why in unmatched(policy.advisory, policy, stages)]
+    wrong = [
+        FieldProblem(f"policy.advisory[{i}]", why)
+        for i, why in unmatched(policy.advisory, policy, stages)
+    ]
     if wrong:
         raise SpecError(wrong, f"the policy for gate {gate_id}")
     ran_docs = {sc.name: sc for sc in doc.scenarios or []}

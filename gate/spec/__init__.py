@@ -24,7 +24,13 @@ from gate.spec.kubernetes import (
     image_repository,
 )
 from gate.spec.limits import ScenarioSize, scenario_size, spec_limit_problems
-from gate.spec.parsing import load_spec, parse_spec, parse_spec_text, spec_to_dict
+from gate.spec.parsing import (
+    load_spec,
+    parse_spec,
+    parse_spec_text,
+    policy_problems,
+    spec_to_dict,
+)
 from gate.spec.scenarios import ScenarioSpec
 from gate.spec.shape import ShapeSpec
 
@@ -50,6 +56,7 @@ __all__ = [
     "load_spec",
     "parse_spec",
     "parse_spec_text",
+    "policy_problems",
     "scenario_size",
     "spec_limit_problems",
     "spec_to_dict",

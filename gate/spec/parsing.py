@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,26 @@ def _message(err: Mapping[str, Any]) -> str:
     return msg
 
 
+_AT_ADVISORY = re.compile(r"^(advisory\[\d+\]): (.*)$", re.S)
+
+
+def _at_field(problem: FieldProblem) -> FieldProblem:
+    """The policy's advisory rule fails on the model (it needs the whole policy); its message
+    names the entry, which becomes the path: `policy.advisory[2]`."""
+    m = _AT_ADVISORY.match(problem.message)
+    if m is None or not problem.path.endswith("policy"):
+        return problem
+    return FieldProblem(f"{problem.path}.{m.group(1)}", m.group(2))
+
+
+def policy_problems(exc: ValidationError) -> list[FieldProblem]:
+    """A policy's own mistakes (re-judge validates one alone), each at its path."""
+    return [
+        _at_field(FieldProblem(_format_loc(("policy", *e["loc"])), _message(e)))
+        for e in exc.errors()
+    ]
+
+
 def parse_spec(data: Any, source: str = "spec") -> GateSpec:
     """Validate a spec mapping; raise SpecError naming every mistake."""
     if not isinstance(data, Mapping):
@@ -84,7 +105,7 @@ def parse_spec(data: Any, source: str = "spec") -> GateSpec:
         for p in problems:
             raw.setdefault(p.message, []).append(p.path)
         for err in exc.errors():
-            problem = FieldProblem(_format_loc(tuple(err["loc"])), _message(err))
+            problem = _at_field(FieldProblem(_format_loc(tuple(err["loc"])), _message(err)))
             if any(path.startswith(problem.path) for path in raw.get(problem.message, ())):
                 continue
             problems.append(problem)

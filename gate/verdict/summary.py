@@ -175,9 +175,7 @@ class Summary:
 
     def line(self, limit: int = LINE_CHARS) -> str:
         """One line within `limit` characters: as many items as fit, the rest counted."""
-        most = max(
-            len(self.not_shown), len(self.failed), len(self.undecided), len(self.advisory)
-        )
+        most = max(len(self.not_shown), len(self.failed), len(self.undecided), len(self.advisory))
         for k in range(most, -1, -1):
             text = self._compose(k)
             if len(text) <= limit:

@@ -168,6 +168,8 @@ def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
         "warnings_omitted": final["warnings_omitted"],
         "not_shown": final["not_shown"],
         "not_shown_omitted": final["not_shown_omitted"],
+        "advisory": [],
+        "advisory_omitted": 0,
         "report_url": f"http://gate.test/gates/{gid}",
     }
     assert summary["summary"].startswith("hold: ") and ".ttft." in summary["summary"]
