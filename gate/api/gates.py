@@ -18,10 +18,10 @@ from gate.core.errors import TooBusy as TooBusy  # it lived here: re-exported
 from gate.core.settings import Settings
 from gate.core.vocabulary import FINISHED, GateState
 from gate.http.deps import Ctx, CtxDep, ReadDep, RunDep, SessionSecret, request_token
-from gate.service import service
+from gate.service import alerts, service
 from gate.service.admission import resolve_spec
 from gate.service.rejudge import rejudge
-from gate.service.schemas import CallbackTarget, GateFilter, VerdictSummary
+from gate.service.schemas import AlertDeliveryView, CallbackTarget, GateFilter, VerdictSummary
 from gate.spec import GateSpec, policy_problems
 from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 from gate.verdict.document import ReasonDoc
@@ -269,6 +269,7 @@ def submit(
         callback=callback,
         owner=owner,
         max_active=ctx.settings.max_active_gates_per_token,
+        alerts=alerts.plan(spec, ctx.settings),
     )
     if created:
         try:
@@ -411,6 +412,16 @@ def phases(
     return [
         PhaseView(id=p.id, role=p.role, phase=p.phase, at_s=p.at_s, detail=p.detail) for p in rows
     ]
+
+
+@router.get(
+    "/gates/{gate_id}/alerts",
+    response_model=list[AlertDeliveryView],
+    responses={**ERRORS, **NOT_FOUND},
+    summary="The gate's verdict alerts: each target, attempts, last HTTP status, sent or not",
+)
+def gate_alerts(gate_id: str, ctx: CtxDep, _: ReadDep) -> list[AlertDeliveryView]:
+    return alerts.deliveries(ctx.factory, gate_id)
 
 
 @router.get(

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gate.core.limits import Caps
+
+AlertFormat = Literal["slack", "json"]
+AlertOn = Literal["hold", "all"]
+MAX_ALERT_TARGETS = 16
+
+
+class AlertTarget(BaseModel):
+    """An operator's alert target (GATE_ALERT_TARGETS): where verdicts are posted, in which
+    format, for which verdicts; `every_gate` false makes it one a spec must name in `notify`.
+    The URL is the operator's and never leaves the service (a Slack webhook URL is a secret)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
+    url: str = Field(min_length=8, max_length=2000)
+    format: AlertFormat = "json"
+    on: AlertOn = "hold"
+    every_gate: bool = True
 
 
 class Settings(BaseSettings, Caps):
@@ -164,6 +182,22 @@ class Settings(BaseSettings, Caps):
     callback_allow: list[str] = Field(
         default_factory=list,
         description="URL prefixes a CI webhook may name as its commit-status callback.",
+    )
+    alert_targets: list[AlertTarget] = Field(
+        default_factory=list,
+        max_length=MAX_ALERT_TARGETS,
+        description="Verdict alerts (JSON list): each {name, url, format: slack|json, on: "
+        "hold|all, every_gate}; every_gate targets get every gate's verdict, the others only "
+        "a spec's that names them in `notify`.",
+    )
+    alert_allow: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes a spec's `notify` may name directly (as GATE_CALLBACK_ALLOW); "
+        "empty: specs may only name GATE_ALERT_TARGETS.",
+    )
+    alert_secret: str | None = Field(
+        default=None,
+        description="Signs `json` alerts: X-Hub-Signature-256, HMAC-SHA256 of the body.",
     )
     header_timeout_s: float = Field(
         default=10.0,

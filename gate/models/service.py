@@ -1,11 +1,12 @@
 """What the service keeps beside gates: API tokens (hashed), the pages' sign-in sessions
-(hashed) and webhook deliveries seen."""
+(hashed), webhook deliveries seen, and verdict alerts owed and sent."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy import Boolean, DateTime, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import false as sa_false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gate.models.base import Base, utcnow
@@ -54,3 +55,27 @@ class WebhookDelivery(Base):
     body_sha256: Mapped[str] = mapped_column(String(64))
     gate_id: Mapped[str | None] = mapped_column(ForeignKey("gates.id", ondelete="SET NULL"))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AlertDelivery(Base):
+    """One verdict alert of one gate to one target (gate/service/alerts.py): planned when the
+    gate is created, sent once it ends (if its verdict is one the target hears), retried by
+    the reapers a bounded number of times. `url` is a spec's own URL; an operator's target
+    (`target` its name) is looked up when sent, so its secret URL is never stored per gate."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (UniqueConstraint("gate_id", "target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    gate_id: Mapped[str] = mapped_column(ForeignKey("gates.id", ondelete="CASCADE"), index=True)
+    target: Mapped[str] = mapped_column(String(48))  # an operator's name, or notify[i]
+    url: Mapped[str | None] = mapped_column(String(500))
+    format: Mapped[str] = mapped_column(String(8))
+    on: Mapped[str] = mapped_column(String(8))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    posts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    tried_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    done: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    result: Mapped[str | None] = mapped_column(String(200))

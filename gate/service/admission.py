@@ -19,6 +19,7 @@ from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits
 from gate.core.settings import Settings
 from gate.runs.schedules import plan_problems
+from gate.service.alerts import notify_problems
 from gate.service.engine_templates import EngineTemplate, fill, image_allowed
 from gate.spec import (
     NAME_RE,
@@ -89,6 +90,7 @@ def resolve_spec(
         seen = {p.path for p in problems}
         problems += [p for p in exc.all_problems if not any(a in seen for a in _ancestors(p.path))]
         raise SpecError(problems, where) from None
+    problems += notify_problems(parsed, settings)
     problems += spec_limit_problems(parsed, Limits.from_settings(settings))
     if not problems:
         problems += plan_problems(parsed, Limits.from_settings(settings))

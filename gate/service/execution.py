@@ -29,6 +29,7 @@ from gate.reservations.service import MAX_WAIT_DELAY_S
 from gate.runs.journal import persist_sync
 from gate.runs.runner import GateOutcome, GateRunner
 from gate.service import service
+from gate.service.alerts import send_alerts
 from gate.service.notify import notify
 from gate.spec import parse_spec
 
@@ -276,10 +277,14 @@ def _execute(
 def _notify(
     factory: sessionmaker[Session], gate_id: str, settings: Settings, callback: object
 ) -> None:
-    """The gate's commit-status callback, if it has one: owed until sent, so what fails here
-    is retried by the reapers (gate.service.notify)."""
+    """The gate's commit-status callback, if it has one, and its verdict alerts: owed until
+    sent, so what fails here is retried by the reapers (gate.service.notify, .alerts)."""
     if callback:
         notify(factory, gate_id, settings)
+    try:
+        send_alerts(factory, gate_id, settings)
+    except Exception:  # the reapers retry; a gate's ending never fails on its alerts
+        log.exception("gate %s: alerts failed", gate_id, extra={"gate_id": gate_id})
 
 
 def _fail(

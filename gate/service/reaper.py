@@ -16,6 +16,7 @@ from gate.core.errors import DatabaseWaited
 from gate.core.settings import Settings
 from gate.engines.orphans import sweep_orphans
 from gate.service import service
+from gate.service.alerts import alerts_due
 from gate.service.execution import running_gates
 from gate.service.notify import notify_due
 from gate.service.sweep import sweep_lost_gates
@@ -44,7 +45,8 @@ class Reaper:
       `requeue_after_s` whose task the broker does not hold (the API died between storing
       and queueing one, or the broker lost it); a task id per gate keeps this at most one
       extra delivery, which the claim turns into a no-op if the first one shows up;
-    - delivers the commit-status callbacks still owed (`gate.service.notify`);
+    - delivers the commit-status callbacks still owed (`gate.service.notify`) and the verdict
+      alerts (`gate.service.alerts`);
     - every `KUBE_SWEEP_S`, deletes the expired Leases of recently lost Kubernetes gates, so
       their pods go without waiting for the next gate in that namespace (`gate.service.sweep`).
 
@@ -146,8 +148,9 @@ class Reaper:
         self.requeue_stuck()
         try:
             notify_due(self.factory, self.settings)
+            alerts_due(self.factory, self.settings)
         except Exception:
-            log.exception("callback pass failed")
+            log.exception("callback or alert pass failed")
         if ended or time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + KUBE_SWEEP_S
             try:

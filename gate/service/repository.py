@@ -17,7 +17,15 @@ from sqlalchemy.orm import Session
 
 from gate.analysis.samples import Columns
 from gate.core.vocabulary import FINISHED
-from gate.models import GatePhase, GateRun, GpuLease, Reservation, SampleSet, WebhookDelivery
+from gate.models import (
+    AlertDelivery,
+    GatePhase,
+    GateRun,
+    GpuLease,
+    Reservation,
+    SampleSet,
+    WebhookDelivery,
+)
 from gate.service.schemas import GateFilter, ServiceCounts
 
 QUOTA_LOCK = 0x6A7E_0002  # pg_advisory_xact_lock namespace: one owner's creates, one at a time
@@ -243,3 +251,40 @@ def verdict_row(s: Session, gate_id: str) -> Row[str, str, str, str | None, str 
 def document(s: Session, gate_id: str) -> Any:
     """The gate's stored verdict document (None until it finished)."""
     return s.scalar(select(GateRun.document).where(GateRun.id == gate_id))
+
+
+# -- verdict alerts -----------------------------------------------------------------------
+
+
+def alert_rows(s: Session, gate_id: str) -> list[AlertDelivery]:
+    """A gate's alert deliveries, in the order they were planned."""
+    q = select(AlertDelivery).where(AlertDelivery.gate_id == gate_id).order_by(AlertDelivery.id)
+    return list(s.scalars(q))
+
+
+def owed_alerts(s: Session, max_attempts: int, limit: int) -> list[AlertDelivery]:
+    """Alerts not done, with attempts left, of finished gates (oldest first)."""
+    q = (
+        select(AlertDelivery)
+        .join(GateRun, GateRun.id == AlertDelivery.gate_id)
+        .where(
+            GateRun.state.in_(FINISHED),
+            AlertDelivery.done.is_(False),
+            AlertDelivery.attempts < max_attempts,
+        )
+        .order_by(AlertDelivery.id)
+        .limit(limit)
+    )
+    return list(s.scalars(q))
+
+
+def take_alert_attempt(s: Session, alert_id: int, seen: int, at: datetime) -> bool:
+    """Count one more attempt of an alert if its count is still `seen` (nobody took it)."""
+    taken = s.scalars(
+        update(AlertDelivery)
+        .where(AlertDelivery.id == alert_id, AlertDelivery.attempts == seen)
+        .values(attempts=seen + 1, tried_at=at)
+        .returning(AlertDelivery.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return bool(taken)

@@ -10,6 +10,7 @@ listing and `/metrics` ask and get.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -86,3 +87,33 @@ class ServiceCounts:
     active_reservations: int
     gpus_held: int
     phases: list[tuple[str, str, str, float]]  # gate id, role, phase, at_s; in that order
+
+
+class AlertPayload(BaseModel):
+    """The generic JSON alert (gate/integrations/alerts.py): which gate, the engines
+    compared, and the verdict summary every surface shows (its report link included)."""
+
+    event: Literal["gate.finished"] = "gate.finished"
+    name: str
+    candidate: str | None
+    reference: str | None
+    verdict: VerdictSummary
+
+
+class AlertDeliveryView(BaseModel):
+    """One alert of a gate to one target, as recorded (`GET /v1/gates/{id}/alerts`): the
+    target's name (an operator's) or `notify[i]` (a spec's own URL, never shown back), its
+    format, which verdicts it hears, the delivery attempts (each up to three posts), the last
+    HTTP status, whether it was sent, and what happened."""
+
+    target: str
+    format: str
+    on: str
+    attempts: int
+    posts: int
+    last_status: int | None
+    sent: bool
+    done: bool = Field(description="nothing more will be tried: sent, refused, not owed")
+    result: str | None
+    tried_at: datetime | None
+    sent_at: datetime | None

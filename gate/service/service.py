@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,7 +33,7 @@ from gate.core.errors import (
     TooManyGates,
 )
 from gate.core.vocabulary import FINISHED, FinishedState
-from gate.models import GatePhase, GateRun, WebhookDelivery
+from gate.models import AlertDelivery, GatePhase, GateRun, WebhookDelivery
 from gate.service import repository
 from gate.service.schemas import GateFilter, ServiceCounts, VerdictSummary
 from gate.spec import GateSpec, parse_spec, spec_to_dict
@@ -77,11 +77,13 @@ def create_gate(
     callback: dict[str, Any] | None = None,
     owner: str | None = None,
     max_active: int | None = None,
+    alerts: Sequence[AlertDelivery] = (),
 ) -> tuple[GateRun, bool]:
     """A pending gate for `spec`; with a key, the gate already made under it if there is
     one, which must be a gate of the same source for the same spec (else GateConflict: a key
     never hands one caller's verdict to another request); a new gate past `max_active` active
-    gates of its owner is TooManyGates. Returns (gate, created)."""
+    gates of its owner is TooManyGates; `alerts` (gate/service/alerts.py `plan`) are stored
+    with it. Returns (gate, created)."""
     if idempotency_key is not None:
         existing = find_by_key(factory, idempotency_key)
         if existing is not None:
@@ -109,6 +111,10 @@ def create_gate(
                 if existing is not None:  # a concurrent ensure made it while we waited
                     return _reused(existing, spec, source), False
             s.add(run)
+            s.flush()  # the gate's row first: the alerts refer to it
+            for alert in alerts:
+                alert.gate_id = run.id
+                s.add(alert)
     except IntegrityError:
         if idempotency_key is None:
             raise

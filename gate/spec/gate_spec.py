@@ -15,6 +15,7 @@ from gate.analysis.policy import Policy
 from gate.core.vocabulary import Role
 from gate.spec.engines import EngineSpec
 from gate.spec.fields import Name, StrictModel
+from gate.spec.notify import MAX_NOTIFY, NotifySpec
 from gate.spec.scenarios import ScenarioSpec
 from gate.spec.shape import ShapeSpec
 
@@ -82,6 +83,12 @@ class GateSpec(StrictModel):
         "scenarios, so numerical divergence is judged in every gate; 'off' (or false, what "
         "YAML makes of a bare `off`): none is added (the verdict says so in a note; the load "
         "scenarios' outputs are still compared for gross divergence).",
+    )
+    notify: list[NotifySpec] = Field(
+        default_factory=list,
+        max_length=MAX_NOTIFY,
+        description="verdict alerts: operator targets by name, or allow-listed webhook URLs "
+        "(gate/spec/notify.py); sent by the service when the gate ends",
     )
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     deadline_s: float | None = Field(
