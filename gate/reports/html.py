@@ -427,15 +427,16 @@ def _headline(doc: VerdictDocument, counts: Mapping[str, int], summary: Summary)
         return "The gate could not finish, so it cannot vouch for the candidate."
     if summary.verdict == "continue":
         warned = f", with {_plural(len(summary.warnings), 'warning')}" if summary.warnings else ""
+        if summary.advisory:  # failed, but the policy lets them pass: never "no regression"
+            n = _plural(len(summary.advisory), "advisory check")
+            warned += f"; {n} failed, listed below, which the policy lets pass"
+        blocking = "blocking " if summary.advisory else ""
         if summary.not_shown:
             return (
-                f"{counts['pass']} of {total} checks passed and no regression was shown "
-                f"({len(summary.not_shown)} undecided, listed below as not shown){warned}: the "
-                "candidate may keep rolling out."
+                f"{counts['pass']} of {total} checks passed and no {blocking}regression was "
+                f"shown ({len(summary.not_shown)} undecided, listed below as not shown)"
+                f"{warned}: the candidate may keep rolling out."
             )
-        if summary.advisory:
-            n = _plural(len(summary.advisory), "advisory check")
-            return f"Nothing held the gate{warned}; {n} failed, which the policy lets pass."
         if total and counts["pass"] == total:
             return f"All {total} checks passed{warned}: the candidate may keep rolling out."
         return f"Nothing held the gate{warned}: the candidate may keep rolling out."

@@ -86,6 +86,7 @@ def test_an_advisory_regression_continues_listed_apart_everywhere(
     assert 'aria-label="advisory failures"' in page.text
     assert f'href="#check-{failed[0]}"' in page.text
     assert '<span class="pill advisory">advisory</span>' in page.text
+    assert "which the policy lets pass" in page.text  # never "no regression was shown"
 
     # re-judge honours the policy it is given: without `advisory`, the same samples hold
     strict = app_client.post(f"/v1/gates/{gid}:rejudge", json={}, headers=run).json()

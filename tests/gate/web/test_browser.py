@@ -415,3 +415,46 @@ def test_sign_in_sets_an_httponly_cookie(closed_site: Site, browser: Any, wt: An
     assert all("401" in e for e in watch.console_errors), watch.console_errors
     assert watch.page_errors == [] and watch.dialogs == []
     context.close()
+
+
+@pytest.mark.slow
+def test_advisory_failures_are_listed_apart_on_the_page(
+    site: Site, hold_gate: dict[str, Any], page: tuple[Any, Watch]
+) -> None:
+    """The real hold gate's document as the same gate's with its TTFT checks advisory (the
+    verdict, the summary and the lists made by gate/verdict/summary.py, as `gate_document`
+    makes them): a continue whose advisory failures are listed apart, readable (contrast)."""
+    from gate.verdict import VerdictDocument
+    from gate.verdict.summary import summarize
+
+    doc = VerdictDocument.read(hold_gate)
+    checks = [c.model_copy(update={"advisory": ".ttft." in c.id}) for c in doc.checks]
+    said = summarize("continue", checks)
+    assert said.failed == () and said.advisory, "the hold was on TTFT only"
+    shown = doc.model_copy(
+        update={
+            "verdict": "continue",
+            "checks": checks,
+            "reasons": [],
+            "summary": said.line(),
+            "advisory": list(said.advisory),
+            "warnings": list(said.warnings),
+            "not_shown": list(said.not_shown),
+        }
+    )
+    gid = site.seed.finished(shown.to_json(), name="advisory", verdict="continue")
+    pg, watch = page
+    pg.goto(f"{site.url}/gates/{gid}")
+    word = pg.locator("#verdict .word").inner_text()
+    assert word.startswith("CONTINUE") and "advisory failed" in word
+    headline = pg.locator("#verdict .headline").inner_text()
+    assert "no blocking regression" in headline and "which the policy lets pass" in headline
+    listed = pg.locator('ul.advisory[aria-label="advisory failures"] li')
+    assert listed.count() == len(said.advisory)
+    assert said.advisory[0].check in listed.first.inner_text()
+    assert "advisory: " in pg.locator("[data-summary]").inner_text()
+    row = pg.locator(f'tr[id="check-{said.advisory[0].check}"] .pill.advisory')
+    assert row.inner_text() == "advisory"
+    assert assert_contrast(pg, [".pill.advisory", "ul.advisory li"]) >= 2
+    _shot(pg, "advisory-report")
+    watch.assert_clean()
