@@ -254,6 +254,8 @@ def test_idempotency_key_and_ensure_never_start_a_second_gate(
         "warnings_omitted",
         "not_shown",
         "not_shown_omitted",
+        "advisory",
+        "advisory_omitted",
         "report_url",
     }
     assert e1.json()["summary"] is None  # null until decided, as the verdict

@@ -152,6 +152,8 @@ def test_verdict_summary_keeps_the_gates_state() -> None:
         "warnings_omitted": 0,
         "not_shown": [],
         "not_shown_omitted": 0,
+        "advisory": [],
+        "advisory_omitted": 0,
         "report_url": "http://g/gates/x",
     }
     run = GateRun(id="y", state="running", verdict=None, reason=None, phase="scenario:a")
