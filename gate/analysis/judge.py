@@ -165,8 +165,7 @@ def judge(
     checks.extend(capability_checks(*capabilities, notes))
     if divergence is not None:
         checks.extend(divergence_checks(divergence, policy, notes))
-    # The reference's own early share: from the correctness samples, or (re-judge, whose
-    # samples are gone) as the document kept it.
+    # The reference's early share: from the correctness samples, or as re-judge's document kept it
     share = envelope_early_share(divergence, policy) if divergence is not None else envelope_share
     checks.extend(mirrored_output_checks(outputs, policy, share))
     if telemetry is not None:

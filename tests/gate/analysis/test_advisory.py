@@ -30,6 +30,8 @@ IDS = [
     "peak.1.goodput",
     "overload.overload",
     "overload.recovery",
+    "steady.engine.preemptions",
+    "engine.kv_capacity",
     "startup.ready",
     "startup.phase.weights_loaded",
     "startup.phase.decode.healthy",
