@@ -271,8 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if over := spec_limit_problems(spec, Limits.from_settings(settings)):
             raise SpecError(over, str(args.spec))
         from gate.runs.schedules import plan_problems
+        from gate.runs.workloads import WorkloadFiles
 
-        if short := plan_problems(spec, Limits.from_settings(settings)):
+        files = WorkloadFiles.of(settings, confined=False)  # the operator's own command
+        if short := plan_problems(spec, Limits.from_settings(settings), files):
             raise SpecError(short, str(args.spec))
     except SpecError as exc:
         return _spec_error(exc, args.json)

@@ -133,7 +133,8 @@ class RequestSpec:
     trace or a dataset); on the completions API they are flattened into one prompt. ``parent``
     makes the request the next turn of a conversation: it is sent only after the parent has
     finished on the same target, with the parent's messages and that target's own answer
-    before ``prompt``, as a user of a chat application would.
+    before ``prompt``, as a user of a chat application would, ``think_s`` seconds after that
+    answer (the user's think time; a turn's own scheduled instant is its earliest).
     """
 
     request_id: int
@@ -142,6 +143,7 @@ class RequestSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     messages: tuple[Mapping[str, Any], ...] | None = None
     parent: int | None = None
+    think_s: float = 0.0
 
 
 Message = dict[str, Any]

@@ -111,7 +111,8 @@ async def run_paired(
     A request with a ``parent`` (a conversation's next turn) waits, on each target, for that
     target's answer to its parent and is then sent with the conversation so far. Its intended
     time is the later of its scheduled instant and the parent's last byte, so dispatch delay
-    still measures only the client.
+    still measures only the client. A turn with ``think_s`` waits that long after its parent's
+    answer too (a user reading it): later turns follow each engine's own pace.
     """
     _validate(targets, requests, offsets_s, concurrency, clients, pause)
     flight = _Flight()
@@ -189,7 +190,7 @@ class _Sender:
         history: list[Message] = []
         if req.parent is not None:
             history, parent_end = await self.turn(target.name, req.parent)
-            at = max(at, parent_end)
+            at = max(at, parent_end + round(req.think_s * 1e9))
         record = await send_request(client, target, req, at, history=history, armed=self.armed)
         if req.request_id in self.parents:
             answer = {"role": "assistant", "content": record.text}

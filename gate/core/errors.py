@@ -57,6 +57,12 @@ class SpecError(GateError):
         super().__init__(f"{source} has {count} {noun}:\n{lines}")
 
 
+class WorkloadError(SpecError):
+    """A scenario's workload that cannot be used: a file outside the operator's directory,
+    unreadable, over a cap, or with a mistake at a line and field (gate/runs/workloads.py).
+    Refused like any spec mistake (422, `invalid_spec`)."""
+
+
 class ReservationError(GateError):
     """No GPU shape could be reserved; the message says which layer blocked."""
 

@@ -23,6 +23,9 @@ count; the runner stops it at the per-scenario cap.
 | max_scenarios               |     20  | scenarios in one spec                                   |
 | max_prompt_tokens           |  32768  | prompt_tokens, and a compatibility suite's max_model_len|
 | max_output_tokens           |   8192  | max_tokens (and max_tokens-like keys of a suite's extra)|
+| max_workload_file_bytes     | 64 MiB  | bytes of one workload file (a scenario's workload.file) |
+| max_workload_records        | 100000  | records (non-blank lines) of one workload file          |
+| max_session_turns           |     64  | turns of one multi-turn session                         |
 | max_probes                  |    256  | a correctness suite's probes_count                      |
 | max_envelope_load           |    256  | a correctness suite's envelope_load (background streams)|
 | max_concurrency             |   1024  | concurrency of a closed-loop scenario                   |
@@ -83,6 +86,20 @@ class Caps(BaseModel):
         default=8_192,
         ge=1,
         description="A scenario's max_tokens, and max_tokens-like keys in a suite's extra body.",
+    )
+    max_workload_file_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="Bytes of one workload file (a scenario's workload.file): checked before it "
+        "is read. Its records' prompt and output lengths meet max_prompt_tokens and "
+        "max_output_tokens, a trace's span max_scenario_duration_s, its requests "
+        "max_scenario_requests.",
+    )
+    max_workload_records: int = Field(
+        default=100_000, ge=1, description="Records (non-blank lines) of one workload file."
+    )
+    max_session_turns: int = Field(
+        default=64, ge=1, description="Turns of one multi-turn session of a workload."
     )
     max_probes: int = Field(default=256, ge=1, description="A correctness suite's probes_count.")
     max_envelope_load: int = Field(

@@ -62,6 +62,12 @@ class Settings(BaseSettings, Caps):
         description="Named gate specs (NAME.yaml) that rollout controllers and webhooks may "
         "refer to by name instead of sending a whole spec.",
     )
+    workload_dir: Path | None = Field(
+        default=None,
+        description="The only directory workload files are read from (a scenario's "
+        "`workload.file`, a path relative to it; docs/workloads.md). Unset: the API refuses "
+        "every workload file, and `gate run` reads them relative to its working directory.",
+    )
     callback_token: str | None = Field(
         default=None, description="Bearer token sent with commit-status callbacks."
     )

@@ -382,6 +382,37 @@ def line_chart(
     return _svg(parts)
 
 
+def bar_chart(
+    edges: Sequence[float],
+    counts: Sequence[int],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    kind: str = "bars",
+    desc: str = "",
+) -> str:
+    """A histogram: `counts[i]` between `edges[i]` and `edges[i + 1]` (a workload's lengths,
+    its arrivals per bin of time)."""
+    if not counts or len(edges) != len(counts) + 1:
+        return _empty(title, kind)
+    x0, x1 = float(edges[0]), float(edges[-1])
+    ax = Axes(x0, x1 if x1 > x0 else x0 + 1, 0.0, max(counts) * 1.12 or 1.0)
+    body: list[str] = []
+    for lo, hi, n in zip(edges[:-1], edges[1:], counts, strict=True):
+        if not n:
+            continue
+        left, right, top = ax.sx(float(lo)), ax.sx(float(hi)), ax.sy(float(n))
+        body.append(
+            f'<rect x="{left:.1f}" y="{top:.1f}" width="{max(right - left - 1, 1):.1f}" '
+            f'height="{ax.sy(0.0) - top:.1f}" fill="{MUTED}" fill-opacity="0.7">'
+            f"<title>{_fmt(float(lo))}-{_fmt(float(hi))}: {n}</title></rect>"
+        )
+    parts = _open(kind, title, desc, H)
+    parts += _grid(ax, xlabel, ylabel)
+    parts += body
+    return _svg(parts)
+
+
 ERROR_COLORS = {
     "connect": "#8250df",
     "timeout": "#b42318",

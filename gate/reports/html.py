@@ -33,6 +33,7 @@ from gate.reports.charts import (
     MUTED,
     Array,
     Line,
+    bar_chart,
     cdf_chart,
     error_timeline,
     interval_glyph,
@@ -526,9 +527,64 @@ def _scenarios(
                 "charts": [*charts.values(), *telemetry_charts(name, sc.telemetry, phases)],
                 "goodput": goodput_note(slos),
                 "warmup": warmup,
+                "workload": _workload(sc),
             }
         )
     return out
+
+
+def _workload(sc: ScenarioDoc) -> dict[str, Any] | None:
+    """What a scenario's workload sent, in words and three charts: prompt lengths, output
+    lengths and arrivals over time."""
+    w = sc.workload
+    if w is None:
+        return None
+    parts = ", ".join(
+        f"{p.kind}{' (' + p.file + ')' if p.file else ''}: {p.requests}" for p in w.parts
+    )
+    words = [f"{w.requests} requests ({parts})"]
+    if w.replay:
+        words.append(f"a trace replayed at its {w.replay} instants")
+    if w.sessions:
+        words.append(
+            f"{w.sessions} multi-turn sessions, {w.later_turns} later turns sent with each "
+            "engine's own earlier answers (the engines' contexts differ after the first turn)"
+        )
+    lengths = (("prompt tokens", w.prompt_tokens), ("output tokens asked", w.output_tokens))
+    for label, d in lengths:
+        if d.count:
+            words.append(
+                f"{label} p50 {_num(d.p50, 0)}, p90 {_num(d.p90, 0)}, max {_num(d.max, 0)}"
+            )
+    bins = w.arrivals_bin_s
+    edges = [round(i * bins, 4) for i in range(len(w.arrivals) + 1)]
+    charts = [
+        bar_chart(
+            w.prompt_tokens.edges,
+            w.prompt_tokens.counts,
+            f"{sc.name}: prompt tokens per request",
+            "prompt tokens (each request's own turn)",
+            "requests",
+            kind="workload-prompt",
+        ),
+        bar_chart(
+            w.output_tokens.edges,
+            w.output_tokens.counts,
+            f"{sc.name}: output tokens asked (max_tokens)",
+            "max_tokens",
+            "requests",
+            kind="workload-output",
+        ),
+        bar_chart(
+            edges,
+            w.arrivals,
+            f"{sc.name}: arrivals over time",
+            f"seconds into scenario ({bins:g} s bins)",
+            "first turns and requests",
+            kind="workload-arrivals",
+        ),
+    ]
+    return {"text": "; ".join(words) + ".", "notes": w.notes, "charts": [Markup(c) for c in charts]}
 
 
 def _resent_note(rows: Sequence[Mapping[str, str]]) -> str | None:

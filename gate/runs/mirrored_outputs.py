@@ -4,6 +4,7 @@ read back from it to re-judge."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from gate.analysis.outputs import MirroredOutputs, Output, OutputExample, compare_outputs
 from gate.core.vocabulary import ROLES
@@ -19,11 +20,20 @@ def _output(rec: RequestRecord) -> Output:
 
 
 def mirrored_outputs(
-    name: str, records: Mapping[str, Sequence[RequestRecord]], early_tokens: int
+    name: str,
+    records: Mapping[str, Sequence[RequestRecord]],
+    early_tokens: int,
+    not_mirrored: AbstractSet[int] = frozenset(),
 ) -> MirroredOutputs:
-    """The scenario's mirrored outputs compared, every request both engines answered."""
+    """The scenario's mirrored outputs compared, every request both engines answered but
+    those `not_mirrored` (a session's later turns: each engine's own context)."""
     ref, cand = (
-        {r.request_id: _output(r) for r in records.get(role, ()) if r.ok} for role in ROLES
+        {
+            r.request_id: _output(r)
+            for r in records.get(role, ())
+            if r.ok and r.request_id not in not_mirrored
+        }
+        for role in ROLES
     )
     return compare_outputs(name, ref, cand, early_tokens)
 

@@ -44,6 +44,7 @@ from gate.runs.record import Observed, finish
 from gate.runs.reserve import gate_reservation
 from gate.runs.scenarios import LoadScenario, bounded
 from gate.runs.schedules import GatePlan, plan_gate
+from gate.runs.workloads import WorkloadFiles
 from gate.spec import GateSpec, spec_limit_problems
 from gate.verdict.document import VerdictDocument
 
@@ -181,7 +182,7 @@ class GateRunner:
         # A stored spec is checked again under the caps of the worker that runs it.
         if over := spec_limit_problems(self.spec, ctx.limits):
             raise SpecError(over, f"gate {self.gate_id}")
-        gplan = plan_gate(self.spec, ctx.limits)
+        gplan = plan_gate(self.spec, ctx.limits, WorkloadFiles.of(ctx.settings, confined=False))
         self.stage = "the reservation"
         engines = seen.engines
         assert engines is not None

@@ -24,8 +24,15 @@ from gate.runs.inputs import RanScenario
 from gate.runs.mirrored_outputs import mirrored_outputs, outputs_doc
 from gate.runs.schedules import GatePlan, Schedule
 from gate.runs.telemetry import start_sampler, telemetry_doc
+from gate.runs.workloads import describe_workload, multi_turn_note
 from gate.spec import ScenarioSpec
-from gate.verdict.document import PhaseMark, RunSummaryDoc, ScenarioDoc, TelemetryDoc
+from gate.verdict.document import (
+    PhaseMark,
+    RunSummaryDoc,
+    ScenarioDoc,
+    TelemetryDoc,
+    WorkloadDoc,
+)
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 from loadgen.runner import PairedResult, Pause, run_paired
@@ -47,6 +54,7 @@ class ScenarioResult:
     overran: str | None = None  # why it was stopped at its deadline, when it was
     outputs: MirroredOutputs | None = None  # compared at temperature 0 (analysis/outputs.py)
     telemetry: TelemetryDoc | None = None  # the engines' own metrics (gate/telemetry)
+    workload: WorkloadDoc | None = None  # what a workload sent (gate/runs/workloads.py)
 
     def ran(self) -> RanScenario:
         """The scenario as the judge's inputs take it (inputs.py)."""
@@ -67,6 +75,7 @@ class ScenarioResult:
             early_stop=early.describe() if early else None,
             outputs=outputs_doc(self.outputs) if self.outputs is not None else None,
             telemetry=self.telemetry,
+            workload=self.workload,
         )
 
 
@@ -273,13 +282,19 @@ class LoadScenario:
         )
         plan = self.gplan.plan
         greedy = bool(sched.requests) and sched.requests[0].extra.get("temperature") == 0
+        traffic = sched.traffic
+        # A later turn carries each engine's own earlier answers: not a mirrored request.
+        later = traffic.later_turns if traffic is not None else frozenset()
         outputs = (
             mirrored_outputs(
-                self.sc.name, result.records, self.ctx.spec.policy.divergence.early_tokens
+                self.sc.name, result.records, self.ctx.spec.policy.divergence.early_tokens, later
             )
             if greedy
             else None
         )
+        workload = describe_workload(self.sc, traffic) if traffic is not None else None
+        if workload is not None and workload.later_turns:
+            self.ctx.notes.append(multi_turn_note(self.sc.name, workload))
         return ScenarioResult(
             self.sc.name,
             columns,
@@ -292,4 +307,5 @@ class LoadScenario:
             looks=looks.looks if looks is not None else 0,
             overran=overran,
             outputs=outputs,
+            workload=workload,
         )

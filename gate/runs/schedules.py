@@ -14,11 +14,13 @@ import numpy as np
 from gate.analysis.plan import Plan
 from gate.core.errors import FieldProblem, ShortScenario, SpecError
 from gate.core.limits import Limits
+from gate.runs.workloads import WorkloadFiles, build_workload
 from gate.spec import GateSpec, ScenarioSpec
 from loadgen import suite as suite_catalogue
 from loadgen.client import RequestSpec
 from loadgen.prompts import synthetic_prompts
 from loadgen.schedule import PhasedSchedule, build_offsets
+from loadgen.traffic import Traffic
 
 PROMPT_BLOCK = 256  # prompts are made this many at a time, one seed per block
 
@@ -111,11 +113,19 @@ class Schedule:
     phases: PhasedSchedule | None
     n: int  # an open-ended closed loop: the most it may send (the per-scenario cap)
     open_ended: bool = False  # a closed loop for a duration: its size is not known in advance
+    traffic: Traffic | None = None  # a workload's (gate/runs/workloads.py)
 
     @classmethod
-    def of(cls, spec: GateSpec, sc: ScenarioSpec, limits: Limits) -> Schedule:
-        """The scenario's schedule: a suite's, a closed loop, or an arrival process."""
+    def of(
+        cls, spec: GateSpec, sc: ScenarioSpec, limits: Limits, files: WorkloadFiles | None = None
+    ) -> Schedule:
+        """The scenario's schedule: a suite's, a workload's, a closed loop, or an arrival
+        process."""
         seed = scenario_seed(spec, sc)
+        if sc.workload is not None:
+            at = f"scenarios[{spec.scenarios.index(sc)}]"
+            t = build_workload(sc, at, seed, limits, files or WorkloadFiles())
+            return cls(t.requests, t.offsets_s, None, None, len(t.requests), traffic=t)
         if sc.suite is not None:
             built = suite_catalogue.get(sc.suite, **sc.settings).build(seed=seed)
             n = len(built.requests)
@@ -154,6 +164,7 @@ class Schedule:
             self.offsets is not None
             and self.phases is None
             and sc.suite in (None, "normal")
+            and sc.workload is None  # more of a workload would be another workload
             and self.n >= 2
         )
 
@@ -192,11 +203,14 @@ class GatePlan:
     notes: tuple[str, ...] = ()
 
 
-def plan_gate(spec: GateSpec, limits: Limits) -> GatePlan:
+def plan_gate(spec: GateSpec, limits: Limits, files: WorkloadFiles | None = None) -> GatePlan:
     """Fix every load scenario's checks, tunings and alphas before the first sample
-    (analysis/plan.py), from the schedules' sizes alone."""
+    (analysis/plan.py), from the schedules' sizes alone; a workload's files are read under
+    `files` (gate/runs/workloads.py)."""
     warm = spec.policy.warmup_requests
-    schedules = {sc.name: Schedule.of(spec, sc, limits) for sc in spec.scenarios if not sc.is_probe}
+    schedules = {
+        sc.name: Schedule.of(spec, sc, limits, files) for sc in spec.scenarios if not sc.is_probe
+    }
     sizes: dict[str, int] = {}
     for name, sched in schedules.items():
         if sched.open_ended:
@@ -230,11 +244,14 @@ def plan_gate(spec: GateSpec, limits: Limits) -> GatePlan:
     return GatePlan(schedules, plan)
 
 
-def plan_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:
-    """What the plan refuses before any load (a scenario too short to decide), as spec
-    mistakes, so the CLI and the API refuse the spec before a gate is queued."""
+def plan_problems(
+    spec: GateSpec, limits: Limits, files: WorkloadFiles | None = None
+) -> list[FieldProblem]:
+    """What the plan refuses before any load (a scenario too short to decide, a workload
+    file's mistakes), as spec mistakes, so the CLI and the API refuse the spec before a gate
+    is queued."""
     try:
-        plan_gate(spec, limits)
+        plan_gate(spec, limits, files)
     except SpecError as exc:
         return list(exc.all_problems)
     return []

@@ -19,6 +19,7 @@ from gate.core.errors import FieldProblem, SpecError, UrlRefused
 from gate.core.limits import Limits
 from gate.core.settings import Settings
 from gate.runs.schedules import plan_problems
+from gate.runs.workloads import WorkloadFiles
 from gate.service.alerts import notify_problems
 from gate.service.engine_templates import EngineTemplate, fill, image_allowed
 from gate.spec import (
@@ -93,7 +94,9 @@ def resolve_spec(
     problems += notify_problems(parsed, settings)
     problems += spec_limit_problems(parsed, Limits.from_settings(settings))
     if not problems:
-        problems += plan_problems(parsed, Limits.from_settings(settings))
+        # A caller's files only from the operator's directory (gate/runs/workloads.py).
+        files = WorkloadFiles.of(settings, confined=True)
+        problems += plan_problems(parsed, Limits.from_settings(settings), files)
     if problems:
         raise SpecError(problems, where)
     return parsed

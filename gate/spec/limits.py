@@ -67,6 +67,8 @@ def scenario_size(sc: ScenarioSpec) -> ScenarioSize:
             load=not sc.is_probe,
             extendable=sc.suite == "normal" and size.requests >= 2,
         )
+    if sc.workload is not None:
+        return _workload_size(sc)
     if sc.arrival == "concurrency":
         driver = "requests" if sc.requests is not None else "duration_s"
         return ScenarioSize(sc.requests, sc.duration_s, True, driver, None, True, False)
@@ -82,6 +84,31 @@ def scenario_size(sc: ScenarioSpec) -> ScenarioSize:
     return ScenarioSize(
         size.requests, size.duration_s, size.exact, driver, sc.rate, True, size.requests >= 2
     )
+
+
+def _workload_size(sc: ScenarioSpec) -> ScenarioSize:
+    """A workload's size as far as arithmetic knows it: a trace's `requests` or
+    `duration_s` (else unknown until its file is read: gate/runs/workloads.py checks the
+    built schedule against the same caps), or the scenario's arrivals times the longest
+    session; a workload is never extended (more of it would be another workload)."""
+    from loadgen.schedule import plan_offsets
+
+    assert sc.workload is not None
+    driver = "requests" if sc.requests is not None else "duration_s"
+    if sc.workload.trace is not None:
+        driver = driver if sc.requests is not None or sc.duration_s is not None else ""
+        return ScenarioSize(sc.requests, sc.duration_s, False, driver, sc.rate, True, False)
+    assert sc.rate is not None
+    size = plan_offsets(
+        sc.arrival,  # type: ignore[arg-type]  # not concurrency: refused beside a workload
+        sc.rate,
+        requests=sc.requests,
+        duration_s=sc.duration_s,
+        burstiness=sc.burstiness,
+    )
+    turns = max((p.turns or 1) for p in sc.workload.mix)
+    exact = size.exact and turns == 1
+    return ScenarioSize(size.requests * turns, size.duration_s, exact, driver, sc.rate, True, False)
 
 
 def _cap(
@@ -179,7 +206,27 @@ def _scenario_problems(
             "seconds per scenario",
             "" if by_field else f"{size.duration_s:.0f} s of planned load",
         )
-    return out + _scenario_knob_problems(at, sc, limits), total, planned_s
+    out += _scenario_knob_problems(at, sc, limits) + _workload_knob_problems(at, sc, limits)
+    return out, total, planned_s
+
+
+def _workload_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[FieldProblem]:
+    """Each part's lengths and turns against the caps (a part's file is checked when the
+    gate reads it: gate/runs/workloads.py)."""
+    if sc.workload is None:
+        return []
+    out: list[FieldProblem] = []
+    for i, part in enumerate(sc.workload.mix):
+        where = f"{at}.workload.mix[{i}]"
+        prompt = (part.prompt_tokens or sc.prompt_tokens) + (part.prefix_tokens or 0)
+        out += _cap(f"{where}.prompt_tokens", prompt, limits, "max_prompt_tokens", "prompt tokens")
+        if part.max_tokens is not None:
+            out += _cap(
+                f"{where}.max_tokens", part.max_tokens, limits, "max_output_tokens", "output tokens"
+            )
+        if part.turns is not None:
+            out += _cap(f"{where}.turns", part.turns, limits, "max_session_turns", "turns")
+    return out
 
 
 def _added_stage_problems(spec: GateSpec, limits: Limits) -> list[FieldProblem]:

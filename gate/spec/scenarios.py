@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from gate.spec.fields import Name, StrictModel
+from gate.spec.workloads import WorkloadSpec, workload_problems
 
 SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
 LOAD_SUITES = ("normal", "peak", "overload", "recovery")
@@ -84,6 +85,11 @@ class ScenarioSpec(StrictModel):
     max_tokens: int = Field(default=32, ge=1, le=1_000_000)
     ignore_eos: bool = Field(default=True, description="fixed output lengths keep ITL comparable")
     temperature: float = Field(default=0.0, ge=0, le=2)
+    workload: WorkloadSpec | None = Field(
+        default=None,
+        description="where the requests come from: files, sessions, shared prefixes, long "
+        "contexts, a mix (docs/workloads.md); unset: prompt_tokens of synthetic words",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -101,10 +107,12 @@ class ScenarioSpec(StrictModel):
     def _consistent(self) -> ScenarioSpec:
         if self.suite is not None:
             problems = suite_knob_problems(self.suite, self.settings)
+            if self.workload is not None:
+                problems = [("workload", "a suite makes its own requests; remove `workload`")]
         else:
             if self.settings:
                 raise ValueError("`settings` belongs to a suite scenario; add `suite: NAME`")
-            problems = scenario_cross_field_problems(self.model_dump())
+            problems = scenario_cross_field_problems(self.model_dump(exclude_unset=True))
         if problems:
             raise ValueError(problems[0][1])
         return self
@@ -120,6 +128,9 @@ def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str
     out: list[tuple[str, str]] = []
     arrival = raw.get("arrival", "poisson")
     has = {k: raw.get(k) is not None for k in ("rate", "concurrency", "requests", "duration_s")}
+    workload = raw.get("workload")
+    if workload is not None:
+        return workload_problems(workload) + _workload_scenario_problems(workload, arrival, has)
     if arrival == "concurrency":
         if not has["concurrency"]:
             out.append(("concurrency", "required when arrival is concurrency"))
@@ -130,6 +141,34 @@ def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str
             out.append(("rate", f"required when arrival is {arrival} (requests/s)"))
         if has["concurrency"]:
             out.append(("concurrency", "only used with arrival: concurrency"))
+    if has["requests"] == has["duration_s"]:
+        out.append(("requests", "give exactly one of `requests` or `duration_s`"))
+    return out
+
+
+def _is_trace(workload: Any) -> bool:
+    if not isinstance(workload, Mapping):
+        return False
+    parts = workload.get("mix", [workload])
+    return isinstance(parts, list) and any(
+        isinstance(p, Mapping) and p.get("kind") == "trace" for p in parts
+    )
+
+
+def _workload_scenario_problems(
+    workload: Any, arrival: Any, has: Mapping[str, bool]
+) -> list[tuple[str, str]]:
+    """A workload is sent open loop: a trace at its own instants (`rate`: time-scaled to
+    it; `requests` or `duration_s`: the first ones), any other at the scenario's arrivals."""
+    out: list[tuple[str, str]] = []
+    if arrival == "concurrency" or has["concurrency"]:
+        out.append(("arrival", "a workload is sent open loop: use poisson, constant or gamma"))
+    if _is_trace(workload):
+        if has["requests"] and has["duration_s"]:
+            out.append(("requests", "give at most one of `requests` or `duration_s`"))
+        return out
+    if not has["rate"]:
+        out.append(("rate", "required with a workload: its sessions or requests start per second"))
     if has["requests"] == has["duration_s"]:
         out.append(("requests", "give exactly one of `requests` or `duration_s`"))
     return out

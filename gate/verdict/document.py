@@ -351,6 +351,46 @@ class TelemetryDoc(_Doc):
         return self.reference if role == "reference" else self.candidate
 
 
+class LengthsDoc(_Doc):
+    """A distribution of lengths in tokens (words: exact on the sim, an estimate elsewhere):
+    quantiles and a histogram (`counts[i]` between `edges[i]` and `edges[i+1]`)."""
+
+    count: int
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+    edges: list[float] = Field(default_factory=list)
+    counts: list[int] = Field(default_factory=list)
+
+
+class WorkloadPartDoc(_Doc):
+    kind: str
+    share: float
+    file: str | None = None
+    requests: int
+
+
+class WorkloadDoc(_Doc):
+    """What a scenario with a workload sent (gate/runs/workloads.py): its parts, how many
+    sessions and later turns, prompt and output lengths, arrivals per bin of time."""
+
+    parts: list[WorkloadPartDoc]
+    requests: int
+    sessions: int = 0
+    later_turns: int = Field(
+        default=0, description="turns sent with each engine's own earlier answers"
+    )
+    replay: str | None = Field(default=None, description="a trace's: recorded or time-scaled")
+    prompt_tokens: LengthsDoc
+    output_tokens: LengthsDoc = Field(description="the max_tokens each request asked for")
+    arrivals_bin_s: float
+    arrivals: list[int] = Field(description="first turns and requests starting per bin")
+    notes: list[str] = Field(default_factory=list)
+
+
 class ScenarioDoc(_Doc):
     """A load scenario: what each engine served (loadgen.metrics.summarize) and how it ended."""
 
@@ -368,6 +408,9 @@ class ScenarioDoc(_Doc):
     )
     telemetry: TelemetryDoc | None = Field(
         default=None, description="the engines' own metrics over the scenario (gate/telemetry)"
+    )
+    workload: WorkloadDoc | None = Field(
+        default=None, description="what the scenario's workload sent (docs/workloads.md)"
     )
 
 
