@@ -5,6 +5,10 @@
 - mooncake-trace.jsonl: 400 records in Mooncake's trace layout (timestamp in ms, input and
   output lengths, hash_ids of 512-token blocks): 4 groups of shared system-prompt blocks, a
   few long documents, a burst every 16 s; about 32 s of traffic;
+- short-trace.jsonl: 24 records in the same layout sized for the real-vLLM CPU test bed
+  (tiny models with a 1024-token context, about 2.3 tokens per word of ours): 2 requests/s
+  for 12 s, prompts of 40 to 120 words in blocks of 32 (`block_tokens: 32` in the spec), 3
+  shared first blocks;
 - sharegpt-conversations.jsonl: 12 ShareGPT-style conversations of 1 to 4 turns, some with a
   system turn;
 - openai-requests.jsonl: 16 logged request bodies, chat and completions, as a gateway logs
@@ -45,6 +49,27 @@ def trace(rng: random.Random) -> list[dict[str, object]]:
                 "timestamp": t,
                 "input_length": n_in,
                 "output_length": rng.randint(8, 64),
+                "hash_ids": ids,
+            }
+        )
+    return out
+
+
+def short_trace(rng: random.Random) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    t, nid = 0, 100
+    for _ in range(24):
+        t += rng.randint(250, 750)
+        ids = [rng.randrange(3)]
+        extra = rng.choice([0, 1, 2])
+        ids += list(range(nid, nid + extra))
+        nid += extra
+        n_in = 32 * len(ids) + rng.randint(8, 24)
+        out.append(
+            {
+                "timestamp": t,
+                "input_length": n_in,
+                "output_length": rng.randint(4, 10),
                 "hash_ids": ids,
             }
         )
@@ -96,6 +121,7 @@ def main() -> None:
     for name, rows in (
         ("mooncake-trace.jsonl", trace(rng)),
         ("sharegpt-conversations.jsonl", conversations(rng)),
+        ("short-trace.jsonl", short_trace(rng)),
         ("openai-requests.jsonl", requests(rng)),
     ):
         (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -101,9 +101,10 @@ def build_workload(
                 extra=extra,
             )
         else:
+            mix = sc.workload.mix
             parts = [
-                _part(sc, p, f"{at}.workload.mix[{i}]", caps, files)
-                for i, p in enumerate(sc.workload.mix)
+                _part(sc, p, f"{at}.workload" + (f".mix[{i}]" if len(mix) > 1 else ""), caps, files)
+                for i, p in enumerate(mix)
             ]
             assert sc.rate is not None and sc.arrival != "concurrency"
             units = build_offsets(
@@ -138,9 +139,12 @@ def _part(sc: ScenarioSpec, p: WorkloadPart, at: str, caps: FileCaps, files: Wor
     if p.file is None:
         return part
     path = files.resolve(p.file, f"{at}.file")
-    if p.kind == "sharegpt":
-        return replace(part, conversations=read_sharegpt(path, p.file, caps))
-    return replace(part, logged=read_request_log(path, p.file, caps))
+    try:
+        if p.kind == "sharegpt":
+            return replace(part, conversations=read_sharegpt(path, p.file, caps))
+        return replace(part, logged=read_request_log(path, p.file, caps))
+    except WorkloadFileError as exc:  # named at this part's file
+        raise WorkloadError([FieldProblem(f"{at}.file", str(exc))]) from None
 
 
 def _within_caps(traffic: Traffic, at: str, limits: Limits) -> Traffic:
@@ -206,7 +210,9 @@ def describe_workload(sc: ScenarioSpec, traffic: Traffic) -> WorkloadDoc:
     offsets = traffic.offsets_s[first] if first.size else traffic.offsets_s
     span = float(offsets[-1]) if offsets.size else 0.0
     width = max(span / 40, 0.05)
-    counts = np.bincount(np.floor(offsets / width).astype(np.int64)) if offsets.size else []
+    counts: list[int] = (
+        np.bincount(np.floor(offsets / width).astype(np.int64)).tolist() if offsets.size else []
+    )
     parts = [
         WorkloadPartDoc(
             kind=p.kind,
@@ -228,7 +234,7 @@ def describe_workload(sc: ScenarioSpec, traffic: Traffic) -> WorkloadDoc:
         prompt_tokens=_lengths(traffic.prompt_words()),
         output_tokens=_lengths([r.max_tokens for r in traffic.requests]),
         arrivals_bin_s=round(width, 4),
-        arrivals=[int(c) for c in counts],
+        arrivals=counts,
         notes=list(traffic.notes),
     )
 

@@ -107,8 +107,6 @@ class ScenarioSpec(StrictModel):
     def _consistent(self) -> ScenarioSpec:
         if self.suite is not None:
             problems = suite_knob_problems(self.suite, self.settings)
-            if self.workload is not None:
-                problems = [("workload", "a suite makes its own requests; remove `workload`")]
         else:
             if self.settings:
                 raise ValueError("`settings` belongs to a suite scenario; add `suite: NAME`")

@@ -255,6 +255,37 @@ def test_url_where_nothing_listens(tmp_path: Path, tag: str) -> None:
     assert db_rows(tmp_path, "select count(*) from gpu_leases")[0][0] == 0
 
 
+def test_a_workload_files_mistake_refuses_the_spec(tmp_path: Path) -> None:
+    """`gate run` reads a workload file before anything starts (relative to its working
+    directory, no GATE_WORKLOAD_DIR set) and refuses the spec naming the scenario field, the
+    file, the line and the record's field; nothing is reserved or launched."""
+    (tmp_path / "chats.jsonl").write_text(
+        '{"conversations": [{"from": "human", "value": "hi"}]}\n'
+        '{"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}]}\n'
+    )
+    p = tmp_path / "spec.yaml"
+    scenario = {"name": "chat", "rate": 5, "requests": 10}
+    scenario["workload"] = {"kind": "sharegpt", "file": "chats.jsonl"}
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": "demo-model",
+                "reference": {"url": "http://127.0.0.1:9"},
+                "candidate": {"url": "http://127.0.0.1:9"},
+                "scenarios": [scenario],
+            }
+        )
+    )
+    out = gate(tmp_path, "run", str(p), "--json")
+    assert out.returncode == 2, out.stderr
+    problem = "chats.jsonl line 2: conversations[1].from: two human turns in a row"
+    assert f"scenarios[0].workload.file: {problem}" in out.stderr
+    doc = json.loads(out.stdout)
+    assert [r["check"] for r in doc["reasons"]] == ["spec.scenarios[0].workload.file"]
+    assert not (tmp_path / "g.db").exists() or not db_rows(tmp_path, "select id from gates")
+
+
 def test_spec_with_three_mistakes(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text(

@@ -649,3 +649,49 @@ def test_a_callers_url_is_held_to_the_allow_list_again_when_it_attaches(
     assert listener.connections == 0
     # an operator's named spec with the same URL is trusted as written (no caller_url)
     assert not parse_spec(spec_dict(tag, trusted=True)).reference.caller_url
+
+
+def test_workload_files_come_only_from_the_operators_directory(
+    recorded: tuple[TestClient, Recording], settings: Settings, tmp_path: Path, tag: str
+) -> None:
+    """A caller's spec names a workload file; the service reads it only from
+    GATE_WORKLOAD_DIR, with every link followed: without that setting no file is read, a name
+    that climbs out (`..`, an absolute path) is refused by the spec, a link inside that leads
+    out is refused without reading it, and a file's own mistake names the scenario field,
+    the file as written, its line and field, never the directory or the record's text.
+    Nothing is queued (docs/security.md)."""
+    client, recording = recorded
+    token = create_token(client.app.state.ctx.factory, "ci", ["run"])  # type: ignore[attr-defined]
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n')
+
+    def refused(file: str) -> dict[str, str]:
+        body = spec_dict(tag)
+        body["scenarios"] = [{"name": "replay", "workload": {"kind": "trace", "file": file}}]
+        return _paths(client.post("/v1/gates", json={"spec": body}, headers=auth(token)))
+
+    paths = refused("traces/prod.jsonl")  # no GATE_WORKLOAD_DIR: nothing is read
+    assert "GATE_WORKLOAD_DIR" in paths["scenarios[0].workload.file"], paths
+    for hostile in ("../secret.jsonl", str(secret), "a/../../secret.jsonl"):
+        paths = refused(hostile)
+        assert (
+            "relative to the operator's workload directory" in paths["scenarios[0].workload.file"]
+        ), paths
+
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    (workloads / "escape.jsonl").symlink_to(secret)
+    (workloads / "bad.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+        '{"timestamp": 9, "input_length": "SECRET-TEXT", "output_length": 1}\n'
+    )
+    client.app.state.ctx.settings = settings.model_copy(update={"workload_dir": workloads})  # type: ignore[attr-defined]
+    paths = refused("escape.jsonl")
+    assert paths == {
+        "scenarios[0].workload.file": "escape.jsonl leads outside the operator's workload directory"
+    }
+    paths = refused("bad.jsonl")
+    message = paths["scenarios[0].workload.file"]
+    assert message == "bad.jsonl line 2: input_length: must be an integer, got str"
+    assert str(workloads) not in json.dumps(paths) and "SECRET" not in json.dumps(paths)
+    assert recording.submitted == []

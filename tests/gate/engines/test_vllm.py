@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from gaterun import wait_for
 from services import service_missing
 from workertools import free_port, start_api
@@ -42,8 +43,10 @@ from gate.calibrate_engines import (
     vllm_engine,
     vllm_home,
 )
+from gate.core.database import open_migrated
 from gate.core.settings import Settings
 from gate.runs.runner import run_gate
+from gate.service.service import sample_columns
 from gate.spec import parse_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -77,7 +80,11 @@ def engine(bed: Path, *args: str, model: str = "tiny-a", tag: str = "") -> dict[
 
 
 def run(
-    tmp_path: Path, reference: dict[str, Any], candidate: dict[str, Any], **spec: Any
+    tmp_path: Path,
+    reference: dict[str, Any],
+    candidate: dict[str, Any],
+    workload_dir: Path | None = None,
+    **spec: Any,
 ) -> dict[str, Any]:
     parsed = parse_spec(
         {
@@ -92,7 +99,7 @@ def run(
     out = asyncio.run(
         run_gate(
             parsed,
-            Settings(data_dir=tmp_path / ".gate"),
+            Settings(data_dir=tmp_path / ".gate", workload_dir=workload_dir),
             report_dir=tmp_path / "reports",
             db_url=f"sqlite:///{tmp_path / 'g.db'}",
         )
@@ -107,8 +114,19 @@ def decisions(doc: dict[str, Any]) -> dict[str, str]:
 def test_identical_vllm_servers_continue_and_say_where_startup_went(
     bed: Path, tmp_path: Path
 ) -> None:
-    doc = run(tmp_path, engine(bed, "--max-num-seqs", "8"), engine(bed, "--max-num-seqs", "8"))
+    """... and, in the same gate, the workloads of examples/workloads/vllm-cpu.yaml (a trace
+    and multi-turn sessions, about 25 s more: check_workloads)."""
+    doc = run(
+        tmp_path,
+        engine(bed, "--max-num-seqs", "8"),
+        engine(bed, "--max-num-seqs", "8"),
+        workload_dir=ROOT,
+        scenarios=[STEADY, *workload_scenarios()],
+        # the workload scenarios are too short for the paired latency checks: undecided
+        policy={"short_scenarios": "allow"},
+    )
     assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
+    check_workloads(doc, tmp_path / "g.db")
     checks = decisions(doc)
     assert checks["steady.ttft.p50"] != "fail" and checks["steady.itl.p50"] != "fail"
     assert checks["correctness.greedy.flips"] == "pass"  # same weights, same greedy tokens
@@ -306,3 +324,40 @@ def test_sigkill_of_gate_run_leaves_no_vllm_process(bed: Path, tmp_path: Path) -
             gate.kill()
         for pid in tagged(tag):  # never leave a server behind, even when the test fails
             os.kill(pid, signal.SIGKILL)
+
+
+def workload_scenarios() -> list[dict[str, Any]]:
+    """The two scenarios of examples/workloads/vllm-cpu.yaml: a trace, multi-turn sessions."""
+    data = yaml.safe_load((ROOT / "examples" / "workloads" / "vllm-cpu.yaml").read_text())
+    return list(data["scenarios"])
+
+
+def check_workloads(doc: dict[str, Any], db: Path) -> None:
+    """examples/workloads/vllm-cpu.yaml's scenarios on identical vLLM servers: a
+    Mooncake-layout trace at its recorded instants, then 3-turn chat sessions beside shared
+    system prompts. vLLM answers every request of both (the later turns on its chat endpoint
+    with its own earlier answers, within its 1024-token context), the trace's requests leave
+    at the file's instants, and the verdict says the sessions' contexts differ after the
+    first turn."""
+    scenarios = {sc["name"]: sc for sc in doc["scenarios"]}
+    replay, chat = scenarios["replay"], scenarios["chat"]
+    fails = [c["id"] for c in doc["checks"] if c["decision"] == "fail"]
+    assert not [c for c in fails if c.startswith(("replay.", "chat."))], fails
+    trace = [json.loads(line) for line in (ROOT / "examples/workloads/short-trace.jsonl").open()]
+    assert replay["workload"]["requests"] == len(trace) == 24
+    for sc in (replay, chat):
+        n = sc["workload"]["requests"]
+        assert sc["reference"]["requests"]["ok"] == n == sc["candidate"]["requests"]["ok"]
+    stamps = sorted(r["timestamp"] / 1000 for r in trace)
+    columns = sample_columns(open_migrated(f"sqlite:///{db}"), doc["gate_id"])
+    for role in ("reference", "candidate"):
+        intended = sorted(columns["replay"][role].intended_ns.tolist())
+        assert all(
+            abs((i - intended[0]) / 1e9 - (s - stamps[0])) < 1e-6
+            for i, s in zip(intended, stamps, strict=True)
+        )
+    assert chat["workload"]["later_turns"] == 10
+    assert any("contexts differ after the first turn" in n for n in doc["notes"])
+    # identical weights, greedy: the first turns' outputs match (later turns are not compared)
+    assert chat["outputs"]["compared"] == chat["workload"]["requests"] - 10
+    assert chat["outputs"]["exact"] == chat["outputs"]["compared"]
