@@ -33,7 +33,6 @@ so the same spec and seed give the same bytes to both engines and on every run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -295,19 +294,3 @@ def _trace_words(
 def _mix(seed: int, k: int) -> int:
     """A seed for item ``k`` of a file under ``seed``: non-negative, below 2**63."""
     return (seed * 1_000_003 + k) % (2**63 - 1)
-
-
-def unit_count_hint(parts: Sequence[Part]) -> float:
-    """Mean requests per unit of a mix (sessions count their turns), for sizing."""
-    total = sum(p.share for p in parts)
-    mean = 0.0
-    for p in parts:
-        if p.kind == "sessions":
-            per = max(1, p.turns)
-        elif p.kind == "sharegpt":
-            turns = [len(c.turns) for c in p.conversations] or [1]
-            per = min(p.turns, max(turns)) if p.turns > 0 else max(turns)
-        else:
-            per = 1
-        mean += p.share / total * per
-    return mean if math.isfinite(mean) else 1.0

@@ -23,7 +23,7 @@ count; the runner stops it at the per-scenario cap.
 | max_scenarios               |     20  | scenarios in one spec                                   |
 | max_prompt_tokens           |  32768  | prompt_tokens, and a compatibility suite's max_model_len|
 | max_output_tokens           |   8192  | max_tokens (and max_tokens-like keys of a suite's extra)|
-| max_workload_file_bytes     | 64 MiB  | bytes of one workload file (a scenario's workload.file) |
+| max_workload_file_bytes     | 67108864 | bytes of one workload file (a scenario's workload.file) |
 | max_workload_records        | 100000  | records (non-blank lines) of one workload file          |
 | max_session_turns           |     64  | turns of one multi-turn session                         |
 | max_probes                  |    256  | a correctness suite's probes_count                      |

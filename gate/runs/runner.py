@@ -32,7 +32,7 @@ from gate.core.vocabulary import EXIT_ERROR, FinishedState
 from gate.engines.lifecycle import Clock
 from gate.reservations.allocator import Placement
 from gate.reservations.service import GateReservation
-from gate.runs import inputs, rows
+from gate.runs import inputs, rows, workloads
 from gate.runs.context import LiveProgress, RunContext
 from gate.runs.correctness_divergence import merge_divergence
 from gate.runs.engine_pair import Engines
@@ -44,7 +44,6 @@ from gate.runs.record import Observed, finish
 from gate.runs.reserve import gate_reservation
 from gate.runs.scenarios import LoadScenario, bounded
 from gate.runs.schedules import GatePlan, plan_gate
-from gate.runs.workloads import WorkloadFiles
 from gate.spec import GateSpec, spec_limit_problems
 from gate.verdict.document import VerdictDocument
 
@@ -182,7 +181,8 @@ class GateRunner:
         # A stored spec is checked again under the caps of the worker that runs it.
         if over := spec_limit_problems(self.spec, ctx.limits):
             raise SpecError(over, f"gate {self.gate_id}")
-        gplan = plan_gate(self.spec, ctx.limits, WorkloadFiles.of(ctx.settings, confined=False))
+        files = workloads.WorkloadFiles.of(ctx.settings, confined=self.worker is not None)
+        gplan = plan_gate(self.spec, ctx.limits, files)
         self.stage = "the reservation"
         engines = seen.engines
         assert engines is not None

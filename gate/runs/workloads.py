@@ -45,7 +45,8 @@ NO_DIRECTORY = (
 
 @dataclass(frozen=True, slots=True)
 class WorkloadFiles:
-    """Where a spec's workload files are read from (module docstring)."""
+    """Where a spec's workload files are read from (module docstring). The runner confines
+    the gates a service's worker runs (`GateRunner.worker`), as the API confined their specs."""
 
     root: Path | None = None
     confined: bool = False

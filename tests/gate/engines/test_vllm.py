@@ -125,8 +125,8 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
         # the workload scenarios are too short for the paired latency checks: undecided
         policy={"short_scenarios": "allow"},
     )
-    assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
     check_workloads(doc, tmp_path / "g.db")
+    assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
     checks = decisions(doc)
     assert checks["steady.ttft.p50"] != "fail" and checks["steady.itl.p50"] != "fail"
     assert checks["correctness.greedy.flips"] == "pass"  # same weights, same greedy tokens
@@ -356,8 +356,9 @@ def check_workloads(doc: dict[str, Any], db: Path) -> None:
             abs((i - intended[0]) / 1e9 - (s - stamps[0])) < 1e-6
             for i, s in zip(intended, stamps, strict=True)
         )
-    assert chat["workload"]["later_turns"] == 10
+    later = chat["workload"]["later_turns"]
+    assert later >= 2 and chat["workload"]["sessions"] >= 1
     assert any("contexts differ after the first turn" in n for n in doc["notes"])
     # identical weights, greedy: the first turns' outputs match (later turns are not compared)
-    assert chat["outputs"]["compared"] == chat["workload"]["requests"] - 10
+    assert chat["outputs"]["compared"] == chat["workload"]["requests"] - later
     assert chat["outputs"]["exact"] == chat["outputs"]["compared"]
