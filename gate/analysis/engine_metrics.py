@@ -292,6 +292,11 @@ def _prefix_check(
     sc: ScenarioTelemetry, ref: EngineSeries, cand: EngineSeries, policy: Policy, notes: list[str]
 ) -> Check | None:
     r, c = _hit_rate(ref), _hit_rate(cand)
+    if r is not None and c is None and cand.increase("prefix_cache_queries_total") == 0.0:
+        # It exports the counter but looked nothing up while the reference did: its prefix
+        # cache is off (vLLM records no lookup then: vllm/v1/core/kv_cache_manager.py
+        # get_computed_blocks returns before record_prefix_cache_stats), so it hit nothing.
+        c = 0.0
     if r is None or c is None:
         if r is not None or c is not None:
             who = "candidate" if c is None else "reference"

@@ -156,6 +156,13 @@ def test_prefix_cache_spec_decode_and_queue_rules() -> None:
     checks, notes = one(rates(1000, 10), rates(1000, 0))
     assert "peak.engine.prefix_cache_hit_rate" not in checks
     assert any("share no prefix" in n for n in notes)
+    # prefix caching off (vLLM's --no-enable-prefix-caching): the counters are exported but
+    # never move, as vLLM records no lookup then (kv_cache_manager.py get_computed_blocks)
+    checks, _ = one(rates(1000, 600), rates(0, 0))
+    off = checks["peak.engine.prefix_cache_hit_rate"]
+    assert off.decision == "fail" and off.candidate == 0.0 and off.reference == 0.6
+    checks, notes = one(rates(0, 0), rates(0, 0))  # neither looked anything up: no check
+    assert "peak.engine.prefix_cache_hit_rate" not in checks
     checks, _ = one(rates(1, 0, draft=100, acc=70), rates(1, 0, draft=100, acc=50))
     assert checks["peak.engine.spec_decode_acceptance"].decision == "fail"
     checks, _ = one(rates(1, 0, waiting=2.0), rates(1, 0, waiting=8.0))

@@ -45,6 +45,7 @@ from gate.calibrate_engines import (
 )
 from gate.core.database import open_migrated
 from gate.core.settings import Settings
+from gate.core.vocabulary import ROLES
 from gate.runs.runner import run_gate
 from gate.service.service import sample_columns
 from gate.spec import parse_spec
@@ -185,15 +186,33 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     with confidence: the gate holds on the warm-up it ran through (8 requests at once,
     serialised) or continues with TTFT warnings. What it must never do is claim the
     candidate's TTFT within tolerance, or
-    continue without saying so."""
+    continue without saying so.
+
+    The same candidate also runs with `--no-enable-prefix-caching` (folded in here to save two
+    starts): a shared-prefix workload after the steady scenario (16 requests, 8 s, two
+    system prompts of 96 words: about 225 of the tiny models' tokens, whole 16-token blocks)
+    shows the reference's prefix-cache hits in vllm:prefix_cache_hits_total, and the candidate,
+    whose counters never move (vLLM records no lookup with caching off:
+    vllm/v1/core/kv_cache_manager.py get_computed_blocks returns before
+    record_prefix_cache_stats), holds on the prefix-cache check, its cache_config_info saying
+    enable_prefix_caching False. Caching plays no part in steady: its prompts share nothing."""
+    shared = {
+        "name": "shared",
+        "rate": 2.0,
+        "requests": 16,
+        "max_tokens": 4,
+        "workload": {"kind": "shared_prefix", "groups": 2, "prefix_tokens": 96, "prompt_tokens": 8},
+    }
     doc = run(
         tmp_path,
         engine(bed, "--max-num-seqs", "8"),
-        engine(bed, "--max-num-seqs", "1"),
+        engine(bed, "--max-num-seqs", "1", "--no-enable-prefix-caching"),
         correctness="off",
+        telemetry={"interval_s": 0.5},
+        policy={"short_scenarios": "allow"},  # shared's 8 s: its latency undecided
         # twice the A/A's rate: half its wall time, and the one slot busier (a saturated test
         # bed holds on gate.environment, which this test accepts: it never claims a pass)
-        scenarios=[{**STEADY, "rate": 2 * VLLM_RATE}],
+        scenarios=[{**STEADY, "rate": 2 * VLLM_RATE}, shared],
     )
     checks = decisions(doc)
     for q in ("p90", "tail"):
@@ -201,6 +220,17 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     if doc["verdict"] == "continue":
         said = {w["check"] for w in doc["warnings"]} | {n["check"] for n in doc["not_shown"]}
         assert "steady.ttft.p90" in said, doc["summary"]
+    prefix = next(c for c in doc["checks"] if c["id"] == "shared.engine.prefix_cache_hit_rate")
+    assert prefix["decision"] == "fail" and prefix["candidate"] == 0.0, prefix
+    # the reference hit its groups' prefixes (0.48 of the prompt tokens looked up, measured:
+    # each group's first prompts miss, and a CPU KV block caches only whole blocks)
+    assert prefix["reference"] > 0.25, prefix
+    assert "shared.engine.prefix_cache_hit_rate" in {r["check"] for r in doc["reasons"]}
+    telemetry = doc["scenarios"][1]["telemetry"]
+    hits = [v for v in telemetry["reference"]["series"]["prefix_cache_hits_total"] if v]
+    assert hits and max(hits) > 0
+    caching = {role: telemetry[role]["config"]["prefix_caching"] for role in ROLES}
+    assert caching == {"reference": "True", "candidate": "False"}, caching
 
 
 def test_other_weights_hold_on_divergence_through_gate_serve_and_a_template(
