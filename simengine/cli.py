@@ -401,6 +401,18 @@ _SLOWDOWNS = (
         ),
     ),
     Flag(
+        "--capacity-loss",
+        type=float,
+        default=0.0,
+        metavar="PCT",
+        help=(
+            "keep (100 - PCT)%% of the sequence slots (--max-num-seqs, rounded, at least 1): "
+            "where slots bound throughput the sustainable rate falls by about PCT%%, while a "
+            "batch that fits the smaller limit runs exactly as before, so latency at low load "
+            "is unchanged (the capacity scenario's calibration)"
+        ),
+    ),
+    Flag(
         "--slow-share",
         type=float,
         default=0.0,
@@ -562,6 +574,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     return _config(ns, stalls)
 
 
+def kept_slots(slots: int, loss_pct: float) -> int:
+    """Sequence slots left after ``--capacity-loss``: rounded to the nearest, at least 1."""
+    return max(1, round(slots * (1.0 - loss_pct / 100.0)))
+
+
 def _check_figures(ns: argparse.Namespace, require: Require) -> None:
     """The performance model and the model's sizes."""
     for name in NON_NEGATIVE:
@@ -572,6 +589,10 @@ def _check_figures(ns: argparse.Namespace, require: Require) -> None:
     require(16 <= ns.vocab_size <= 1 << 18, "--vocab-size must be in [16, 262144]")
     require(ns.tokens_per_event >= 1, "--tokens-per-event must be >= 1")
     require(ns.max_num_seqs >= 1, "--max-num-seqs must be >= 1")
+    require(
+        math.isfinite(ns.capacity_loss) and 0 <= ns.capacity_loss < 100,
+        "--capacity-loss must be a percentage in [0, 100)",
+    )
     require(ns.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be >= 1")
     require(1 <= ns.block_size <= 4096, "--block-size must be in [1, 4096]")
     if ns.num_gpu_blocks_override is not None:
@@ -668,7 +689,7 @@ def _config(ns: argparse.Namespace, stalls: tuple[tuple[float, float], ...]) -> 
         step_us_per_kv_token=ns.step_us_per_kv_token,
         jitter=ns.jitter,
         tokens_per_event=ns.tokens_per_event,
-        max_num_seqs=ns.max_num_seqs,
+        max_num_seqs=kept_slots(ns.max_num_seqs, ns.capacity_loss),
         max_num_batched_tokens=ns.max_num_batched_tokens,
         kv_cache_tokens=ns.kv_cache_tokens,
         block_size=ns.block_size,

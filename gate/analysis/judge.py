@@ -12,6 +12,8 @@ looked:
     errors       one count test per scenario, pooled and per kind (errors.py)
     correctness  five envelope tests of numerical divergence (divergence.py)
     load         goodput per peak phase, collapse per overload phase (load.py)
+    capacity     the candidate's sustainable rate against the reference's, by the interval
+                 of a paired rate search (capacity.py: a rule on that interval, no alpha)
     startup      startup phases tested across repeated launches (engines.py)
 
 Facts hold without spending alpha: crashes, restarts and OOM of either engine, NaN logprobs and
@@ -40,6 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from gate.analysis.advisory import mark_advisory
+from gate.analysis.capacity import CapacitySearch, capacity_checks
 from gate.analysis.checks import rule_check
 from gate.analysis.compat import ProbePair, capability_checks, compatibility_checks
 from gate.analysis.divergence import DivergenceSamples, divergence_checks, envelope_early_share
@@ -67,6 +70,7 @@ _REASON_ORDER = {
     "overload": 7,
     "recovery": 8,
     "engine": 9,
+    "capacity": 10,
 }
 
 
@@ -116,6 +120,7 @@ def judge(
     envelope_share: float | None = None,
     saturation: Collection[str] = (),
     telemetry: Sequence[ScenarioTelemetry] | None = None,
+    capacities: Sequence[CapacitySearch] = (),
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
@@ -127,7 +132,8 @@ def judge(
     given (re-judge reads it from the document); saturation: the steady open-loop scenarios,
     whose engines are checked for a queue that grows through them (saturation.py: the
     candidate's alone holds, the reference's is the test bed's); telemetry: both engines'
-    own metrics per load scenario (engine_metrics.py; None: not sampled, no engine checks).
+    own metrics per load scenario (engine_metrics.py; None: not sampled, no engine checks);
+    capacities: the capacity scenarios' searches (capacity.py).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -161,6 +167,7 @@ def judge(
     checks.extend(startup_checks(engines, policy, notes))
     checks.extend(crash_checks(engines))
     checks.extend(load_checks(peaks, overloads, policy, notes))
+    checks.extend(capacity_checks(capacities, policy))
     checks.extend(compatibility_checks(probes, notes))
     checks.extend(capability_checks(*capabilities, notes))
     if divergence is not None:

@@ -100,6 +100,19 @@ class LoadPolicy(BaseModel):
             "planning."
         ),
     )
+    capacity_tolerance: float = Field(
+        default=0.08,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Allowed loss of the candidate's capacity (the highest offered rate at which it "
+            "keeps a capacity scenario's goodput target) against the reference's, relative: "
+            "0.08 holds when the candidate's capacity is surely below 92% of the reference's. "
+            "Chosen with the default resolution 3%: a ratio interval two resolutions wide "
+            "around 0.85 (a 15% loss) stays below 0.92, and one around 1.0 (A/A) stays above "
+            "it (docs/calibration.md)."
+        ),
+    )
     shed_fast_ms: float = Field(
         default=1000.0,
         gt=0.0,

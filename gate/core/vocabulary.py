@@ -31,6 +31,7 @@ CheckGroup = Literal[
     "overload",
     "recovery",
     "engine",
+    "capacity",
 ]
 
 # Exit codes of `gate run` (and the document's `exit_code`).

@@ -61,13 +61,14 @@ GROUPS = {
     "peak": "Peak load: goodput",
     "overload": "Overload: shedding or collapse",
     "recovery": "Recovery after overload",
+    "capacity": "Capacity: the highest rate served within the SLO",
     "correctness": "Correctness",
     "startup": "Startup",
     "crash": "Crashes",
     "compatibility": "Compatibility",
 }
 # Groups shown open even when every check passed: what people look at first.
-ALWAYS_OPEN = ("latency", "errors", "peak", "overload", "recovery", "correctness")
+ALWAYS_OPEN = ("latency", "errors", "peak", "overload", "recovery", "capacity", "correctness")
 # Groups whose values are fractions of requests and whose interval is a difference of them.
 FRACTIONS = ("peak", "overload", "load")
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gate.analysis.capacity import CapacitySearch
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.engine_metrics import EngineSeries, ScenarioTelemetry
@@ -33,6 +34,7 @@ from gate.runs.load_phases import load_phases
 from gate.runs.mirrored_outputs import outputs_from_doc
 from gate.spec import ScenarioSpec
 from gate.verdict.document import (
+    CapacityDoc,
     EngineDoc,
     EngineTelemetryDoc,
     ProbeDoc,
@@ -141,6 +143,7 @@ class JudgeInputs:
     capabilities: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None)
     steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
     telemetry: list[ScenarioTelemetry] | None = None  # None: no scenario was sampled
+    capacity: tuple[CapacitySearch, ...] = ()  # the capacity scenarios' searches
 
 
 def phase_durations(
@@ -221,8 +224,11 @@ def judge_inputs(
     engines: Mapping[Role, EngineEvidence],
     probes: Sequence[ProbeDoc] | None,
     warmup: int,
+    capacity: Sequence[CapacityDoc] | None = None,
 ) -> JudgeInputs:
-    """Everything but divergence (its raw probes live only in the run that made them)."""
+    """Everything but divergence (its raw probes live only in the run that made them);
+    `capacity`: the capacity scenarios' searches as their documents hold them (live and
+    re-judge alike)."""
     samples: list[ScenarioSamples] = []
     peaks: list[PeakPhase] = []
     overloads: list[OverloadPhase] = []
@@ -256,6 +262,7 @@ def judge_inputs(
         engine_capabilities(engines),
         tuple(steady),
         sampled or None,
+        tuple(c.search() for c in capacity or [] if c.name in scenarios),
     )
 
 
@@ -293,4 +300,5 @@ def judge_gate(
         envelope_share=envelope_share,
         saturation=inputs.steady,
         telemetry=inputs.telemetry,
+        capacities=inputs.capacity,
     )

@@ -16,7 +16,7 @@ from gate.runs.context import RunContext
 from gate.runs.correctness_divergence import CorrectnessRun, correctness_doc, divergence_samples
 from gate.runs.engine_pair import Engines
 from gate.runs.schedules import scenario_seed
-from gate.spec import ScenarioSpec
+from gate.spec import GateSpec, ScenarioSpec
 from gate.verdict.document import CorrectnessDoc, ProbeDoc, ProbeSide
 from loadgen import suite as suite_catalogue
 from loadgen.capabilities import Capabilities
@@ -176,3 +176,21 @@ async def correctness(ctx: RunContext, engines: Engines, sc: ScenarioSpec) -> Co
         await _teacher_forced(ctx, run, cfg, (ref_t, cand_t), seed)
     engines.check_crashes()
     return CorrectnessResult(run, divergence_samples(run, ctx.notes), ctx.spec.policy)
+
+
+def correctness_notes(spec: GateSpec) -> list[str]:
+    """What the verdict says about the correctness stage the spec asked for (or left out)."""
+    added = spec.added_correctness
+    if added is not None:
+        return [
+            f"The spec lists no correctness scenario, so the gate added a short one "
+            f"({added.name!r}: the correctness suite's defaults) after the others; "
+            "`correctness: off` in the spec leaves it out."
+        ]
+    if not any(sc.suite == "correctness" for sc in spec.scenarios):
+        return [
+            "No correctness stage ran (`correctness: off` in the spec): numerical "
+            "divergence was judged only from the load scenarios' outputs, for gross "
+            "divergence."
+        ]
+    return []

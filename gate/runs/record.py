@@ -19,7 +19,13 @@ from gate.runs.journal import persist_sync
 from gate.runs.probes import CorrectnessResult
 from gate.runs.scenarios import ScenarioResult
 from gate.verdict.build import Evidence, Header, gate_document
-from gate.verdict.document import ProbeDoc, ReservationBlocked, ReservationReleased, VerdictDocument
+from gate.verdict.document import (
+    CapacityDoc,
+    ProbeDoc,
+    ReservationBlocked,
+    ReservationReleased,
+    VerdictDocument,
+)
 
 
 @dataclass
@@ -29,6 +35,7 @@ class Observed:
     engines: Engines | None = None
     reservation: ReservationReleased | ReservationBlocked | None = None
     scenarios: list[ScenarioResult] = field(default_factory=list)
+    capacity: list[CapacityDoc] = field(default_factory=list)
     probes: list[ProbeDoc] = field(default_factory=list)
     correctness: list[CorrectnessResult] = field(default_factory=list)
 
@@ -40,6 +47,7 @@ def evidence(ctx: RunContext, seen: Observed) -> Evidence:
         engines=seen.engines.describe() if seen.engines is not None else {},
         reservation=seen.reservation,
         scenarios=[r.describe() for r in seen.scenarios],
+        capacity=seen.capacity,
         probes=seen.probes,
         correctness=[c.describe() for c in seen.correctness],
         divergence_examples=[

@@ -33,12 +33,13 @@ from gate.engines.lifecycle import Clock
 from gate.reservations.allocator import Placement
 from gate.reservations.service import GateReservation
 from gate.runs import inputs, rows, workloads
+from gate.runs.capacity import run_capacity
 from gate.runs.context import LiveProgress, RunContext
 from gate.runs.correctness_divergence import merge_divergence
 from gate.runs.engine_pair import Engines
 from gate.runs.heartbeat import Heartbeat, Stops, in_daemon_thread
 from gate.runs.journal import persist
-from gate.runs.probes import compatibility, correctness
+from gate.runs.probes import compatibility, correctness, correctness_notes
 from gate.runs.progress import NullProgress, Progress
 from gate.runs.record import Observed, finish
 from gate.runs.reserve import gate_reservation
@@ -216,22 +217,12 @@ class GateRunner:
     async def _scenarios(
         self, ctx: RunContext, seen: Observed, engines: Engines, gplan: GatePlan
     ) -> None:
-        added = self.spec.added_correctness
-        if added is not None:
-            ctx.notes.append(
-                f"The spec lists no correctness scenario, so the gate added a short one "
-                f"({added.name!r}: the correctness suite's defaults) after the others; "
-                "`correctness: off` in the spec leaves it out."
-            )
-        elif not any(sc.suite == "correctness" for sc in self.spec.scenarios):
-            ctx.notes.append(
-                "No correctness stage ran (`correctness: off` in the spec): numerical "
-                "divergence was judged only from the load scenarios' outputs, for gross "
-                "divergence."
-            )
+        ctx.notes.extend(correctness_notes(self.spec))
         for sc in self.spec.stages:
             self.stage = f"scenario {sc.name}"
-            if sc.suite == "compatibility":
+            if sc.is_capacity:
+                await run_capacity(ctx, engines, sc, seen.capacity)
+            elif sc.suite == "compatibility":
                 seen.probes += await bounded(ctx, sc, compatibility(ctx, engines, sc))
             elif sc.suite == "correctness":
                 seen.correctness.append(await bounded(ctx, sc, correctness(ctx, engines, sc)))
@@ -256,6 +247,7 @@ class GateRunner:
             seen.engines.evidence(),
             seen.probes,
             self.spec.policy.warmup_requests,
+            capacity=seen.capacity,
         )
         divergence = merge_divergence([c.samples for c in seen.correctness])
         plan = gplan.plan if seen.scenarios else None  # fixed for the load that ran

@@ -209,7 +209,9 @@ def plan_gate(spec: GateSpec, limits: Limits, files: WorkloadFiles | None = None
     `files` (gate/runs/workloads.py)."""
     warm = spec.policy.warmup_requests
     schedules = {
-        sc.name: Schedule.of(spec, sc, limits, files) for sc in spec.scenarios if not sc.is_probe
+        sc.name: Schedule.of(spec, sc, limits, files)
+        for sc in spec.scenarios
+        if not (sc.is_probe or sc.is_capacity)  # a search has no fixed schedule
     }
     sizes: dict[str, int] = {}
     for name, sched in schedules.items():

@@ -60,6 +60,7 @@ def rejudge(factory: sessionmaker[Session], gate_id: str, policy: Policy) -> Ver
         stored_engines(doc.engines),
         doc.probes,
         policy.warmup_requests,
+        capacity=doc.capacity,
     )
     pairs = sum(c.envelope_pairs for c in doc.correctness or [])
     early = sum(c.envelope_early for c in doc.correctness or [])

@@ -287,6 +287,8 @@ def _scenario_knob_problems(at: str, sc: ScenarioSpec, limits: Limits) -> list[F
     caps = {
         "rate": ("max_rate", "requests/s"),
         "overload_rate": ("max_rate", "requests/s"),
+        "start_rate": ("max_rate", "requests/s"),  # a capacity search's rates
+        "max_rate": ("max_rate", "requests/s"),
         "concurrency": ("max_concurrency", "requests in flight"),
         "prompt_tokens": ("max_prompt_tokens", "prompt tokens"),
         "max_model_len": ("max_prompt_tokens", "prompt tokens"),

@@ -13,7 +13,7 @@ from pydantic import (
 from gate.spec.fields import Name, StrictModel
 from gate.spec.workloads import WorkloadSpec, workload_problems
 
-SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness")
+SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness", "capacity")
 LOAD_SUITES = ("normal", "peak", "overload", "recovery")
 SUITE_OWN_KEYS = ("name", "suite", "api", "settings")
 
@@ -68,7 +68,8 @@ def _knob_name(key: Any) -> str:
 
 class ScenarioSpec(StrictModel):
     """One load scenario: explicit (arrival, rate, requests, ...) or a named `suite` entry
-    (normal, peak, overload, recovery, compatibility, correctness) with its settings given
+    (normal, peak, overload, recovery, capacity, compatibility, correctness) with its
+    settings given
     as plain keys, e.g. `{suite: peak, rate: 40}`."""
 
     name: Name
@@ -118,6 +119,12 @@ class ScenarioSpec(StrictModel):
     @property
     def is_probe(self) -> bool:
         return self.suite in ("compatibility", "correctness")
+
+    @property
+    def is_capacity(self) -> bool:
+        """A paired search over offered rate (gate/runs/capacity.py): no fixed schedule, so
+        no plan of looks; sized by its step budget (loadgen/suite/capacity.py)."""
+        return self.suite == "capacity"
 
 
 def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from gate.core.vocabulary import (
     Role,
 )
 from gate.verdict.document import (
+    CapacityDoc,
     CheckDoc,
     CorrectnessDoc,
     DivergenceExample,
@@ -55,6 +56,7 @@ class Evidence:
     engines: dict[Role, EngineDoc]
     reservation: ReservationReleased | ReservationBlocked | None = None
     scenarios: list[ScenarioDoc] = field(default_factory=list)
+    capacity: list[CapacityDoc] = field(default_factory=list)
     probes: list[ProbeDoc] = field(default_factory=list)
     correctness: list[CorrectnessDoc] = field(default_factory=list)
     divergence_examples: list[DivergenceExample] = field(default_factory=list)
@@ -112,6 +114,7 @@ def gate_document(
         engines=evidence.engines,
         reservation=evidence.reservation,
         scenarios=evidence.scenarios,
+        capacity=evidence.capacity or None,
         probes=evidence.probes,
         correctness=evidence.correctness,
         divergence_examples=evidence.divergence_examples[:MAX_DIVERGENCE_EXAMPLES],

@@ -18,6 +18,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gate.analysis.capacity import CapacitySearch, CapacityStep, EngineStep
 from gate.core.errors import DocumentUnreadable
 from gate.core.vocabulary import CheckDecision, FinishedState, GateDecision, Role
 
@@ -414,6 +415,59 @@ class ScenarioDoc(_Doc):
     )
 
 
+class CapacityEngineDoc(_Doc):
+    """One engine at one step of a capacity search."""
+
+    sent: int
+    good: int = Field(description="requests that succeeded and met every SLO")
+    goodput: float = Field(description="good / sent")
+    ttft_p50_ms: float | None = None
+    itl_p50_ms: float | None = None
+
+
+class CapacityStepDoc(_Doc):
+    rate: float = Field(description="the offered rate, requests/s, the same to both engines")
+    stage: str = Field(description="ramp, bisect or confirm")
+    reference: CapacityEngineDoc
+    candidate: CapacityEngineDoc
+
+
+class CapacityDoc(_Doc):
+    """A capacity scenario: the paired search over offered rate, step by step."""
+
+    name: str
+    target: float = Field(description="the goodput share each engine must keep")
+    slo: str = Field(description="the objectives a good request meets, in words")
+    resolution: float
+    require_decided: bool = False
+    stopped: str = Field("", description="why the search ended")
+    duration_s: float
+    aborted: bool = False
+    steps: list[CapacityStepDoc]
+
+    def search(self) -> CapacitySearch:
+        """The search as the judge reads it (analysis/capacity.py)."""
+
+        def side(e: CapacityEngineDoc) -> EngineStep:
+            return EngineStep(e.sent, e.good, e.ttft_p50_ms, e.itl_p50_ms)
+
+        steps = [
+            CapacityStep(
+                s.rate, s.stage, {"reference": side(s.reference), "candidate": side(s.candidate)}
+            )
+            for s in self.steps
+        ]
+        return CapacitySearch(
+            self.name,
+            self.target,
+            self.resolution,
+            steps,
+            self.stopped,
+            self.slo,
+            self.require_decided,
+        )
+
+
 class ProbeSide(_Doc):
     status: int | None = None
     ok: bool
@@ -562,6 +616,9 @@ class VerdictDocument(_Doc):
         None, discriminator="state"
     )
     scenarios: list[ScenarioDoc] | None = None
+    capacity: list[CapacityDoc] | None = Field(
+        None, description="the capacity scenarios' searches over offered rate"
+    )
     probes: list[ProbeDoc] | None = None
     correctness: list[CorrectnessDoc] | None = None
     divergence_examples: list[DivergenceExample] | None = None

@@ -21,6 +21,8 @@ the prompt, the stream, the output length or the fan-out, :data:`EXTRA_REFUSED`)
 - ``overload``: nominal, then well beyond capacity, then nominal again;
 - ``recovery``: the same shape, with the phase after the overload marked ``recovery`` so its
   latency can be compared with the ``baseline`` phase before it (how fast does it return?);
+- ``capacity``: a paired search over offered rate for the highest rate each engine serves
+  at a goodput target (:mod:`~loadgen.suite.capacity`);
 - ``compatibility``: a fixed set of request shapes; :func:`run_probes` sends each and checks
   the answer against the OpenAI schema;
 - ``correctness``: greedy probes with logprobs; :func:`run_correctness` returns per-probe
@@ -39,6 +41,7 @@ The package, one module per concern: :mod:`~loadgen.suite.knobs` (the knob rules
 
 from __future__ import annotations
 
+from loadgen.suite.capacity import Bracket, Capacity, RateSearch, Step, bracket
 from loadgen.suite.catalogue import SUITE, Scenario, get, knobs
 from loadgen.suite.compatibility import (
     MAX_MODELS_BODY_BYTES,
@@ -77,7 +80,9 @@ __all__ = [
     "MAX_SETTINGS_DEPTH",
     "RULES",
     "SUITE",
+    "Bracket",
     "BuiltScenario",
+    "Capacity",
     "Compatibility",
     "Correctness",
     "CorrectnessResult",
@@ -88,10 +93,13 @@ __all__ = [
     "Probe",
     "ProbeKind",
     "ProbeResult",
+    "RateSearch",
     "Recovery",
     "Scenario",
     "ScoreResult",
     "Steady",
+    "Step",
+    "bracket",
     "default_probes",
     "first_divergence",
     "get",

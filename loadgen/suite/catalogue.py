@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from loadgen.suite.capacity import Capacity
 from loadgen.suite.compatibility import Compatibility
 from loadgen.suite.correctness import Correctness
 from loadgen.suite.knobs import knob_fields, replace_knobs
 from loadgen.suite.workloads import Normal, Overload, Peak, Recovery
 
-Scenario = Normal | Peak | Overload | Recovery | Compatibility | Correctness
+Scenario = Normal | Peak | Overload | Recovery | Capacity | Compatibility | Correctness
 
 SUITE: dict[str, Callable[[], Scenario]] = {
     "normal": Normal,
     "peak": Peak,
     "overload": Overload,
     "recovery": Recovery,
+    "capacity": Capacity,
     "compatibility": Compatibility,
     "correctness": Correctness,
 }

@@ -263,11 +263,43 @@ _PHASED_RULES: dict[str, Rule] = {
     "ramp_s": _seconds(False),
     **_LOAD_RULES,
 }
+
+
+def _slo_rule(knob: str, value: Any) -> list[tuple[str, str]]:
+    """A capacity scenario's objectives: some of ttft_ms, itl_ms, e2e_ms, at least one."""
+    keys = ("ttft_ms", "itl_ms", "e2e_ms")
+    if not isinstance(value, Mapping) or not value:
+        return [
+            (knob, f"must be an object with at least one of {', '.join(keys)}, got {_said(value)}")
+        ]
+    out: list[tuple[str, str]] = []
+    for key, v in value.items():
+        path = f"{knob}.{_key(str(key))}"
+        if key not in keys:
+            out.append((path, f"not an objective (the objectives: {', '.join(keys)})"))
+        elif (why := _real(v, 0.0, MAX_SLO_MS, above=True, unit=" ms")) is not None:
+            out.append((path, why))
+    return out
+
+
+_CAPACITY_RULES: dict[str, Rule] = {
+    "slo": _slo_rule,
+    "goodput": _one(lambda v: _real(v, 0.0, 1.0, above=True)),
+    "start_rate": _rate(True),
+    "max_rate": _rate(True),
+    "growth": _one(lambda v: _real(v, 1.0, 10.0, above=True)),
+    "resolution": _one(lambda v: _real(v, 0.005, 0.5)),
+    "step_s": _one(lambda v: _real(v, 0.0, 3_600.0, above=True, unit=" s")),
+    "repeats": _one(lambda v: _integer(v, 0, 5)),
+    "require_decided": _one(_boolean),
+    **_LOAD_RULES,
+}
 RULES: Mapping[str, Mapping[str, Rule]] = {
     "normal": _STEADY_RULES,
     "peak": {**_STEADY_RULES, "slo_ttft_ms": _SLO, "slo_itl_ms": _SLO, "slo_e2e_ms": _SLO},
     "overload": _PHASED_RULES,
     "recovery": _PHASED_RULES,
+    "capacity": _CAPACITY_RULES,
     "compatibility": {"max_model_len": _one(_optional(lambda v: _integer(v, 1, MAX_MODEL_LEN)))},
     "correctness": {
         "probes_count": _one(lambda v: _integer(v, 1, 10_000)),

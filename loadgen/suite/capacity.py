@@ -1,0 +1,256 @@
+"""The capacity entry: a paired search over offered rate for the highest rate at which each
+engine keeps a goodput target, and the pure search that drives it.
+
+What the field calls capacity. vLLM's ``bench serve --goodput ttft:MS tpot:MS`` counts a
+request as good when every named SLO is at least its value (``vllm/benchmarks/serve.py``
+``calculate_metrics``: ``all(s >= r ...)``) and ``bench sweep`` runs serve over a list of
+rates; guidellm's ``sweep`` profile runs a synchronous and a throughput benchmark and then
+rates spaced evenly between them (``src/guidellm/benchmark/profiles.py`` ``SweepProfile``);
+AIPerf's ``good_request_count`` counts requests meeting every ``--goodput`` SLO, a request
+without the metric being not good (``aiperf/metrics/types/good_request_count_metric.py``
+``_passes``/``_is_good``). Here goodput is that count as a share of the requests a step sent
+(a request that failed or never finished is not good), and capacity is the highest offered
+rate whose goodput share is at least ``goodput``: what an operator sizes a fleet by.
+
+The search, unlike a sweep over fixed rates, brackets the knee and bisects it, each step a
+paired run of one seeded schedule at one rate to both engines at the same instants:
+
+- ramp: ``start_rate`` x ``growth``^k (the last step at ``max_rate``) until every engine has
+  missed the target once, or ``max_rate`` was reached;
+- bisect: the engine whose bracket is widest (hi/lo) gets the geometric midpoint next, until
+  every bracket is within ``1 + resolution``; the other engine is measured there too and its
+  bracket narrows when the rate falls inside it;
+- confirm: each engine's highest passing rate is measured ``repeats`` more times on new
+  schedules; a miss there lowers that engine's bracket (and bisection resumes if steps are
+  left).
+
+An engine's bracket (:func:`bracket`) is read from every measurement so far: ``lo`` is the
+highest tested rate at and below which every measurement passed, ``hi`` the lowest tested
+rate above it (where one missed). A noisy miss near the knee therefore widens the bracket
+downward rather than being outvoted. The step budget (:meth:`Capacity.max_steps`) is fixed by
+the knobs before the first step, so the scenario's size and seconds are planned like every
+other scenario's; the search stops at it, with wider brackets, rather than run on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from loadgen.prompts import LengthDist
+from loadgen.schedule import Arrival, PlannedSize, build_offsets, plan_offsets
+from loadgen.suite.knobs import check_knobs, replace_knobs
+from loadgen.suite.workloads import DEFAULT_EXTRA, BuiltScenario, _check_requests, _requests
+
+SLO_KEYS = ("ttft_ms", "itl_ms", "e2e_ms")
+"""The objectives a capacity scenario may set: TTFT, mean ITL per request, end to end."""
+
+Stage = Literal["ramp", "bisect", "confirm"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Search offered rate for each engine's capacity under ``slo`` and ``goodput``."""
+
+    name: ClassVar[str] = "capacity"
+    slo: Mapping[str, float] = field(default_factory=lambda: {"ttft_ms": 1000.0})
+    goodput: float = 0.95
+    start_rate: float = 5.0
+    max_rate: float = 200.0
+    growth: float = 2.0
+    resolution: float = 0.05
+    step_s: float = 5.0
+    repeats: int = 1
+    require_decided: bool = False
+    arrival: Arrival = "poisson"
+    prompt_tokens: int | LengthDist = 128
+    max_tokens: int | LengthDist = 128
+    extra: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_EXTRA))
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.max_rate < self.start_rate:
+            raise ValueError(
+                f"max_rate ({self.max_rate:g}) must be at least start_rate ({self.start_rate:g})"
+            )
+
+    # -- the budget, by arithmetic -------------------------------------------------------------
+
+    def ramp_rates(self) -> list[float]:
+        """Every rate the ramp may offer: start x growth^k, the last one max_rate."""
+        out = [self.start_rate]
+        while out[-1] < self.max_rate:
+            out.append(min(self.max_rate, out[-1] * self.growth))
+        return out
+
+    def bisect_steps(self) -> int:
+        """Bisections that take one bracket of ratio ``growth`` to within 1 + resolution."""
+        need = math.log(self.growth) / math.log1p(self.resolution)
+        return max(0, math.ceil(math.log2(need))) if need > 1 else 0
+
+    def max_steps(self) -> int:
+        """The search's step budget: the whole ramp, both engines' bisections, the confirming
+        repeats of both, and one more bisection each after a confirming miss."""
+        bisect = self.bisect_steps()
+        return len(self.ramp_rates()) + 2 * bisect + 2 * self.repeats + 2 * (1 + self.repeats)
+
+    def step_requests(self, rate: float) -> int:
+        return plan_offsets(self.arrival, rate, duration_s=self.step_s).requests
+
+    def plan(self, **overrides: Any) -> PlannedSize:
+        """The worst case: every ramp step, then every other step at the highest ramp rate
+        (a bisection never offers more), ``step_s`` of load each."""
+        me: Capacity = replace_knobs(self, overrides)
+        ramp = me.ramp_rates()
+        rest = me.max_steps() - len(ramp)
+        requests = sum(me.step_requests(r) for r in ramp) + rest * me.step_requests(ramp[-1])
+        _check_requests(me.step_requests(ramp[-1]), me.prompt_tokens)
+        return PlannedSize(requests, me.max_steps() * me.step_s, exact=False)
+
+    # -- one step's schedule -------------------------------------------------------------------
+
+    def build(self, seed: int = 0, **overrides: Any) -> BuiltScenario:
+        """The first step's schedule (at ``start_rate``): what a plain runner would send."""
+        me: Capacity = replace_knobs(self, overrides)
+        return me.step(me.start_rate, seed)
+
+    def step(self, rate: float, seed: int) -> BuiltScenario:
+        """One step at ``rate``: ``step_s`` of arrivals, new prompts per seed."""
+        offsets = build_offsets(self.arrival, rate, duration_s=self.step_s, seed=seed)
+        reqs = _requests(len(offsets), self.prompt_tokens, self.max_tokens, self.extra, seed)
+        return BuiltScenario(self.name, reqs, offsets_s=offsets)
+
+    def search(self, roles: Sequence[str]) -> RateSearch:
+        return RateSearch(
+            roles=tuple(roles),
+            target=self.goodput,
+            ramp=tuple(self.ramp_rates()),
+            resolution=self.resolution,
+            repeats=self.repeats,
+            budget=self.max_steps(),
+        )
+
+
+# --------------------------------------------------------------------------- the pure search
+
+
+@dataclass(frozen=True, slots=True)
+class Bracket:
+    """Where one engine's capacity lies: in [lo, hi]. ``lo`` None: it missed at the lowest
+    rate tried (capacity below it); ``hi`` None: it never missed (capacity at least ``lo``)."""
+
+    lo: float | None
+    hi: float | None
+
+    @property
+    def width(self) -> float:
+        """hi / lo; infinite while either end is open."""
+        if self.lo is None or self.hi is None:
+            return math.inf
+        return self.hi / self.lo
+
+    @property
+    def estimate(self) -> float | None:
+        """The geometric middle of a closed bracket; the known end of an open one."""
+        if self.lo is not None and self.hi is not None:
+            return math.sqrt(self.lo * self.hi)
+        return self.lo if self.lo is not None else self.hi
+
+
+def passed(goodput: float, target: float) -> bool:
+    """A step keeps the target when its goodput share is at least the target (inclusive, as
+    vLLM's and AIPerf's SLO comparisons are)."""
+    return goodput >= target - 1e-12
+
+
+def bracket(measured: Sequence[tuple[float, float]], target: float) -> Bracket:
+    """One engine's bracket from every (rate, goodput) it was measured at (module
+    docstring): lo is the highest rate at and below which every measurement passed."""
+    if not measured:
+        return Bracket(None, None)
+    rates = sorted({r for r, _ in measured})
+    ok = {r: all(passed(g, target) for rr, g in measured if rr == r) for r in rates}
+    lo: float | None = None
+    for r in rates:
+        if not ok[r]:
+            return Bracket(lo, r)
+        lo = r
+    return Bracket(lo, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One paired step: the rate offered and each engine's goodput share there."""
+
+    rate: float
+    stage: Stage
+    goodput: Mapping[str, float]
+
+
+@dataclass
+class RateSearch:
+    """The search's state: the steps so far, and what to offer next (None: done)."""
+
+    roles: tuple[str, ...]
+    target: float
+    ramp: tuple[float, ...]
+    resolution: float
+    repeats: int
+    budget: int
+    steps: list[Step] = field(default_factory=list)
+    stopped: str = ""  # why the search ended, once it has
+
+    def measured(self, role: str) -> list[tuple[float, float]]:
+        return [(s.rate, s.goodput[role]) for s in self.steps]
+
+    def bracket(self, role: str) -> Bracket:
+        return bracket(self.measured(role), self.target)
+
+    def record(self, rate: float, stage: Stage, goodput: Mapping[str, float]) -> None:
+        missing = [r for r in self.roles if r not in goodput]
+        if missing:
+            raise ValueError(f"a step needs every engine's goodput; missing {missing}")
+        self.steps.append(Step(rate, stage, dict(goodput)))
+
+    def resolved(self, b: Bracket) -> bool:
+        """Nothing left to bisect: closed within the resolution, or open at the ramp's end."""
+        if b.lo is None:
+            return True  # missed at the lowest rate: below the search's range
+        if b.hi is None:
+            return b.lo >= self.ramp[-1]
+        return b.width <= 1.0 + self.resolution + 1e-12
+
+    def next(self) -> tuple[float, Stage] | None:
+        """The next rate and the stage it belongs to; None once the search is over (then
+        ``stopped`` says why)."""
+        if len(self.steps) >= self.budget:
+            self.stopped = f"the step budget of {self.budget} was spent"
+            return None
+        brackets = [self.bracket(r) for r in self.roles]
+        if any(b.hi is None for b in brackets):  # an engine that has not missed yet
+            ramp = self._ramp_next()
+            if ramp is not None:
+                return ramp, "ramp"
+        open_ = [b for b in brackets if not self.resolved(b)]
+        if open_:
+            widest = max(open_, key=lambda b: b.width)
+            assert widest.lo is not None and widest.hi is not None
+            return math.sqrt(widest.lo * widest.hi), "bisect"
+        for b in brackets:
+            if b.lo is not None and self._count(b.lo) < 1 + self.repeats:
+                return b.lo, "confirm"
+        self.stopped = "every engine's capacity was bracketed and confirmed"
+        return None
+
+    def _ramp_next(self) -> float | None:
+        """The first ramp rate not yet offered, above every rate offered so far."""
+        top = max((s.rate for s in self.steps), default=0.0)
+        for r in self.ramp:
+            if r > top:
+                return r
+        return None
+
+    def _count(self, rate: float) -> int:
+        return sum(1 for s in self.steps if s.rate == rate)
