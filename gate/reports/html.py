@@ -28,6 +28,7 @@ from markupsafe import Markup
 
 from gate.analysis.samples import ERROR_KINDS, Columns, drop_warmup
 from gate.core.vocabulary import ROLES, Role
+from gate.reports.capacity import capacity_sections
 from gate.reports.charts import (
     COLORS,
     MUTED,
@@ -880,6 +881,7 @@ def report_context(
         "groups": _groups(checks),
         "check_ids": {c.id for c in checks},
         "scenarios": _scenarios(document, columns, warmup),
+        "capacity": capacity_sections(document),
         "timeline": Markup(timeline_chart(phases, "Engine lifecycle: launch to ready"))
         if any(phases.values())
         else None,
