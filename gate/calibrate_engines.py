@@ -61,6 +61,28 @@ TTFT_CREEP_PCT = 40.0
 TTFT_CREEP_PER_MIN = TTFT_CREEP_PCT / (SCENARIO_S / 60.0)
 
 
+# The capacity cases (issue 33): both sims serve 20 sequences of 25 ms decode steps, so a
+# request of 16 tokens holds a slot about 0.45 s and slots bound the rate near 45/s; the
+# candidate's --capacity-loss 15 keeps 17 slots (near 38/s) and changes nothing below that.
+# The steady scenario runs at 20/s, under both, so only the capacity scenario can tell them
+# apart; the search brackets each engine to 3% from 20/s in steps of 1.5x, 2 s per step.
+CAPACITY_FLAGS = ("--max-num-seqs", "20", "--itl-ms", "25")
+CAPACITY_RATE = 20.0
+CAPACITY_SCENARIO: dict[str, Any] = {
+    "suite": "capacity",
+    "name": "capacity",
+    "slo": {"ttft_ms": 250},
+    "goodput": 0.95,
+    "start_rate": 20,
+    "max_rate": 100,
+    "growth": 1.5,
+    "resolution": 0.03,
+    "step_s": 2,
+    "repeats": 1,
+    "prompt_tokens": 32,
+    "max_tokens": 16,
+}
+
 EngineKind = Literal["sim", "vllm"]
 
 # Real vLLM (`--engines vllm`): vLLM's CPU build from the test bed of bench/vllm/setup (`make
@@ -121,6 +143,7 @@ class EngineCase:
     # as a user's gate has; "off" leaves only the load scenario's mirrored outputs to judge.
     stage: Literal["auto", "off"] = "auto"
     weights: str = "tiny-a"
+    capacity: bool = False  # the steady scenario at CAPACITY_RATE, then CAPACITY_SCENARIO
 
 
 ENGINE_CASES: tuple[EngineCase, ...] = (
@@ -155,6 +178,15 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
         ("--max-model-len", "1024", "--num-gpu-blocks-override", "128"),
         ("--max-model-len", "1024", "--num-gpu-blocks-override", "4096"),
     ),
+    # Issue 33: the capacity scenario on A/A, and on a candidate that sustains 15% less.
+    EngineCase("A/A capacity", CAPACITY_FLAGS, CAPACITY_FLAGS, stage="off", capacity=True),
+    EngineCase(
+        "capacity -15%",
+        (*CAPACITY_FLAGS, "--capacity-loss", "15"),
+        CAPACITY_FLAGS,
+        stage="off",
+        capacity=True,
+    ),
 )
 
 
@@ -186,6 +218,9 @@ class EngineGate:
     baseline_requests: int | None
     wall_s: float = 0.0  # the whole gate, launch to teardown
     warnings: tuple[str, ...] = ()  # checks in the warning tier (a continue's "with N warnings")
+    capacity: tuple[str, tuple[float, float]] | None = (
+        None  # the capacity check: decision, interval
+    )
 
 
 @dataclass(frozen=True)
@@ -207,6 +242,11 @@ class EngineCaseResult:
             "baseline_hold_rate": sum(g.baseline_held for g in self.gates) / runs if runs else None,
             "wall_s": [round(g.wall_s, 1) for g in self.gates],
             "warnings": dict(sorted(Counter(w for g in self.gates for w in g.warnings).items())),
+            "capacity": [
+                {"decision": g.capacity[0], "ratio_interval": [round(x, 4) for x in g.capacity[1]]}
+                for g in self.gates
+                if g.capacity is not None
+            ],
             "baseline_median_requests_to_hold": statistics.median(
                 [r for r in b_held if r is not None]
             )
@@ -251,12 +291,14 @@ def spec_for(
             "name": "steady",
             "api": "completions",
             "arrival": "poisson",
-            "rate": rate,
-            "requests": REQUESTS,
-            "prompt_tokens": 128,
-            "max_tokens": 32,
+            "rate": CAPACITY_RATE if case.capacity else rate,
+            "requests": REQUESTS // 2 if case.capacity else REQUESTS,
+            "prompt_tokens": 32 if case.capacity else 128,
+            "max_tokens": 16 if case.capacity else 32,
         }
     ]
+    if case.capacity:
+        scenarios.append(dict(CAPACITY_SCENARIO))
     if case.correctness:
         scenarios.append({"suite": "correctness", "probes_count": 8, "max_tokens": 24})
     return {
@@ -357,8 +399,10 @@ def run_engine_gate(
             cols["reference"], cols["candidate"], Policy().warmup_requests
         )
     warnings = tuple(w["check"] for w in doc.get("warnings") or [])
+    cap = by_id.get("capacity.capacity")
+    capacity = (cap["decision"], tuple(cap["interval"])) if cap and cap["interval"] else None
     return EngineGate(
-        held, requests if held else None, reasons, b_held, b_requests, wall_s, warnings
+        held, requests if held else None, reasons, b_held, b_requests, wall_s, warnings, capacity
     )
 
 

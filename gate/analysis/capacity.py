@@ -135,7 +135,7 @@ def capacity_check(search: CapacitySearch, policy: Policy) -> Check:
         reference=est_r,
         candidate=est_c,
         ratio=ratio,
-        interval=(low, high),
+        interval=(low, high) if math.isfinite(high) else None,  # JSON has no infinity
         threshold=floor,
         samples=(len(search.steps), len(search.steps)),
     )
