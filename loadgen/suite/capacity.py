@@ -2,15 +2,17 @@
 engine keeps a goodput target, and the pure search that drives it.
 
 What the field calls capacity. vLLM's ``bench serve --goodput ttft:MS tpot:MS`` counts a
-request as good when every named SLO is at least its value (``vllm/benchmarks/serve.py``
-``calculate_metrics``: ``all(s >= r ...)``) and ``bench sweep`` runs serve over a list of
-rates; guidellm's ``sweep`` profile runs a synchronous and a throughput benchmark and then
-rates spaced evenly between them (``src/guidellm/benchmark/profiles.py`` ``SweepProfile``);
-AIPerf's ``good_request_count`` counts requests meeting every ``--goodput`` SLO, a request
-without the metric being not good (``aiperf/metrics/types/good_request_count_metric.py``
-``_passes``/``_is_good``). Here goodput is that count as a share of the requests a step sent
-(a request that failed or never finished is not good), and capacity is the highest offered
-rate whose goodput share is at least ``goodput``: what an operator sizes a fleet by.
+request as good when every named SLO is at least its value, a failed request never (0.32.0,
+``vllm/benchmarks/serve.py:661``, ``all([s >= r ...])``), and ``bench sweep serve_workload``
+runs serve at rates spaced evenly between the serial and the batch throughput
+(``vllm/benchmarks/sweep/serve_workload.py:180``); guidellm's ``sweep`` profile does the same
+between its synchronous and throughput runs (``src/guidellm/benchmark/profiles/sweep.py:128``,
+``np.linspace``); AIPerf's ``good_request_count`` counts requests meeting every ``--goodput``
+SLO, a request without the metric being not good
+(``aiperf/metrics/types/good_request_count_metric.py:76-91``). Here goodput is that count as
+a share of the requests a step sent (a request that failed or never finished is not good), and
+capacity is the highest offered rate whose goodput share is at least ``goodput``: what an
+operator sizes a fleet by.
 
 The search, unlike a sweep over fixed rates, brackets the knee and bisects it, each step a
 paired run of one seeded schedule at one rate to both engines at the same instants:

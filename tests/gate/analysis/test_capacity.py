@@ -1,0 +1,91 @@
+"""The capacity check (issue 33): the ratio interval built from both engines' brackets, and the
+decision against the tolerance, at the boundary and with open brackets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gate.analysis.capacity import (
+    CapacitySearch,
+    CapacityStep,
+    EngineStep,
+    capacity_check,
+    ratio_interval,
+)
+from gate.analysis.judge import judge
+from gate.analysis.policy import Policy
+from loadgen.suite.capacity import Bracket
+
+
+def step(rate: float, ref: float, cand: float, n: int = 100) -> CapacityStep:
+    return CapacityStep(
+        rate,
+        "bisect",
+        {
+            "reference": EngineStep(n, round(ref * n), 40.0, 12.0),
+            "candidate": EngineStep(n, round(cand * n), 41.0, 12.0),
+        },
+    )
+
+
+def search(steps: list[CapacityStep], **kw: object) -> CapacitySearch:
+    return CapacitySearch("cap", 0.95, 0.03, steps, "done", "TTFT <= 250 ms", **kw)  # type: ignore[arg-type]
+
+
+def test_the_interval_is_lo_c_over_hi_r_to_hi_c_over_lo_r() -> None:
+    assert ratio_interval(Bracket(40, 42), Bracket(34, 35)) == pytest.approx((34 / 42, 35 / 40))
+    # Open ends: a candidate that missed at the start could be anywhere below; a reference that
+    # never missed leaves the ratio unbounded below.
+    assert ratio_interval(Bracket(40, 42), Bracket(None, 10)) == (0.0, 10 / 40)
+    assert ratio_interval(Bracket(40, None), Bracket(34, 35))[0] == 0.0
+    assert ratio_interval(Bracket(40, 42), Bracket(100, None))[1] == math.inf
+
+
+def test_a_loss_beyond_the_tolerance_fails_and_names_capacity() -> None:
+    # reference between 48.6 and 50, candidate between 41.7 and 42.8: ratio at most 0.88
+    s = search([step(41.7, 1, 1), step(42.8, 1, 0.7), step(48.6, 1, 0.5), step(50.0, 0.6, 0.4)])
+    c = capacity_check(s, Policy())
+    assert c.decision == "fail" and c.holds and c.group == "capacity"
+    assert c.id == "cap.capacity" and c.threshold == pytest.approx(0.92)
+    assert c.interval == pytest.approx((41.7 / 50.0, 42.8 / 48.6))
+    assert "candidate 41.7 to 42.8 req/s" in c.message and "less than 92%" in c.message
+    assert c.ratio == pytest.approx(math.sqrt(41.7 * 42.8) / math.sqrt(48.6 * 50))
+
+
+def test_equal_capacities_pass() -> None:
+    s = search([step(48.6, 1, 1), step(50.0, 0.5, 0.4)])
+    c = capacity_check(s, Policy())
+    assert c.decision == "pass" and not c.holds
+    assert c.interval == pytest.approx((48.6 / 50.0, 50.0 / 48.6))
+
+
+def test_an_interval_that_straddles_the_floor_is_undecided_and_held_only_when_required() -> None:
+    # candidate between 43 and 46, reference between 48.6 and 50: [0.86, 0.946] straddles 0.92
+    steps = [step(43, 1, 1), step(46, 1, 0.5), step(48.6, 1, 0.5), step(50, 0.5, 0.5)]
+    c = capacity_check(search(steps), Policy())
+    assert c.decision == "undecided" and not c.required and not c.holds
+    required = capacity_check(search(steps, require_decided=True), Policy())
+    assert required.decision == "undecided" and required.holds
+
+
+def test_the_tolerance_is_the_policys() -> None:
+    s = search([step(41.7, 1, 1), step(42.8, 1, 0.7), step(48.6, 1, 0.5), step(50.0, 0.6, 0.4)])
+    loose = Policy.model_validate({"load": {"capacity_tolerance": 0.2}})
+    assert capacity_check(s, loose).decision == "pass"  # 0.834 >= 0.80
+
+
+def test_an_open_interval_has_no_infinite_bound_in_the_check() -> None:
+    # Neither engine ever missed: capacity at least max_rate for both; undecided, no infinity
+    s = search([step(100, 1, 1)])
+    c = capacity_check(s, Policy())
+    assert c.decision == "undecided" and c.interval is None
+    assert "never missed" in c.message
+
+
+def test_the_judge_holds_on_capacity_alone() -> None:
+    s = search([step(41.7, 1, 1), step(42.8, 1, 0.7), step(48.6, 1, 0.5), step(50.0, 0.6, 0.4)])
+    v = judge([], [], Policy(), capacities=[s])
+    assert v.decision == "hold"
+    assert "cap.capacity" in [c.id for c in v.reasons]

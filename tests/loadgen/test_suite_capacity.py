@@ -1,0 +1,195 @@
+"""The capacity entry's pure search (issue 33): bracketing, bisection, the confirming repeats,
+the stopping rule, the step budget planned before the first step, and knobs refused by name.
+
+Goodput as the field defines it, which the search keeps: a request is good when it meets every
+SLO, inclusive (vLLM 0.32.0 `vllm/benchmarks/serve.py:661`, `all([s >= r ...])`; AIPerf
+db4f6397 `aiperf/metrics/types/good_request_count_metric.py:76-80`, `record_value <=
+threshold_value`), and one without the metric (failed) is not (AIPerf ibid. :90-91; vLLM
+:636-637 leaves a failed request out of the good count). The peers sweep fixed rates spaced
+evenly between a serial and a saturated run (vLLM `vllm/benchmarks/sweep/serve_workload.py:180`,
+guidellm ee7a7745 `src/guidellm/benchmark/profiles/sweep.py:128`, both `np.linspace`); the
+search here brackets and bisects instead, so its resolution is a knob, not a grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from loadgen import suite
+from loadgen.suite.capacity import Bracket, Capacity, RateSearch, bracket, passed
+
+ROLES = ("reference", "candidate")
+
+
+def drive(
+    search: RateSearch, goodput: Callable[[str, float, int], float]
+) -> list[tuple[float, str]]:
+    """Run the search against engines whose goodput at a rate is `goodput(role, rate, i)` (i:
+    the step's index), as the gate would; returns the (rate, stage) offered."""
+    offered = []
+    while (nxt := search.next()) is not None:
+        rate, stage = nxt
+        i = len(search.steps)
+        search.record(rate, stage, {r: goodput(r, rate, i) for r in ROLES})
+        offered.append((rate, stage))
+    return offered
+
+
+def knee(capacities: dict[str, float]) -> Callable[[str, float, int], float]:
+    return lambda role, rate, _i: 1.0 if rate <= capacities[role] else 0.6
+
+
+def entry(**knobs: object) -> Capacity:
+    base = {"start_rate": 10.0, "max_rate": 200.0, "growth": 2.0, "resolution": 0.03}
+    got = suite.get("capacity", **(base | knobs))
+    assert isinstance(got, Capacity)
+    return got
+
+
+def test_goodput_meets_the_target_inclusively() -> None:
+    assert passed(0.95, 0.95) and passed(1.0, 0.95)
+    assert not passed(0.9499, 0.95)
+
+
+def test_the_bracket_is_the_highest_rate_every_measurement_at_and_below_passed() -> None:
+    assert bracket([], 0.95) == Bracket(None, None)
+    assert bracket([(10, 1.0), (20, 1.0), (40, 0.5)], 0.95) == Bracket(20, 40)
+    assert bracket([(10, 1.0), (20, 1.0)], 0.95) == Bracket(20, None)  # never missed
+    assert bracket([(10, 0.2), (20, 1.0)], 0.95) == Bracket(None, 10)  # missed at the start
+    # A miss below a pass (a noisy knee) disqualifies everything above it: the bracket widens
+    # downward rather than a lucky pass outvoting it.
+    assert bracket([(10, 1.0), (20, 0.9), (30, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # Repeated measurements at one rate: one miss there is a miss.
+    assert bracket([(10, 1.0), (20, 1.0), (20, 0.94), (40, 0.5)], 0.95) == Bracket(10, 20)
+
+
+def test_bracket_estimate_and_width() -> None:
+    assert Bracket(20, 40).width == 2.0
+    assert Bracket(20, 40).estimate == pytest.approx(math.sqrt(800))
+    assert Bracket(20, None).width == math.inf and Bracket(20, None).estimate == 20
+    assert Bracket(None, 10).estimate == 10
+
+
+def test_ramp_brackets_then_bisection_resolves_then_repeats_confirm() -> None:
+    e = entry()
+    search = e.search(ROLES)
+    offered = drive(search, knee({"reference": 50.0, "candidate": 42.5}))
+    stages = [s for _, s in offered]
+    # The ramp runs until both engines missed once: 10, 20, 40, 80 (both miss at 80).
+    assert [r for r, s in offered if s == "ramp"] == [10, 20, 40, 80]
+    assert stages.index("bisect") == 4 and stages[-1] == "confirm"
+    for role, cap in (("reference", 50.0), ("candidate", 42.5)):
+        b = search.bracket(role)
+        assert b.lo is not None and b.hi is not None
+        assert b.lo <= cap < b.hi  # the true capacity lies in the bracket
+        assert b.width <= 1.03 + 1e-9  # within the resolution
+        # Confirmed: lo measured 1 + repeats times.
+        assert sum(1 for r, _ in offered if r == b.lo) == 1 + e.repeats
+    assert search.stopped == "every engine's capacity was bracketed and confirmed"
+    assert len(offered) <= e.max_steps()
+
+
+def test_every_rate_is_offered_to_both_engines() -> None:
+    search = entry().search(ROLES)
+    drive(search, knee({"reference": 30.0, "candidate": 60.0}))
+    assert all(set(s.goodput) == set(ROLES) for s in search.steps)
+    with pytest.raises(ValueError, match="missing"):
+        search.record(10.0, "ramp", {"reference": 1.0})
+
+
+def test_a_confirming_miss_lowers_the_bracket_and_bisection_resumes() -> None:
+    search = entry().search(ROLES)
+    caps = {"reference": 50.0, "candidate": 42.5}
+    missed_at: list[float] = []
+    while (nxt := search.next()) is not None:
+        rate, stage = nxt
+        got = {r: 1.0 if rate <= caps[r] else 0.6 for r in ROLES}
+        if stage == "confirm" and rate == search.bracket("candidate").lo and not missed_at:
+            got["candidate"] = 0.9  # a noisy miss at the candidate's knee
+            missed_at.append(rate)
+        search.record(rate, stage, got)
+    assert missed_at
+    b = search.bracket("candidate")
+    assert b.hi is not None and b.lo is not None
+    assert b.hi <= missed_at[0]  # the miss disqualified its rate: the bracket moved below it
+    stages = [s.stage for s in search.steps]
+    after = stages[stages.index("confirm") :]
+    assert "bisect" in after or "budget" in search.stopped  # bisection resumed below the miss
+
+
+def test_an_engine_that_never_misses_is_censored_at_max_rate() -> None:
+    search = entry(max_rate=100.0).search(ROLES)
+    offered = drive(search, knee({"reference": 1e9, "candidate": 30.0}))
+    assert [r for r, s in offered if s == "ramp"] == [10, 20, 40, 80, 100]
+    assert search.bracket("reference") == Bracket(100.0, None)
+    assert search.resolved(search.bracket("reference"))
+
+
+def test_an_engine_that_misses_at_the_start_is_below_the_range() -> None:
+    search = entry().search(ROLES)
+    drive(search, knee({"reference": 50.0, "candidate": 5.0}))
+    assert search.bracket("candidate") == Bracket(None, 10.0)
+
+
+def test_the_search_stops_at_its_step_budget() -> None:
+    e = entry()
+    search = e.search(ROLES)
+    # An engine whose goodput flips at random would never settle: the budget ends it.
+    flip = lambda role, rate, i: 1.0 if (i * 7 + int(rate)) % 3 else 0.5  # noqa: E731
+    offered = drive(search, flip)
+    assert len(offered) <= e.max_steps()
+    assert search.stopped  # says why
+
+
+def test_the_budget_is_planned_by_arithmetic() -> None:
+    e = entry(start_rate=20.0, max_rate=200.0, growth=1.5, resolution=0.03, step_s=2.0)
+    ramp = e.ramp_rates()
+    assert ramp[0] == 20.0 and ramp[-1] == 200.0 and len(ramp) == 7
+    # 1.5 -> within 1.03 takes ceil(log2(ln 1.5 / ln 1.03)) = 4 bisections
+    assert e.bisect_steps() == 4
+    assert e.max_steps() == len(ramp) + 2 * 4 + 2 * e.repeats + 2 * (1 + e.repeats)
+    size = e.plan()
+    assert size.duration_s == e.max_steps() * 2.0 and not size.exact
+    # Worst case: every ramp step, every other step at the top rate.
+    assert size.requests >= sum(r * 2.0 for r in ramp)
+    assert size.requests <= sum(r * 2.0 + 8 for r in ramp) + (e.max_steps() - 7) * (400 + 8)
+
+
+def test_a_step_is_seeded_and_lasts_step_s() -> None:
+    e = entry(step_s=2.0, prompt_tokens=16, max_tokens=8)
+    a, b = e.step(40.0, seed=3), e.step(40.0, seed=3)
+    assert a.offsets_s is not None and b.offsets_s is not None
+    assert list(a.offsets_s) == list(b.offsets_s) and a.requests == b.requests
+    assert float(a.offsets_s[-1]) < 2.0 and 40 <= len(a.requests) * 1.0 <= 140
+    assert e.build(seed=3).offsets_s is not None
+
+
+@pytest.mark.parametrize(
+    ("knobs", "field", "words"),
+    [
+        ({"slo": {"ttft": 100}}, "slo.ttft", "not an objective"),
+        ({"slo": {"ttft_ms": -1}}, "slo.ttft_ms", "finite number > 0"),
+        ({"slo": {}}, "slo", "at least one of"),
+        ({"goodput": 1.5}, "goodput", "at most 1"),
+        ({"goodput": 0}, "goodput", "> 0"),
+        ({"growth": 1.0}, "growth", "> 1"),
+        ({"resolution": 0.0001}, "resolution", ">= 0.005"),
+        ({"repeats": 9}, "repeats", "from 0 to 5"),
+        ({"step_s": "2"}, "step_s", "must be a number"),
+        ({"require_decided": "yes"}, "require_decided", "true or false"),
+    ],
+)
+def test_bad_knobs_are_named(knobs: dict[str, object], field: str, words: str) -> None:
+    problems = suite.knob_problems("capacity", knobs)
+    assert problems and problems[0][0] == field and words in problems[0][1], problems
+    with pytest.raises(suite.KnobError) as err:
+        suite.get("capacity", **knobs)
+    assert err.value.knob == field
+
+
+def test_max_rate_below_start_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_rate .* must be at least start_rate"):
+        suite.get("capacity", start_rate=50.0, max_rate=10.0)
