@@ -55,6 +55,8 @@ def suite_knob_problems(suite: str, knobs: Mapping[str, Any]) -> list[tuple[str,
     try:
         # By arithmetic: the schedule is built by the gate that runs it, not by its validation.
         catalogue.get(suite, **knobs).plan()
+    except catalogue.KnobError as exc:  # a rule between knobs, named by the knob it refuses
+        return [(exc.knob, f"suite {suite} rejects {exc.knob}: {exc.reason}")]
     except (ValueError, TypeError, ArithmeticError) as exc:
         return [("settings", f"suite {suite} rejects these settings: {exc}")]
     return []

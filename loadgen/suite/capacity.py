@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Literal
 
 from loadgen.prompts import LengthDist
 from loadgen.schedule import Arrival, PlannedSize, build_offsets, plan_offsets
-from loadgen.suite.knobs import check_knobs, replace_knobs
+from loadgen.suite.knobs import KnobError, check_knobs, replace_knobs
 from loadgen.suite.workloads import DEFAULT_EXTRA, BuiltScenario, _check_requests, _requests
 
 SLO_KEYS = ("ttft_ms", "itl_ms", "e2e_ms")
@@ -62,7 +62,7 @@ class Capacity:
     start_rate: float = 5.0
     max_rate: float = 200.0
     growth: float = 2.0
-    resolution: float = 0.05
+    resolution: float = 0.03
     step_s: float = 5.0
     repeats: int = 1
     require_decided: bool = False
@@ -74,8 +74,9 @@ class Capacity:
     def __post_init__(self) -> None:
         check_knobs(self)
         if self.max_rate < self.start_rate:
-            raise ValueError(
-                f"max_rate ({self.max_rate:g}) must be at least start_rate ({self.start_rate:g})"
+            raise KnobError(
+                "max_rate",
+                f"must be at least start_rate ({self.start_rate:g}), got {self.max_rate:g}",
             )
 
     # -- the budget, by arithmetic -------------------------------------------------------------

@@ -191,5 +191,6 @@ def test_bad_knobs_are_named(knobs: dict[str, object], field: str, words: str) -
 
 
 def test_max_rate_below_start_rate_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_rate .* must be at least start_rate"):
+    with pytest.raises(suite.KnobError, match="must be at least start_rate") as err:
         suite.get("capacity", start_rate=50.0, max_rate=10.0)
+    assert err.value.knob == "max_rate"

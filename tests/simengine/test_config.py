@@ -111,6 +111,9 @@ def test_every_flag_reaches_the_config() -> None:
         ["--port", "0", "--stalls", "10:0"],
         ["--port", "0", "--stalls", "-1:2"],
         ["--port", "0", "--stalls", "10:inf"],
+        ["--port", "0", "--capacity-loss", "100"],
+        ["--port", "0", "--capacity-loss", "-1"],
+        ["--port", "0", "--capacity-loss", "nan"],
     ],
 )
 def test_bad_flags_exit_2(argv: list[str]) -> None:
@@ -200,3 +203,21 @@ def test_kv_block_flags_name_themselves_when_wrong(
         parse_args(["--port", "0", *argv])
     assert info.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_capacity_loss_keeps_a_share_of_the_sequence_slots() -> None:
+    """`--capacity-loss PCT` (issue 33's calibration): (100 - PCT)% of --max-num-seqs, rounded,
+    at least 1; every other figure as it was, so a batch within the smaller limit runs alike."""
+    plain = parse_args(["--port", "0", "--max-num-seqs", "20", "--itl-ms", "25"])
+    lossy = parse_args(
+        ["--port", "0", "--max-num-seqs", "20", "--itl-ms", "25", "--capacity-loss", "15"]
+    )
+    assert lossy.max_num_seqs == 17 and plain.max_num_seqs == 20
+    assert dataclasses.replace(lossy, max_num_seqs=20) == plain
+    assert (
+        parse_args(["--port", "0", "--max-num-seqs", "1", "--capacity-loss", "90"]).max_num_seqs
+        == 1
+    )
+    assert (
+        parse_args(["--port", "0", "--profile", "tiny", "--capacity-loss", "50"]).max_num_seqs == 32
+    )
