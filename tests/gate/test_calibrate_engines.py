@@ -38,8 +38,10 @@ def test_every_engine_case_is_a_valid_spec_with_fresh_seeds_per_gate() -> None:
     for case in ENGINE_CASES:
         specs = [spec_for(case, k, seed=3) for k in range(2)]
         parsed = [parse_spec(s, case.name) for s in specs]
-        assert parsed[0].scenarios[0].requests == REQUESTS
+        steady = REQUESTS // 2 if case.capacity else REQUESTS  # beside a search: 20 s at 20/s
+        assert parsed[0].scenarios[0].requests == steady
         assert any(sc.suite == "correctness" for sc in parsed[0].scenarios) == case.correctness
+        assert any(sc.suite == "capacity" for sc in parsed[0].scenarios) == case.capacity
         ref0, ref1 = (s["reference"]["command"] for s in specs)
         assert ref0 != ref1  # another engine seed for every gate
         cand = specs[0]["candidate"]["command"]
@@ -48,6 +50,18 @@ def test_every_engine_case_is_a_valid_spec_with_fresh_seeds_per_gate() -> None:
         if case.name == "A/A":
             strip = lambda cmd: cmd[: cmd.index("--seed")]  # noqa: E731
             assert strip(specs[0]["reference"]["command"]) == strip(cand)
+
+
+def test_the_capacity_cases_differ_only_by_the_capacity_loss() -> None:
+    """Issue 33's calibration: A/A against the same slots, and a candidate that keeps 17 of 20
+    slots (15% of the sustainable rate, the same latency below it)."""
+    cases = {c.name: c for c in ENGINE_CASES}
+    aa, loss = cases["A/A capacity"], cases["capacity -15%"]
+    assert aa.reference == aa.candidate == loss.reference
+    assert loss.candidate == (*loss.reference, "--capacity-loss", "15")
+    cand = parse_args(["--port", "0", *BASE_FLAGS, *loss.candidate])
+    ref = parse_args(["--port", "0", *BASE_FLAGS, *loss.reference])
+    assert (ref.max_num_seqs, cand.max_num_seqs) == (20, 17)
 
 
 def test_every_case_is_a_valid_sim_command_line() -> None:

@@ -524,7 +524,8 @@ def test_every_knob_of_every_suite_refuses_hostile_values_by_name() -> None:
     hostile = ["1", "1e9", float("nan"), float("inf"), 10**4000, -(10**4000), [1], {"a": 1}]
     for name, rules in catalogue.RULES.items():
         for knob in rules:
-            for value in [*hostile, *([] if knob == "teacher_forced" else [True])]:
+            flags = ("teacher_forced", "require_decided")  # true is a flag's value
+            for value in [*hostile, *([] if knob in flags else [True])]:
                 paths = suite_problems({"suite": name, knob: value})
                 # the knob, or (extra's {"a": 1}) the key inside it
                 assert any(p.startswith(f"scenarios[0].{knob}") for p in paths), (knob, paths)
