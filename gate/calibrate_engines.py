@@ -66,12 +66,12 @@ TTFT_CREEP_PER_MIN = TTFT_CREEP_PCT / (SCENARIO_S / 60.0)
 # candidate's --capacity-loss 15 keeps 17 slots (near 19.6/s) and changes nothing below that.
 # Slow steps keep the knee where the slots put it rather than where a busy host's CPU does
 # (at 25 ms steps, near 45/s, a host loaded 4x over its cores put both engines' knees at the
-# same rate in 4 of 10 gates). The steady scenario runs at 10/s, under both, so only the
+# same rate in 4 of 10 gates). The steady scenario runs at 12/s, under both, so only the
 # capacity scenario can tell them apart; the search brackets each engine to 3% from 10/s in
 # steps of 1.5x, 2 s per step.
 CAPACITY_FLAGS = ("--max-num-seqs", "20", "--itl-ms", "50")
-CAPACITY_RATE = 10.0
-CAPACITY_REQUESTS = 204  # 20 s at 10/s: 10 time blocks of 2 s
+CAPACITY_RATE = 12.0
+CAPACITY_REQUESTS = 300  # 25 s at 12/s: 9 time blocks of the 32 requests a block needs
 CAPACITY_SCENARIO: dict[str, Any] = {
     "suite": "capacity",
     "name": "capacity",
