@@ -105,6 +105,21 @@ def _one_environment(checks: list[Check]) -> list[Check]:
     return out
 
 
+def _extension_notes(scenarios: Sequence[ScenarioSamples], plan: Plan, policy: Policy) -> list[str]:
+    """A scenario that ran past its planned size says so (a check was undecided there)."""
+    out = []
+    for s in scenarios:
+        planned = plan.requests.get(s.name)
+        n = min(s.reference.requests, s.candidate.requests)
+        if planned is not None and n > planned:
+            out.append(
+                f"{s.name} runs past its planned {planned} requests per arm, to {n} (limit "
+                f"{plan.limit(s.name)}, policy extend {policy.extend:g}): a check was still "
+                "undecided at the planned size."
+            )
+    return out
+
+
 def judge(
     scenarios: Sequence[ScenarioSamples],
     engines: Sequence[EngineFacts],
@@ -144,15 +159,7 @@ def judge(
         checks.extend(error_checks(scenarios, policy, notes))
     else:
         notes.extend(plan.notes)
-        for s in scenarios:
-            planned = plan.requests.get(s.name)
-            n = min(s.reference.requests, s.candidate.requests)
-            if planned is not None and n > planned:
-                notes.append(
-                    f"{s.name} runs past its planned {planned} requests per arm, to {n} (limit "
-                    f"{plan.limit(s.name)}, policy extend {policy.extend:g}): a check was still "
-                    "undecided at the planned size."
-                )
+        notes.extend(_extension_notes(scenarios, plan, policy))
         checks.extend(planned_latency_checks(scenarios, plan, notes))
         checks.extend(
             error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None, plan=plan)
