@@ -1,7 +1,7 @@
 """The capacity check: the candidate's sustainable rate against the reference's, from a paired
 search over offered rate (`loadgen/suite/capacity.py` runs it; docs/statistics.md, "Capacity").
 
-Each engine's capacity lies in its bracket [lo, hi] (`loadgen.suite.capacity.bracket`: lo is
+Each engine's capacity lies in its bracket [lo, hi] (`loadgen.brackets.bracket`: lo is
 the highest rate at and below which every measurement kept the goodput target, hi the lowest
 rate above it, where one missed). The ratio candidate / reference then lies in
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from gate.analysis.checks import statistic_check
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check, Decision
-from loadgen.suite.capacity import Bracket, bracket
+from loadgen.brackets import Bracket, bracket
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 import pytest
 
 from loadgen import suite
-from loadgen.suite.capacity import Bracket, Capacity, RateSearch, bracket, passed
+from loadgen.brackets import Bracket, bracket, passed
+from loadgen.suite.capacity import Capacity, RateSearch
 
 ROLES = ("reference", "candidate")
 
