@@ -41,7 +41,8 @@ The package, one module per concern: :mod:`~loadgen.suite.knobs` (the knob rules
 
 from __future__ import annotations
 
-from loadgen.suite.capacity import Bracket, Capacity, RateSearch, Step, bracket
+from loadgen.brackets import Bracket, bracket
+from loadgen.suite.capacity import Capacity, RateSearch, Step
 from loadgen.suite.catalogue import SUITE, Scenario, get, knobs
 from loadgen.suite.compatibility import (
     MAX_MODELS_BODY_BYTES,
