@@ -27,9 +27,9 @@ from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
 from gate.runs.inputs import EngineEvidence
 from gate.runs.schedules import LazyRequests
-from gate.runs.testbed import testbed_doc
+from gate.runs.testbed import describe_testbed
 from gate.spec import EngineSpec, Runtime
-from gate.verdict.document import CapabilitiesDoc, EngineDoc, TestBedDoc
+from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
 from loadgen.capabilities import Capabilities, ask_version, discover
 from loadgen.client import Target
 from loadgen.runner import run_paired
@@ -261,10 +261,10 @@ class Engines:
             )
         return out
 
-    def testbed(self) -> TestBedDoc:
+    def testbed(self) -> PlatformDoc:
         """The hardware and software this gate ran on (runs/testbed.py)."""
         digests = {role: getattr(eng, "image_digest", None) for role, eng in self.built.items()}
-        return testbed_doc(self.ctx.spec, self.versions, digests)
+        return describe_testbed(self.ctx.spec, self.versions, digests)
 
     def describe(self) -> dict[Role, EngineDoc]:
         """Both engines for the verdict document, built or not."""

@@ -1,4 +1,4 @@
-"""The hardware and software a gate ran on (`TestBedDoc`): this host, the gate's version, the
+"""The hardware and software a gate ran on (`PlatformDoc`): this host, the gate's version, the
 GPUs `nvidia-smi` lists here, and per engine what it answered on `/version`, its program or
 preset, and a Kubernetes engine's image and the digest its pod runs.
 
@@ -20,7 +20,7 @@ from importlib import metadata
 from gate.core.vocabulary import ROLES, Role
 from gate.spec import EngineSpec, GateSpec
 from gate.spec.identity import is_aa, spec_identity
-from gate.verdict.document import EngineSoftwareDoc, GpuDoc, TestBedDoc
+from gate.verdict.document import EngineSoftwareDoc, GpuDoc, PlatformDoc
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 NVIDIA_SMI_QUERY = [
@@ -88,15 +88,15 @@ def engine_software(es: EngineSpec, version: Version, digest: str | None) -> Eng
     )
 
 
-def testbed_doc(
+def describe_testbed(
     spec: GateSpec,
     versions: dict[Role, Version],
     digests: dict[Role, str | None],
-) -> TestBedDoc:
+) -> PlatformDoc:
     """The test bed of a run of `spec`; engines never asked say so."""
     gpus, note = visible_gpus()
     never: Version = (None, "not asked: the gate stopped before the engines were ready")
-    return TestBedDoc(
+    return PlatformDoc(
         host=socket.gethostname(),
         gate_version=gate_version(),
         python=platform.python_version(),

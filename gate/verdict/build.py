@@ -25,12 +25,12 @@ from gate.verdict.document import (
     EngineDoc,
     ErrorDoc,
     HistoryComparisonDoc,
+    PlatformDoc,
     ProbeDoc,
     ReasonDoc,
     ReservationBlocked,
     ReservationReleased,
     ScenarioDoc,
-    TestBedDoc,
     VerdictDocument,
 )
 from gate.verdict.summary import summarize
@@ -61,7 +61,7 @@ class Evidence:
     correctness: list[CorrectnessDoc] = field(default_factory=list)
     divergence_examples: list[DivergenceExample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # the run's own, after the judge's
-    testbed: TestBedDoc | None = None
+    testbed: PlatformDoc | None = None
     history: HistoryComparisonDoc | None = None  # this run's reference against its history
 
 

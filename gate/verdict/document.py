@@ -224,7 +224,7 @@ class GpuDoc(_Doc):
     memory_mib: int | None = None
 
 
-class TestBedDoc(_Doc):
+class PlatformDoc(_Doc):
     """The hardware and software a gate ran on, so the history can tell a test bed that
     changed from software that did. GPUs are the gate host's as `nvidia-smi` lists them;
     none listed says why (`gpu_note`, e.g. not visible: no nvidia-smi on this host)."""
@@ -587,7 +587,7 @@ class VerdictDocument(_Doc):
     duration_s: float | None = None
     exit_code: int | None = Field(None, description="what `gate run` exits with: 0, 1, 2, 130")
     ended_elsewhere: EndedElsewhere | None = None
-    testbed: TestBedDoc | None = Field(
+    testbed: PlatformDoc | None = Field(
         None, description="the hardware and software it ran on (absent from older gates)"
     )
     history: HistoryComparisonDoc | None = Field(
