@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from gate.reports.charts import ML, Axes, H, Legend, W, _empty, _grid, _legend, _open, _svg
+from gate.reports.charts import ML, Axes, H, Legend, _empty, _grid, _legend, _open, _svg
 
 SERIES_COLORS = ("#3566a8", "#d9622b", "#2e8b57", "#8a4fbf", "#b8860b", "#57606a")
 HOST_MARKS = ("circle", "square", "diamond", "triangle")
 FLAG = "#c62828"
+STRIP_W = 1100  # the strip spans the page: its viewBox is as wide, so it is not scaled up
 VERDICT_COLORS = {"continue": "#2e7d32", "hold": "#c62828"}
 
 
@@ -118,23 +119,25 @@ def verdict_strip(verdicts: Sequence[tuple[str, bool, str]], title: str) -> str:
     if not verdicts:
         return _empty(title, "verdicts")
     n = len(verdicts)
-    cell = min(22.0, (W - ML - 18) / n)
+    width = STRIP_W
+    cell = min(22.0, (width - ML - 18) / n)
     held = sum(1 for v, _, _ in verdicts if v == "hold")
     aa = [v for v, is_aa, _ in verdicts if is_aa]
     desc = f"{n} gates, {held} held; {len(aa)} A/A gates, {aa.count('hold')} held"
-    parts = _open("verdicts", title, desc, 96)
+    parts = _open("verdicts", title, desc, 84, width)
     parts += _legend(
         [
             Legend("continue", VERDICT_COLORS["continue"]),
             Legend("hold", VERDICT_COLORS["hold"]),
             Legend("outlined: A/A gate", "#1b1f24", "line"),
-        ]
+        ],
+        right=width - 18,
     )
     for i, (verdict, is_aa, gate) in enumerate(verdicts):
         x = ML + i * cell
         outline = ' stroke="#1b1f24" stroke-width="2"' if is_aa else ""
         parts.append(
-            f'<rect x="{x + 1:.1f}" y="48" width="{cell - 2:.1f}" height="26" rx="2" '
+            f'<rect x="{x + 1:.1f}" y="46" width="{cell - 2:.1f}" height="24" rx="2" '
             f'fill="{VERDICT_COLORS.get(verdict, "#57606a")}"{outline}>'
             f"<title>gate {i + 1} {escape(gate[:8])}: {escape(verdict)}"
             f"{' (A/A)' if is_aa else ''}</title></rect>"

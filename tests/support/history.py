@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate.analysis.history import compare_reference
 from gate.runs import rows
 from gate.spec import GateSpec
 from gate.verdict.document import DistributionDoc, RunSummaryDoc, ScenarioDoc, VerdictDocument
+from gate.verdict.history import comparison_doc, reference_figures
 
 HOSTS = ("node-a", "node-b")
 
@@ -39,8 +42,11 @@ def jitter(i: int, host: str) -> float:
     return 1 + (0.03 if host == HOSTS[0] else 0.08) * math.sin(1.7 * i + 0.3)
 
 
-def copy_of(doc: VerdictDocument, i: int, finished: datetime) -> VerdictDocument:
-    """Gate `i` of the history: `doc` with a new id, host, finish time and moved figures."""
+def copy_of(
+    doc: VerdictDocument, i: int, finished: datetime, drift: float = 1.0
+) -> VerdictDocument:
+    """Gate `i` of the history: `doc` with a new id, host, finish time and moved figures (its
+    reference's TTFT also times `drift`)."""
     assert doc.testbed is not None and doc.scenarios is not None
     host = HOSTS[i % len(HOSTS)]
     k = jitter(i, host)
@@ -52,7 +58,7 @@ def copy_of(doc: VerdictDocument, i: int, finished: datetime) -> VerdictDocument
         update={
             "gate_id": uuid.uuid4().hex,
             "finished_at": finished.isoformat().replace("+00:00", "Z"),
-            "scenarios": [_reference(s, k, 2 - k) for s in doc.scenarios],
+            "scenarios": [_reference(s, k * drift, 2 - k) for s in doc.scenarios],
             "checks": checks,
             "testbed": doc.testbed.model_copy(update={"host": host}),
             "history": None,
@@ -61,14 +67,24 @@ def copy_of(doc: VerdictDocument, i: int, finished: datetime) -> VerdictDocument
 
 
 def seed_history(
-    factory: sessionmaker[Session], spec: GateSpec, doc: VerdictDocument, n: int
+    factory: sessionmaker[Session],
+    spec: GateSpec,
+    doc: VerdictDocument,
+    n: int,
+    drift: Callable[[int], float] = lambda i: 1.0,
 ) -> list[str]:
-    """`n` earlier gates of `spec`'s identity, an hour apart, the newest an hour ago."""
+    """`n` earlier gates of `spec`'s identity, an hour apart, the newest an hour ago; gate
+    `i`'s reference TTFT moved by `drift(i)`, and each compared with the ones before it as a
+    run compares itself (gate/analysis/history.py), so a drift is flagged where a run would."""
     now = datetime.now(UTC)
-    ids = []
+    ids: list[str] = []
+    past: list[dict[str, float]] = []  # newest first
     for i in range(n):
         finished = now - timedelta(hours=n - i)
-        copy = copy_of(doc, i, finished)
+        copy = copy_of(doc, i, finished, drift(i))
+        figures = reference_figures(copy.scenarios or [])
+        copy = copy.model_copy(update={"history": comparison_doc(compare_reference(figures, past))})
+        past.insert(0, figures)
         assert copy.gate_id is not None
         rows.start_run(factory, copy.gate_id, spec, started=finished, worker=None)
         rows.finish_run(factory, copy, [], [], finished=finished)
