@@ -104,6 +104,13 @@ def test_a_history_of_22_gates_flags_a_slower_test_bed(
     assert html.text.count('data-chart="ratios"') == 1
     assert 'class="flagged"' in html.text and 'id="flagged">1<' in html.text
 
+    report = app_client.get(f"/gates/{last['gate_id']}", headers=read).text
+    assert (
+        'id="testbed-heading"' in report
+        and "<strong>the reference is an outlier</strong>" in report
+    )
+    assert "not visible: no nvidia-smi" in report
+
     metrics = app_client.get("/metrics", headers=read).text
     finished = re.search(
         r'gate_finished_gates_total\{aa="true",spec="history-aa",verdict="continue"\} (\S+)',
