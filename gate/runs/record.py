@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from gate.analysis.history import HISTORY_WINDOW, compare_reference
 from gate.analysis.types import Verdict
 from gate.core.errors import GateError
@@ -48,12 +46,9 @@ class Observed:
 def compare_with_history(ctx: RunContext, scenarios: list[ScenarioDoc]) -> HistoryComparisonDoc:
     """This run's reference figures against the last gates of its spec identity
     (analysis/history.py); a history that cannot be read is a note, never a failed gate."""
-    try:
-        past = rows.reference_history(
-            ctx.factory, spec_identity(ctx.spec), ctx.gate_id, HISTORY_WINDOW
-        )
-    except SQLAlchemyError as exc:
-        return HistoryComparisonDoc(gates=0, note=f"history not read: {type(exc).__name__}")
+    past = rows.reference_history(ctx.factory, spec_identity(ctx.spec), ctx.gate_id, HISTORY_WINDOW)
+    if past is None:
+        return HistoryComparisonDoc(gates=0, note="the history could not be read (database)")
     return comparison_doc(compare_reference(reference_figures(scenarios), past))
 
 

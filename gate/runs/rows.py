@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.analysis.samples import Columns
@@ -169,12 +170,29 @@ def finish_run(
 
 def reference_history(
     factory: sessionmaker[Session], identity: str, gate_id: str, limit: int
-) -> list[dict[str, float]]:
+) -> list[dict[str, float]] | None:
     """The reference figures of the last `limit` judged gates of `identity` (newest first),
-    this one aside: what `record.finish` compares this run's reference with. A stored entry
-    that no longer reads is skipped, never a reason to fail the gate."""
+    this one aside: what `record.finish` compares this run's reference with. None when the
+    database could not be read; a stored entry that no longer reads is skipped: neither is a
+    reason to fail the gate."""
+    try:
+        stored = _history_entries(factory, identity, gate_id, limit)
+    except SQLAlchemyError:
+        return None
+    out = []
+    for entry in stored:
+        try:
+            out.append(HistoryEntry.model_validate(entry).reference)
+        except ValueError:
+            continue
+    return [figures for figures in out if figures]
+
+
+def _history_entries(
+    factory: sessionmaker[Session], identity: str, gate_id: str, limit: int
+) -> Sequence[Any]:
     with reading(factory) as s:
-        stored = s.scalars(
+        return s.scalars(
             select(GateRun.history)
             .where(
                 GateRun.identity == identity,
@@ -185,10 +203,3 @@ def reference_history(
             .order_by(GateRun.finished_at.desc())
             .limit(limit)
         ).all()
-    out = []
-    for entry in stored:
-        try:
-            out.append(HistoryEntry.model_validate(entry).reference)
-        except ValueError:
-            continue
-    return [figures for figures in out if figures]
