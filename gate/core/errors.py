@@ -141,7 +141,7 @@ class HistoryNotFound(GateError):
     """No finished gate of this spec identity (gate/spec/identity.py)."""
 
     status_code = 404
-    code = "not_found"
+    code = "history_not_found"
 
     def __init__(self, identity: str) -> None:
         super().__init__(f"no gate history for spec identity {identity!r}")

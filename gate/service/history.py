@@ -59,8 +59,8 @@ def spec_history(
     """One identity's gates, newest first, finished before `before`; NotFound when the
     identity has none."""
     _bounded("limit", limit, MAX_HISTORY_PAGE)
-    if before is not None and before.tzinfo is not None:  # stored times are UTC
-        before = before.astimezone(UTC).replace(tzinfo=None)
+    if before is not None:  # stored times are UTC; a time without a zone is too
+        before = before.astimezone(UTC) if before.tzinfo else before.replace(tzinfo=UTC)
     with reading(factory) as s:
         runs, total = repository.history_page(s, identity, limit, before)
     if total == 0:
