@@ -27,7 +27,7 @@ import httpx
 from loadgen.client import IDENTITY_HEADERS, Target, excerpt, make_client, read_capped
 from loadgen.logprobs import parse_logprobs
 
-__all__ = ["FEATURES", "MAX_CAPABILITY_BODY_BYTES", "Capabilities", "discover"]
+__all__ = ["FEATURES", "MAX_CAPABILITY_BODY_BYTES", "Capabilities", "ask_version", "discover"]
 
 MAX_CAPABILITY_BODY_BYTES = 256 << 10
 _TOP_K_TRIES = (20, 5, 1)
@@ -280,3 +280,32 @@ async def _token_ids(
     if not prompt_token_ids:
         note("prompt_token_ids", problem, "no prompt_token_ids in the answer")
     return token_ids, prompt_token_ids
+
+
+MAX_VERSION_CHARS = 200
+
+
+async def ask_version(target: Target, *, budget_s: float = 5.0) -> tuple[str | None, str | None]:
+    """`(version, None)` from the engine's `GET /version` (`{"version": "0.9.2"}`: vLLM's
+    api_server and the sim answer it), or `(None, why)`; never raises. The version is
+    bounded: it is the test bed's record, not something to trust."""
+    base = target.base_url.rstrip("/").removesuffix("/v1")
+    try:
+        async with (
+            make_client(target, 1, lean=False) as client,
+            asyncio.timeout(budget_s),
+            client.stream("GET", f"{base}/version") as r,
+        ):
+            status = r.status_code
+            body, _ = await read_capped(r, MAX_VERSION_CHARS * 4)
+    except (httpx.HTTPError, TimeoutError, OSError) as exc:
+        return None, f"not answered: {type(exc).__name__}"
+    if status != 200:
+        return None, f"GET /version answered {status}"
+    try:
+        version = json.loads(body).get("version")
+    except (ValueError, AttributeError):
+        version = None
+    if not isinstance(version, str) or not version:
+        return None, "GET /version named no version"
+    return version[:MAX_VERSION_CHARS], None

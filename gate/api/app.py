@@ -61,7 +61,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     _add_middleware(app, ctx)
     _add_error_handlers(app)
 
-    from gate.api import apidocs, gates, integrations, ops
+    from gate.api import apidocs, gates, history, integrations, ops
+    from gate.web import history as history_pages
     from gate.web import pages
 
     if settings.api_docs:
@@ -69,8 +70,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(gates.router, prefix="/v1")
     app.include_router(integrations.router, prefix="/v1")
     app.include_router(ops.router, prefix="/v1")
+    app.include_router(history.router, prefix="/v1")
     app.include_router(ops.metrics_router)
     app.include_router(pages.router)
+    app.include_router(history_pages.router)
     return app
 
 

@@ -4,12 +4,18 @@ Prometheus sends it with `authorization: {credentials: <token>}`, unless GATE_OP
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
@@ -22,7 +28,8 @@ from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import Inventory, load_inventory
 from gate.reservations.leases import held_gpus, list_reservations
 from gate.reservations.report import capacity_document, parse_shape
-from gate.service import service
+from gate.service import series, service
+from gate.service.series import METRICS_WINDOW, GateSeries
 
 router = APIRouter(tags=["capacity"])
 metrics_router = APIRouter(include_in_schema=False)
@@ -137,6 +144,82 @@ def phase_durations(
     return durations
 
 
+RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 5.0)
+GATE_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+def _buckets(values: list[float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = [(str(b), sum(1 for v in values if v <= b)) for b in bounds]
+    return [*out, ("+Inf", len(values))]
+
+
+def gate_families(g: GateSeries) -> Iterator[Any]:
+    """The per-check and per-gate series (gate/service/series.py bounds their labels)."""
+    finished = CounterMetricFamily(
+        "gate_finished_gates",
+        "Finished gates by spec, verdict and A/A (both engines specified alike), all time",
+        labels=["spec", "verdict", "aa"],
+    )
+    for (spec, verdict, aa), n in sorted(g.finished.items()):
+        finished.add_metric([spec, verdict, aa], n)
+    yield finished
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    decisions: Counter[tuple[str, str, str]] = Counter()
+    last: dict[tuple[str, str], float] = {}
+    for c in g.checks:  # newest gate first
+        decisions[(c.spec, c.check, c.decision)] += 1
+        if c.ratio is not None:
+            ratios.setdefault((c.spec, c.check, c.verdict), []).append(c.ratio)
+            last.setdefault((c.spec, c.check), c.ratio)
+    hist = GaugeHistogramMetricFamily(
+        "gate_check_ratio",
+        f"Candidate/reference ratio of each check in the last {METRICS_WINDOW} finished gates, "
+        "by spec, check (its id without the scenario) and the gate's verdict",
+        labels=["spec", "check", "verdict"],
+    )
+    for key, values in sorted(ratios.items()):
+        hist.add_metric(list(key), _buckets(values, RATIO_BUCKETS), sum(values))
+    yield hist
+    yield _gauge(
+        "gate_check_ratio_last",
+        "The ratio of each check in the newest finished gate of each spec",
+        ["spec", "check"],
+        last,
+    )
+    yield _gauge(
+        "gate_checks",
+        f"Checks in the last {METRICS_WINDOW} finished gates by spec, check and decision",
+        ["spec", "check", "decision"],
+        decisions,
+    )
+    durations: dict[tuple[str, str], list[float]] = {}
+    for spec, verdict, seconds in g.durations:
+        durations.setdefault((spec, verdict), []).append(seconds)
+    dur = GaugeHistogramMetricFamily(
+        "gate_duration_seconds",
+        f"Start to finish of the last {METRICS_WINDOW} finished gates, by spec and verdict "
+        "(each stage's share: gate_phase_seconds)",
+        labels=["spec", "verdict"],
+    )
+    for (spec, verdict), taken in sorted(durations.items()):
+        dur.add_metric([spec, verdict], _buckets(taken, GATE_BUCKETS), sum(taken))
+    yield dur
+    yield _gauge(
+        "gate_oldest_active_seconds",
+        "Seconds since the oldest pending gate was created and the oldest running one "
+        "started (0: none)",
+        ["state"],
+        {(state,): age for state, age in g.oldest_active_s.items()},
+    )
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: Mapping[Any, float]) -> Any:
+    fam = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        fam.add_metric(list(key), value)
+    return fam
+
+
 class ServiceCollector(Collector):
     """Read at scrape time from the database, so every API replica reports the same truth."""
 
@@ -184,6 +267,7 @@ class ServiceCollector(Collector):
         yield gate_phases
         yield GaugeMetricFamily("gate_reservations_active", "Active GPU reservations", active or 0)
         yield GaugeMetricFamily("gate_gpus_held", "GPUs held by gate reservations", held or 0)
+        yield from gate_families(series.gate_series(ctx.factory))
         depth = ctx.dispatcher.queue_depth()
         if depth is not None:
             yield GaugeMetricFamily("gate_queue_depth", "Gates waiting for a worker", depth)

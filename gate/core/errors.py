@@ -143,6 +143,16 @@ class GateNotFound(GateError):
         super().__init__(f"no gate with id {gate_id!r}")
 
 
+class HistoryNotFound(GateError):
+    """No finished gate of this spec identity (gate/spec/identity.py)."""
+
+    status_code = 404
+    code = "history_not_found"
+
+    def __init__(self, identity: str) -> None:
+        super().__init__(f"no gate history for spec identity {identity!r}")
+
+
 class GateConflict(GateError):
     status_code = 409
     code = "conflict"

@@ -139,6 +139,7 @@ class ContainerView:
     name: str
     image: str
     restarts: int = 0
+    image_id: str | None = None  # the kubelet's imageID: the digest it runs, once pulled
     waiting: str | None = None
     waiting_message: str | None = None
     running: bool = False
@@ -178,6 +179,7 @@ def _container_view(status: client.V1ContainerStatus) -> ContainerView:
     return ContainerView(
         name=status.name,
         image=status.image,
+        image_id=status.image_id or None,
         restarts=status.restart_count,
         waiting=(waiting.reason or "Waiting") if waiting else None,
         waiting_message=waiting.message if waiting else None,
@@ -611,6 +613,16 @@ class KubernetesEngine:
     @property
     def launched(self) -> bool:
         return True
+
+    @property
+    def image_digest(self) -> str | None:
+        """The imageID the kubelet reported for the leader's first container (the test bed's
+        record: a tag can move, the digest does not)."""
+        for p in self._pods:
+            for c in p.containers:
+                if c.image_id:
+                    return c.image_id
+        return None
 
     @property
     def expected_pods(self) -> int:

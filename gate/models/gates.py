@@ -11,6 +11,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
@@ -24,6 +25,8 @@ from gate.models.base import Base, utcnow
 
 class GateRun(Base):
     __tablename__ = "gates"
+    # A spec's history, newest first (GET /v1/history/{identity}, the run's comparison).
+    __table_args__ = (Index("ix_gates_identity_finished", "identity", "finished_at"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), index=True)
@@ -58,6 +61,11 @@ class GateRun(Base):
     callback_tried_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     callback_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     callback_result: Mapped[str | None] = mapped_column(String(200))
+    # The spec's history (gate/spec/identity.py): its identity, whether it is an A/A gate, and
+    # the finished gate as the history keeps it (gate/verdict/history.py HistoryEntry).
+    identity: Mapped[str | None] = mapped_column(String(16))
+    aa: Mapped[bool | None] = mapped_column(Boolean)
+    history: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
     phases: Mapped[list[GatePhase]] = relationship(
         back_populates="gate", lazy="raise", cascade="all, delete-orphan"

@@ -886,6 +886,8 @@ def report_context(
         if any(phases.values())
         else None,
         "engines": _engines(document),
+        "testbed": document.testbed,
+        "history": document.history,
         "divergences": _divergences(document),
         "correctness": _correctness(document),
         "mirrored": _mirrored(document),

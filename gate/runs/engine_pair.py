@@ -27,9 +27,10 @@ from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
 from gate.runs.inputs import EngineEvidence
 from gate.runs.schedules import LazyRequests
+from gate.runs.testbed import describe_testbed
 from gate.spec import EngineSpec, Runtime
-from gate.verdict.document import CapabilitiesDoc, EngineDoc
-from loadgen.capabilities import Capabilities, discover
+from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
+from loadgen.capabilities import Capabilities, ask_version, discover
 from loadgen.client import Target
 from loadgen.runner import run_paired
 
@@ -129,6 +130,7 @@ class Engines:
     built: dict[Role, Engine] = field(default_factory=dict)
     crashes: list[CrashInfo] = field(default_factory=list)
     capabilities: dict[Role, Capabilities] = field(default_factory=dict)
+    versions: dict[Role, tuple[str | None, str | None]] = field(default_factory=dict)
 
     async def launch(self) -> None:
         """Build both, then start both at once; the first failure in role order is raised."""
@@ -185,10 +187,13 @@ class Engines:
         # A minute at most, less when the probe suites' cap is smaller (limits.py): an engine
         # that hangs has not answered, and the features it did not answer are lacking.
         budget = min(CAPABILITY_BUDGET_S, scenario_deadline_s(None, self.ctx.limits))
-        found = await asyncio.gather(
-            *(discover(t, budget_s=budget) for t in self.targets("completions"))
+        targets = self.targets("completions")
+        found, versions = await asyncio.gather(
+            asyncio.gather(*(discover(t, budget_s=budget) for t in targets)),
+            asyncio.gather(*(ask_version(t) for t in targets)),
         )
         self.capabilities = dict(zip(ROLES, found, strict=True))
+        self.versions = dict(zip(ROLES, versions, strict=True))
         self.check_crashes()
         lacking = {
             role: [f for f in Capabilities.FEATURES if not caps.has(f)]
@@ -255,6 +260,11 @@ class Engines:
                 capabilities=caps.to_dict() if caps is not None else None,
             )
         return out
+
+    def testbed(self) -> PlatformDoc:
+        """The hardware and software this gate ran on (runs/testbed.py)."""
+        digests = {role: getattr(eng, "image_digest", None) for role, eng in self.built.items()}
+        return describe_testbed(self.ctx.spec, self.versions, digests)
 
     def describe(self) -> dict[Role, EngineDoc]:
         """Both engines for the verdict document, built or not."""

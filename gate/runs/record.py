@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gate.analysis.history import HISTORY_WINDOW, compare_reference
 from gate.analysis.types import Verdict
 from gate.core.errors import GateError
 from gate.core.vocabulary import ROLES, FinishedState
@@ -18,14 +19,18 @@ from gate.runs.engine_pair import Engines
 from gate.runs.journal import persist_sync
 from gate.runs.probes import CorrectnessResult
 from gate.runs.scenarios import ScenarioResult
+from gate.spec.identity import spec_identity
 from gate.verdict.build import Evidence, Header, gate_document
 from gate.verdict.document import (
     CapacityDoc,
+    HistoryComparisonDoc,
     ProbeDoc,
     ReservationBlocked,
     ReservationReleased,
+    ScenarioDoc,
     VerdictDocument,
 )
+from gate.verdict.history import comparison_doc, reference_figures
 
 
 @dataclass
@@ -40,13 +45,24 @@ class Observed:
     correctness: list[CorrectnessResult] = field(default_factory=list)
 
 
+def compare_with_history(ctx: RunContext, scenarios: list[ScenarioDoc]) -> HistoryComparisonDoc:
+    """This run's reference figures against the last gates of its spec identity
+    (analysis/history.py); a history that cannot be read is a note, never a failed gate."""
+    past = rows.reference_history(ctx.factory, spec_identity(ctx.spec), ctx.gate_id, HISTORY_WINDOW)
+    if past is None:
+        return HistoryComparisonDoc(gates=0, note="the history could not be read (database)")
+    return comparison_doc(compare_reference(reference_figures(scenarios), past))
+
+
 def evidence(ctx: RunContext, seen: Observed) -> Evidence:
     policy = ctx.spec.policy
     early = [r.early_stop.message for r in seen.scenarios if r.early_stop is not None]
+    scenarios = [r.describe() for r in seen.scenarios]
+    judged = any(s.reference.ttft_ms is not None for s in scenarios)
     return Evidence(
         engines=seen.engines.describe() if seen.engines is not None else {},
         reservation=seen.reservation,
-        scenarios=[r.describe() for r in seen.scenarios],
+        scenarios=scenarios,
         capacity=seen.capacity,
         probes=seen.probes,
         correctness=[c.describe() for c in seen.correctness],
@@ -54,6 +70,8 @@ def evidence(ctx: RunContext, seen: Observed) -> Evidence:
             ex for c in seen.correctness for ex in divergence_examples(c.run, policy)
         ],
         notes=[*early, *ctx.notes],
+        testbed=(seen.engines or Engines(ctx, None)).testbed(),
+        history=compare_with_history(ctx, scenarios) if judged else None,
     )
 
 

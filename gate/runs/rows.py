@@ -14,16 +14,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.analysis.samples import Columns
 from gate.analysis.types import Check
-from gate.core.database import db_now, transaction
+from gate.core.database import db_now, reading, transaction
 from gate.core.vocabulary import FINISHED
 from gate.models import CheckResult, GatePhase, GateRun, SampleSet
 from gate.spec import GateSpec, spec_to_dict
 from gate.verdict.document import EndedElsewhere, VerdictDocument
+from gate.verdict.history import HistoryEntry, history_entry
 
 
 def start_run(
@@ -144,6 +146,9 @@ def finish_run(
         run.document = document.to_json()
         run.report_path = document.report
         run.finished_at = finished
+        if document.testbed is not None:
+            run.identity, run.aa = document.testbed.identity, document.testbed.aa
+            run.history = history_entry(document).to_json()
         # A retry of this write whose first commit did land (its answer was lost) rewrites
         # the same rows instead of failing on them.
         s.execute(delete(SampleSet).where(SampleSet.gate_id == gate_id))
@@ -161,3 +166,40 @@ def finish_run(
         for c in checks:
             s.add(_check_row(gate_id, c))
     return document
+
+
+def reference_history(
+    factory: sessionmaker[Session], identity: str, gate_id: str, limit: int
+) -> list[dict[str, float]] | None:
+    """The reference figures of the last `limit` judged gates of `identity` (newest first),
+    this one aside: what `record.finish` compares this run's reference with. None when the
+    database could not be read; a stored entry that no longer reads is skipped: neither is a
+    reason to fail the gate."""
+    try:
+        stored = _history_entries(factory, identity, gate_id, limit)
+    except SQLAlchemyError:
+        return None
+    out = []
+    for entry in stored:
+        try:
+            out.append(HistoryEntry.model_validate(entry).reference)
+        except ValueError:
+            continue
+    return [figures for figures in out if figures]
+
+
+def _history_entries(
+    factory: sessionmaker[Session], identity: str, gate_id: str, limit: int
+) -> Sequence[Any]:
+    with reading(factory) as s:
+        return s.scalars(
+            select(GateRun.history)
+            .where(
+                GateRun.identity == identity,
+                GateRun.id != gate_id,
+                GateRun.state == "complete",
+                GateRun.history.is_not(None),
+            )
+            .order_by(GateRun.finished_at.desc())
+            .limit(limit)
+        ).all()

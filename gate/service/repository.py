@@ -19,6 +19,7 @@ from gate.analysis.samples import Columns
 from gate.core.vocabulary import FINISHED
 from gate.models import (
     AlertDelivery,
+    CheckResult,
     GatePhase,
     GateRun,
     GpuLease,
@@ -288,3 +289,96 @@ def take_alert_attempt(s: Session, alert_id: int, seen: int, at: datetime) -> bo
         .execution_options(synchronize_session=False)
     ).all()
     return bool(taken)
+
+
+# -- a spec's history (gate/service/history.py) and the per-check series of /metrics ----------
+
+
+IdentityRow = tuple[str, str, int, int, datetime | None]
+
+
+def history_identities(s: Session, limit: int, offset: int) -> tuple[list[IdentityRow], int]:
+    """Each spec identity with a history: (identity, name, gates, A/A gates, last finished),
+    the most recently finished first, and how many identities there are."""
+    last = func.max(GateRun.finished_at)
+    q = (
+        select(
+            GateRun.identity,
+            func.max(GateRun.name),
+            func.count(),
+            func.count().filter(GateRun.aa.is_(True)),
+            last,
+        )
+        .where(GateRun.identity.is_not(None), GateRun.history.is_not(None))
+        .group_by(GateRun.identity)
+    )
+    total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
+    rows = s.execute(q.order_by(last.desc(), GateRun.identity).limit(limit).offset(offset)).all()
+    return [(str(i), str(n), int(g), int(a), at) for i, n, g, a, at in rows], int(total)
+
+
+def history_page(
+    s: Session, identity: str, limit: int, before: datetime | None
+) -> tuple[list[GateRun], int]:
+    """One identity's finished gates, newest first, finished before `before` (the page's
+    cursor), and how many it has in all (index ix_gates_identity_finished)."""
+    q = select(GateRun).where(GateRun.identity == identity, GateRun.history.is_not(None))
+    total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
+    if before is not None:
+        q = q.where(GateRun.finished_at < before)
+    rows = s.scalars(q.order_by(GateRun.finished_at.desc(), GateRun.id).limit(limit)).all()
+    return list(rows), int(total)
+
+
+def finished_by_spec(s: Session) -> list[tuple[str, str, bool, int]]:
+    """Finished gates of every spec by verdict and A/A: (name, verdict, aa, count)."""
+    rows = s.execute(
+        select(GateRun.name, GateRun.verdict, GateRun.aa, func.count())
+        .where(GateRun.state.in_(FINISHED), GateRun.verdict.is_not(None))
+        .group_by(GateRun.name, GateRun.verdict, GateRun.aa)
+    ).all()
+    return [(name, str(verdict), bool(aa), int(n)) for name, verdict, aa, n in rows]
+
+
+FinishedRow = tuple[str, str, str | None, datetime | None, datetime | None]
+CheckRow = tuple[str, str, str | None, float | None, str]
+
+
+def recent_finished(s: Session, window: int) -> list[FinishedRow]:
+    """The last `window` finished gates: (id, name, verdict, started_at, finished_at)."""
+    return [
+        (i, n, v, st, fin)
+        for i, n, v, st, fin in s.execute(
+            select(
+                GateRun.id, GateRun.name, GateRun.verdict, GateRun.started_at, GateRun.finished_at
+            )
+            .where(GateRun.state.in_(FINISHED), GateRun.finished_at.is_not(None))
+            .order_by(GateRun.finished_at.desc())
+            .limit(window)
+        ).all()
+    ]
+
+
+def checks_of(s: Session, gate_ids: Collection[str]) -> list[CheckRow]:
+    """The checks of these gates: (gate id, check id, scenario, ratio, decision)."""
+    if not gate_ids:
+        return []
+    return [
+        (g, c, sc, r, d)
+        for g, c, sc, r, d in s.execute(
+            select(
+                CheckResult.gate_id,
+                CheckResult.check_id,
+                CheckResult.scenario,
+                CheckResult.ratio,
+                CheckResult.decision,
+            ).where(CheckResult.gate_id.in_(list(gate_ids)))
+        ).all()
+    ]
+
+
+def oldest_active(s: Session) -> list[tuple[str, datetime | None]]:
+    """The oldest pending gate's creation and the oldest running gate's start."""
+    pending = s.scalar(select(func.min(GateRun.created_at)).where(GateRun.state == "pending"))
+    running = s.scalar(select(func.min(GateRun.started_at)).where(GateRun.state == "running"))
+    return [("pending", pending), ("running", running)]

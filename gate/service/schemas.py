@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from gate.core.vocabulary import GateState
 from gate.verdict.document import ReasonDoc
+from gate.verdict.history import HistoryEntry
 from gate.verdict.summary import ANSWER_ITEMS
 
 DEFAULT_CALLBACK_CONTEXT = "llm-deploy-gate"
@@ -117,3 +118,46 @@ class AlertDeliveryView(BaseModel):
     result: str | None
     tried_at: datetime | None
     sent_at: datetime | None
+
+
+class HistorySpec(BaseModel):
+    """A spec identity with a history (gate/spec/identity.py): its latest name, how many
+    finished gates it has, how many of them A/A, and when the last one finished."""
+
+    identity: str
+    name: str
+    gates: int
+    aa_gates: int
+    last_finished_at: str | None
+
+
+class HistoryList(BaseModel):
+    items: list[HistorySpec]
+    total: int
+    limit: int
+    offset: int
+
+
+class AaRate(BaseModel):
+    """The A/A gates of a page (both engines specified alike): how many held, and the rate,
+    the gate's own false alarms on this test bed (null without A/A gates)."""
+
+    gates: int
+    holds: int
+    hold_rate: float | None
+
+
+class HistoryPage(BaseModel):
+    """One spec identity's gates, newest first: the reference's own figures, every check's
+    ratio and decision, the verdicts and what each ran on. `next_before` is the cursor of
+    the next (older) page, null on the last."""
+
+    identity: str
+    name: str
+    model: str | None
+    shape: dict[str, object]
+    total: int
+    limit: int
+    entries: list[HistoryEntry]
+    next_before: str | None
+    aa: AaRate

@@ -25,6 +25,8 @@ from gate.verdict.document import (
     DivergenceExample,
     EngineDoc,
     ErrorDoc,
+    HistoryComparisonDoc,
+    PlatformDoc,
     ProbeDoc,
     ReasonDoc,
     ReservationBlocked,
@@ -61,6 +63,8 @@ class Evidence:
     correctness: list[CorrectnessDoc] = field(default_factory=list)
     divergence_examples: list[DivergenceExample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # the run's own, after the judge's
+    testbed: PlatformDoc | None = None
+    history: HistoryComparisonDoc | None = None  # this run's reference against its history
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ def gate_document(
         reasons = [ReasonDoc(check=c.id, message=c.message) for c in verdict.reasons]
         checks = [check_doc(c) for c in verdict.checks]
         notes = [*verdict.notes, *evidence.notes]
+        if evidence.history is not None and evidence.history.note:
+            notes.append(evidence.history.note)
     else:
         assert error is not None, "a gate without a verdict ended with an error"
         reasons = [ReasonDoc(check=f"gate.{error.code}", message=error.message)]
@@ -122,6 +128,8 @@ def gate_document(
         finished_at=utc_text(header.finished_at),
         duration_s=round(header.duration_s, 3),
         exit_code=exit_code(state, verdict),
+        testbed=evidence.testbed,
+        history=evidence.history,
     )
 
 

@@ -205,6 +205,66 @@ class EngineDoc(_Doc):
     )
 
 
+class EngineSoftwareDoc(_Doc):
+    """What one engine ran, as far as the gate could see: the version it answered on
+    `/version` (vLLM's and the sim's, `{"version": ...}`), and for a Kubernetes engine the
+    image and the digest the kubelet reported (`imageID`)."""
+
+    version: str | None = Field(None, description="what GET /version answered; null: no answer")
+    version_note: str | None = Field(None, description="why there is no version")
+    program: str | None = Field(
+        None, description="a process engine's program or preset (argv[0], `preset:vllm`)"
+    )
+    image: str | None = None
+    image_digest: str | None = Field(None, description="the running container's imageID")
+
+
+class GpuDoc(_Doc):
+    model: str
+    driver: str | None = None
+    memory_mib: int | None = None
+
+
+class PlatformDoc(_Doc):
+    """The hardware and software a gate ran on, so the history can tell a test bed that
+    changed from software that did. GPUs are the gate host's as `nvidia-smi` lists them;
+    none listed says why (`gpu_note`, e.g. not visible: no nvidia-smi on this host)."""
+
+    host: str
+    gate_version: str
+    python: str
+    platform: str
+    gpus: list[GpuDoc] = Field(default_factory=list)
+    gpu_note: str | None = None
+    engines: dict[Role, EngineSoftwareDoc] = Field(default_factory=dict)
+    identity: str | None = Field(
+        None, description="the spec's identity (name, model, shape) its history is kept by"
+    )
+    aa: bool | None = Field(
+        None,
+        description="an A/A gate: both engines specified alike (same argv, preset, image, url)",
+    )
+
+
+class ReferenceOutlierDoc(_Doc):
+    """One of the reference's own figures far from its history (median and MAD)."""
+
+    figure: str = Field(description="SCENARIO.METRIC.QUANTILE, e.g. steady.ttft_ms.p50")
+    value: float
+    median: float
+    mad: float
+    score: float = Field(description="|value - median| / (1.4826 MAD), floored (see docs)")
+
+
+class HistoryComparisonDoc(_Doc):
+    """This run's reference against the last gates of the same identity."""
+
+    gates: int = Field(description="earlier gates compared with")
+    figures: int = Field(0, description="reference figures compared")
+    outliers: list[ReferenceOutlierDoc] = Field(default_factory=list)
+    note: str | None = None
+
+
 class ReservationReleased(_Doc):
     """The GPUs the gate held. `lost`: the lease ended while the gate held it (it could not
     be renewed, or was reaped): the gate stopped its engines, and says why here."""
@@ -627,6 +687,12 @@ class VerdictDocument(_Doc):
     duration_s: float | None = None
     exit_code: int | None = Field(None, description="what `gate run` exits with: 0, 1, 2, 130")
     ended_elsewhere: EndedElsewhere | None = None
+    testbed: PlatformDoc | None = Field(
+        None, description="the hardware and software it ran on (absent from older gates)"
+    )
+    history: HistoryComparisonDoc | None = Field(
+        None, description="this run's reference against its identity's history"
+    )
 
     @classmethod
     def read(cls, stored: Mapping[str, Any]) -> Self:

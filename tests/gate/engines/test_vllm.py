@@ -143,6 +143,17 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
         steps = ["config_resolved", "weights_loaded", "kv_cache_sized", "api_up", "ready"]
         assert all(s in phases for s in steps), sorted(phases)
         assert [phases[s] for s in steps] == sorted(phases[s] for s in steps)
+    # The test bed (gate/runs/testbed.py): vLLM answers GET /version with {"version":
+    # VLLM_VERSION} (vllm/entrypoints/serve/instrumentator/basic.py:53-56 in 0.32.0), the
+    # version of the vLLM in the test bed's venv; an A/A gate, as both engines are alike.
+    bed_doc = doc["testbed"]
+    [written] = (bed / "venv").glob("lib/python*/site-packages/vllm/_version.py")
+    found = re.search(r"__version__ = (?:version = )?['\"]([^'\"]+)", written.read_text())
+    assert found is not None, written
+    vllm_version = found.group(1)
+    assert bed_doc["aa"] is True
+    for role in ("reference", "candidate"):
+        assert bed_doc["engines"][role]["version"] == vllm_version
 
 
 def test_a_smaller_kv_cache_holds_naming_it(bed: Path, tmp_path: Path) -> None:

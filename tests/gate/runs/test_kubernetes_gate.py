@@ -329,6 +329,12 @@ def test_kubernetes_gate_runs_the_load_through_pods_and_cleans_up(
         assert (k["namespace"], k["image"], k["lease"]) == (NS, image, f"gate-{out.gate_id}")
         assert k["service_url"].endswith(f".{NS}.svc:8000")
         assert [o.split()[0] for o in k["objects"]] == ["Service", "Pod"]
+    # The test bed keeps each image and the digest its pod runs (the kubelet's imageID in
+    # the container status, which the fake API server fills as `image@sha256:...`).
+    for role, image in (("reference", REFERENCE), ("candidate", CANDIDATE)):
+        sw = doc["testbed"]["engines"][role]
+        assert sw["image"] == image and sw["image_digest"] == f"{image}@sha256:ab"
+    assert doc["testbed"]["aa"] is False
     assert doc["reservation"]["placement"]["engines"][0]["sku"] == "H200"
     assert db_rows(tmp_path, "select inventory from reservations") == [("k8s:h200-prod",)]
 
