@@ -57,7 +57,15 @@ CONTRAST = [
 ]
 # cdf: TTFT and ITL of the load scenario, and the default correctness stage's teacher-forced
 # |delta logprob| per position (issue 18)
-REPORT_CHARTS = {"cdf": 3, "over-time": 2, "throughput": 1, "errors": 1, "lifecycle": 1}
+# telemetry: the engines' own series (queue depth, running batch, KV cache use, preemptions)
+REPORT_CHARTS = {
+    "cdf": 3,
+    "over-time": 2,
+    "throughput": 1,
+    "errors": 1,
+    "lifecycle": 1,
+    "telemetry": 4,
+}
 
 
 @dataclass
