@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gate.analysis.advisory import mark_advisory
 from gate.analysis.gpu import GIB, GpuScenario, GpuSeries, gpu_checks
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check
@@ -129,3 +130,17 @@ def test_policy_knobs_are_bounded_and_named(knob: str, value: float) -> None:
     with pytest.raises(ValidationError) as err:
         Policy(gpu={knob: value})
     assert f"gpu.{knob}" in str(err.value)
+
+
+def test_a_gpu_check_may_be_advisory_and_then_never_holds() -> None:
+    """`policy.advisory: [gpu.memory]` is a pattern that meets a check the judge builds
+    (advisory.py families), and the footprint that held above is then listed, not holding."""
+    policy = Policy(advisory=["gpu.memory"])
+    notes: list[str] = []
+    checks = mark_advisory(
+        gpu_checks([GpuScenario("steady", series(20.0), series(30.0))], policy, notes), policy
+    )
+    memory = next(c for c in checks if c.id == "gpu.memory")
+    assert memory.decision == "fail" and memory.advisory and not memory.holds
+    with pytest.raises(ValidationError, match="advisory"):
+        Policy(advisory=["gpu.temperature"])  # no such GPU check
