@@ -15,12 +15,14 @@ metric here (the correctness suite's probes are not stored), which the output sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +87,13 @@ CAPACITY_SCENARIO: dict[str, Any] = {
     "prompt_tokens": 32,
     "max_tokens": 16,
 }
+# Issue 32's GPU regressions, read through the sim's stand-in nvidia-smi (simengine/
+# nvidia_smi.py, on PATH for the sim gates, over each gate's own state directory). Energy per
+# token is idle power over the token rate plus the joules each token adds: at RATE requests/s
+# of up to 32 tokens (about 1,000 tokens/s here) the sim's 90 W of idle is about 0.09 J a
+# token beside its 0.5 J, so 0.67 J a token is about +30% of energy per token.
+GPU_MEMORY_GIB = 26.0  # against the sim's 20: x1.3
+GPU_J_PER_TOKEN = 0.67  # against the sim's 0.5: energy per token about x1.3
 
 EngineKind = Literal["sim", "vllm"]
 
@@ -190,6 +199,9 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
         stage="off",
         capacity=True,
     ),
+    # Issue 32: the engine's GPUs (gate/analysis/gpu.py), through the stand-in nvidia-smi.
+    EngineCase("GPU memory x1.3", ("--gpu-memory-gib", f"{GPU_MEMORY_GIB:g}")),
+    EngineCase("energy per token x1.3", ("--gpu-j-per-token", f"{GPU_J_PER_TOKEN:g}")),
 )
 
 
@@ -373,15 +385,47 @@ def _stored(db_url: str, gate_id: str, scenario: str) -> dict[str, Columns]:
         return {row.role: Columns.from_bytes(row.columns) for row in rows}
 
 
+# The sim's simulated GPUs (simengine/gpu.py) write their state where this names, and its
+# stand-in nvidia-smi (simengine/nvidia_smi.py) reads it; both run as processes only.
+GPU_STATE_DIR_ENV = "SIMENGINE_GPU_STATE_DIR"
+
+
+@contextlib.contextmanager
+def sim_gpus(work: Path) -> Iterator[None]:
+    """The sim engines' GPUs readable as a real GPU's through nvidia-smi: the stand-in on PATH
+    and a state directory for this gate's sims (simengine/gpu.py), for the gate's duration."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m simengine.nvidia_smi "$@"\n')
+    smi.chmod(0o755)
+    saved = {k: os.environ.get(k) for k in ("PATH", GPU_STATE_DIR_ENV)}
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{saved['PATH'] or ''}"
+    os.environ[GPU_STATE_DIR_ENV] = str(work / "gpus")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_engine_gate(
     case: EngineCase, k: int, seed: int, work: Path, rate: float = RATE, kind: EngineKind = "sim"
 ) -> EngineGate:
     spec = parse_spec(spec_for(case, k, seed, rate, kind), f"calibration case {case.name!r}")
     db_url = f"sqlite:///{work / 'calibration.db'}"
     started = time.monotonic()
-    out = asyncio.run(
-        run_gate(spec, Settings(data_dir=work / ".gate"), report_dir=None, db_url=db_url)
+    # The sims' GPUs through the stand-in (a real GPU's, with vLLM, through whatever the
+    # machine has: NVML, nvidia-smi, or nothing and a note).
+    gpus = sim_gpus(work) if kind == "sim" else contextlib.nullcontext()
+    settings = Settings(
+        data_dir=work / ".gate", gpu_telemetry="nvidia-smi" if kind == "sim" else "auto"
     )
+    with gpus:
+        out = asyncio.run(run_gate(spec, settings, report_dir=None, db_url=db_url))
     wall_s = time.monotonic() - started
     doc = out.document
     held = doc["verdict"] == "hold"

@@ -491,6 +491,46 @@ FEATURE_FLAGS = FlagGroup(
     "candidate that lost one; without these flags, everything vLLM has",
 )
 
+
+def _xid(text: str) -> tuple[int, float]:
+    """``"79:3"`` -> (79, 3.0): XID 79 three seconds after ready."""
+    from simengine.gpu import parse_xid
+
+    try:
+        return parse_xid(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+GPUS = FlagGroup(
+    "simulated GPUs",
+    (
+        Flag("--gpu-memory-gib", type=float, default=20.0, help="GPU memory the engine holds"),
+        Flag("--gpu-idle-w", type=float, default=90.0, help="each GPU's draw with no work (W)"),
+        Flag(
+            "--gpu-j-per-token",
+            type=float,
+            default=0.5,
+            help="energy per generated token beyond idle (J), spread over the GPUs",
+        ),
+        Flag(
+            "--gpu-xid",
+            type=_xid,
+            action="append",
+            default=[],
+            metavar="CODE:AT_S",
+            help="the driver reports XID CODE at AT_S seconds after ready (repeatable)",
+        ),
+        Flag(
+            "--gpu-state-dir",
+            metavar="DIR",
+            help="write each CUDA_VISIBLE_DEVICES GPU's state here as INDEX.json (default: "
+            "$SIMENGINE_GPU_STATE_DIR; neither: no state is written)",
+        ),
+    ),
+    "what the engine's GPUs show to a stand-in nvidia-smi or DCGM exporter (simengine/gpu.py)",
+)
+
 GROUND_TRUTH = FlagGroup(
     "ground truth",
     (
@@ -515,6 +555,7 @@ GROUPS: tuple[FlagGroup, ...] = (
     NUMERICS,
     FAULTS,
     FEATURE_FLAGS,
+    GPUS,
     GROUND_TRUTH,
     OTHER,
 )
@@ -546,6 +587,9 @@ NON_NEGATIVE = (
     "degrade_ttft_per_min",
     "kv_transfer_ms",
     "kv_transfer_us_per_token",
+    "gpu_memory_gib",
+    "gpu_idle_w",
+    "gpu_j_per_token",
 )
 FRACTIONS = ("error_rate", "stream_error_rate", "hang_rate", "numeric_bug", "slow_share")
 COUNTS = ("crash_after_requests", "nan_after_requests", "hang_after_tokens", "max_waiting")
@@ -718,6 +762,11 @@ def _config(ns: argparse.Namespace, stalls: tuple[tuple[float, float], ...]) -> 
         announce_keep_alive=ns.announce_keep_alive,
         max_logprobs=ns.max_logprobs,
         without=without,
+        gpu_memory_gib=ns.gpu_memory_gib,
+        gpu_idle_w=ns.gpu_idle_w,
+        gpu_j_per_token=ns.gpu_j_per_token,
+        gpu_xids=tuple(ns.gpu_xid),
+        gpu_state_dir=ns.gpu_state_dir,
         truth_log=ns.truth_log,
         tag=ns.tag,
     )

@@ -88,6 +88,14 @@ class SimConfig:
     # What the engine answers beyond text (features.py): vLLM's defaults, everything on.
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     without: tuple[Feature, ...] = ()
+    # Simulated GPUs (gpu.py): the footprint, idle draw and joules per generated token, XID
+    # errors (code, seconds after ready), and where their state is written (None: the
+    # environment's SIMENGINE_GPU_STATE_DIR, or nowhere).
+    gpu_memory_gib: float = 20.0
+    gpu_idle_w: float = 90.0
+    gpu_j_per_token: float = 0.5
+    gpu_xids: tuple[tuple[int, float], ...] = ()
+    gpu_state_dir: str | None = None
     # Ground truth for benchmarks of clients.
     truth_log: str | None = None
     tag: str = ""

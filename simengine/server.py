@@ -25,6 +25,8 @@ from simengine.config import SimConfig
 from simengine.http11 import ConnectionHabits, HttpProtocol, cut_connections, start_server
 
 if TYPE_CHECKING:  # numpy-backed: imported for real inside the loading phase
+    from simengine.app import SimApp
+    from simengine.gpu import SimGpus
     from simengine.model import ToyModel, ToyTokenizer
     from simengine.truth import TruthLog
 
@@ -115,11 +117,14 @@ async def serve(config: SimConfig) -> int:
     engine_task.add_done_callback(_die_with_the_engine)
     if truth is not None:
         truth.start()
+    gpus = _gpus(config, app, loop)
 
     log("sim: warming up")
     crash: asyncio.TimerHandle | None = None
     if not await _stopped_within(stop, config.warmup_s):
         app.mark_ready()
+        if gpus is not None:
+            gpus[0].ready_at = time.monotonic()
         if config.crash_after_s is not None:
             crash = loop.call_later(
                 config.crash_after_s,
@@ -133,9 +138,31 @@ async def serve(config: SimConfig) -> int:
     log("sim: shutting down")
     if crash is not None:
         crash.cancel()
+    if gpus is not None:
+        gpus[1].cancel()
     await _shut_down(server, connections, engine_task, truth)
     log(f"sim: {app.connections.line()}")
     return 0
+
+
+def _gpus(
+    config: SimConfig, app: SimApp, loop: asyncio.AbstractEventLoop
+) -> tuple[SimGpus, asyncio.Task[None]] | None:
+    """The simulated GPUs (simengine/gpu.py) and the task that writes their state, if any."""
+    from simengine.gpu import sim_gpus
+
+    gpus = sim_gpus(
+        config.gpu_state_dir,
+        config.gpu_memory_gib,
+        config.gpu_idle_w,
+        config.gpu_j_per_token,
+        config.gpu_xids,
+    )
+    if gpus is None:
+        return None
+    engine = app.engine
+    task = loop.create_task(gpus.run(lambda: (engine.stats.generation_tokens, engine.running)))
+    return gpus, task
 
 
 def _load(config: SimConfig) -> tuple[ToyTokenizer, ToyModel]:

@@ -105,6 +105,7 @@ def families(policy: Policy, scenarios: Sequence[str] | None = None) -> list[Fam
         (scen, ("goodput", "overload", "recovery")),
         (scen, "engine", _FREE),  # the engines' own metrics (engine_metrics.py)
         ("engine", _FREE),
+        ("gpu", ("memory", "energy_per_token", "xid")),  # the engines' GPUs (gpu.py)
         ("startup", "ready"),
         ("startup", "phase", _ANY),  # a worker group's phases are GROUP.PHASE
         ("crash", _ROLES),

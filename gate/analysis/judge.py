@@ -49,6 +49,7 @@ from gate.analysis.divergence import DivergenceSamples, divergence_checks, envel
 from gate.analysis.engine_metrics import ScenarioTelemetry, engine_metric_checks
 from gate.analysis.engines import crash_checks, startup_checks
 from gate.analysis.errors import ENVIRONMENT, error_checks, outputs_checks
+from gate.analysis.gpu import GpuScenario, gpu_checks
 from gate.analysis.latency import latency_checks, planned_latency_checks
 from gate.analysis.load import OverloadPhase, PeakPhase, load_checks
 from gate.analysis.outputs import MirroredOutputs, mirrored_output_checks
@@ -71,6 +72,7 @@ _REASON_ORDER = {
     "recovery": 8,
     "engine": 9,
     "capacity": 10,
+    "gpu": 11,
 }
 
 
@@ -136,6 +138,7 @@ def judge(
     saturation: Collection[str] = (),
     telemetry: Sequence[ScenarioTelemetry] | None = None,
     capacities: Sequence[CapacitySearch] = (),
+    gpu: Sequence[GpuScenario] = (),
 ) -> Verdict:
     """Every check of the gate and the verdict they support (module docstring).
 
@@ -148,7 +151,8 @@ def judge(
     whose engines are checked for a queue that grows through them (saturation.py: the
     candidate's alone holds, the reference's is the test bed's); telemetry: both engines'
     own metrics per load scenario (engine_metrics.py; None: not sampled, no engine checks);
-    capacities: the capacity scenarios' searches (capacity.py).
+    capacities: the capacity scenarios' searches (capacity.py); gpu: the engines' GPUs per
+    load scenario, from the same timelines (gpu.py).
     """
     if plan is not None and plan.policy != policy:
         raise ValueError("the plan was built for another policy")
@@ -158,8 +162,7 @@ def judge(
         checks.extend(latency_checks(scenarios, policy, notes))
         checks.extend(error_checks(scenarios, policy, notes))
     else:
-        notes.extend(plan.notes)
-        notes.extend(_extension_notes(scenarios, plan, policy))
+        notes.extend([*plan.notes, *_extension_notes(scenarios, plan, policy)])
         checks.extend(planned_latency_checks(scenarios, plan, notes))
         checks.extend(
             error_checks(scenarios, policy, notes, alpha=plan.error_alpha, planned=None, plan=plan)
@@ -184,6 +187,7 @@ def judge(
     checks.extend(mirrored_output_checks(outputs, policy, share))
     if telemetry is not None:
         checks.extend(engine_metric_checks(telemetry, policy, notes))
+    checks.extend(gpu_checks(gpu, policy, notes))
     checks = mark_advisory(checks, policy)
     reasons = sorted(
         (c for c in checks if c.holds),

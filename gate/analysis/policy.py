@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_ERROR_KINDS",
     "DivergencePolicy",
     "EnginePolicy",
+    "GpuPolicy",
     "LoadPolicy",
     "Metric",
     "Policy",
@@ -423,6 +424,37 @@ class EnginePolicy(BaseModel):
     )
 
 
+class GpuPolicy(BaseModel):
+    """GPU memory and energy: how much more than the reference the candidate may use
+    (analysis/gpu.py). Rules on one run of each engine, so the tolerances absorb what varies
+    between runs of one engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_tolerance: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "Allowed rise of the candidate's peak GPU memory over the reference's, as a "
+            "fraction: 0.10 holds a candidate that needs 10% more (8 GB more on an 80 GB "
+            "GPU: what makes the next larger model stop fitting). Allocator rounding moves a "
+            "peak by well under 1%."
+        ),
+    )
+    energy_tolerance: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "Allowed rise of the candidate's energy per output token over the reference's, "
+            "as a fraction. Power readings are accurate to about 5 W (nvidia-smi's own "
+            "statement), a few percent of a busy GPU's draw, and two GPUs of one model differ "
+            "by a few percent at the same work; 10% is above both."
+        ),
+    )
+
+
 class Policy(BaseModel):
     """How strict the gate is. Defaults suit a mirrored-load comparison of a few hundred to a few
     thousand requests per scenario and arm."""
@@ -729,6 +761,10 @@ class Policy(BaseModel):
     divergence: DivergencePolicy = Field(
         default_factory=DivergencePolicy,
         description="Numerical divergence thresholds (teacher-forced and free-run greedy).",
+    )
+    gpu: GpuPolicy = Field(
+        default_factory=GpuPolicy,
+        description="GPU memory and energy per token tolerances (analysis/gpu.py).",
     )
     warmup_requests: int = Field(
         default=8,

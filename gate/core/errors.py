@@ -271,5 +271,7 @@ def transient(exc: BaseException) -> bool:
 
 
 class TelemetryError(GateError):
-    """A telemetry source could not be read this tick (gate/telemetry): the sampler records a
-    gap in the timeline and carries on; it never ends a gate."""
+    """A telemetry source could not be read this tick (gate/telemetry): an engine's metrics, or
+    a GPU tool (nvidia-smi, NVML, a DCGM exporter) that answered nothing usable, the message
+    naming the tool and what did not fit. The sampler records a gap in the timeline and
+    carries on; it never ends a gate."""

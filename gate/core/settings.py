@@ -120,6 +120,19 @@ class Settings(BaseSettings, Caps):
         "JSON: {NAME: {engine: {...}, params: {...}}}; also GATE_SPEC_DIR/engines/NAME.yaml. "
         "A request can launch nothing else (gate/service/engine_templates.py).",
     )
+    gpu_telemetry: Literal["auto", "nvml", "nvidia-smi", "off"] = Field(
+        default="auto",
+        description="How a process engine's reserved GPUs are read during load scenarios (at "
+        "the spec's `telemetry.interval_s`, beside the engines' metrics): `auto` tries NVML "
+        "(nvidia-ml-py) and then `nvidia-smi` on PATH; `off` reads none. Where none can be "
+        "read, one note in the verdict says so and the gate carries on.",
+    )
+    dcgm_url: str | None = Field(
+        default=None,
+        description="The DCGM exporter's metrics URL for Kubernetes engines' GPUs, e.g. "
+        "`http://{node}:9400/metrics` (`{node}`: read once per reserved node, an exporter per "
+        "node) or one URL that serves every node's GPUs. Unset: their GPUs are not read.",
+    )
     engine_url_allow: list[str] = Field(
         default_factory=list,
         description="Hosts a `url` engine may point to: host names, `.domain` suffixes, "

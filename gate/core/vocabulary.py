@@ -32,6 +32,7 @@ CheckGroup = Literal[
     "recovery",
     "engine",
     "capacity",
+    "gpu",
 ]
 
 # Exit codes of `gate run` (and the document's `exit_code`).

@@ -67,6 +67,7 @@ GROUPS = {
     "startup": "Startup",
     "crash": "Crashes",
     "compatibility": "Compatibility",
+    "gpu": "GPU memory, energy and errors",
 }
 # Groups shown open even when every check passed: what people look at first.
 ALWAYS_OPEN = ("latency", "errors", "peak", "overload", "recovery", "capacity", "correctness")

@@ -45,6 +45,9 @@ CONFIG_WORDS = (
     ("kv_cache_tokens", "KV tokens"),
     ("cache_dtype", "cache dtype"),
     ("prefix_caching", "prefix caching"),
+    ("gpu_model", "GPU model"),
+    ("gpu_count", "GPUs read"),
+    ("gpu_driver", "GPU driver"),
 )
 
 

@@ -25,10 +25,12 @@ from gate.engines.lifecycle import CrashInfo
 from gate.reservations.allocator import Placement
 from gate.reservations.service import teardown_margin_s
 from gate.runs.context import RunContext
+from gate.runs.gpu_telemetry import engine_gpus
 from gate.runs.inputs import EngineEvidence
 from gate.runs.schedules import LazyRequests
 from gate.runs.testbed import describe_testbed
 from gate.spec import EngineSpec, Runtime
+from gate.telemetry.gpu_sources import Chosen, choose_sources
 from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
 from loadgen.capabilities import Capabilities, ask_version, discover
 from loadgen.client import Target
@@ -131,6 +133,15 @@ class Engines:
     crashes: list[CrashInfo] = field(default_factory=list)
     capabilities: dict[Role, Capabilities] = field(default_factory=dict)
     versions: dict[Role, tuple[str | None, str | None]] = field(default_factory=dict)
+    telemetry: Chosen | None = None  # the GPU sources, chosen at the first load scenario
+
+    def gpu_sources(self) -> Chosen:
+        """Each engine's GPU source (gate/telemetry/gpu_sources.py), chosen once per gate."""
+        if self.telemetry is None:
+            s = self.ctx.settings
+            gpus = engine_gpus(self.ctx.spec, self.placement)
+            self.telemetry = choose_sources(gpus, s.gpu_telemetry, s.dcgm_url)
+        return self.telemetry
 
     async def launch(self) -> None:
         """Build both, then start both at once; the first failure in role order is raised."""
@@ -231,6 +242,8 @@ class Engines:
             await asyncio.sleep(CRASH_POLL_S)
 
     async def teardown(self) -> None:
+        if self.telemetry is not None:
+            self.telemetry.close()
         for role in ROLES:
             eng = self.built.get(role)
             if eng is None:

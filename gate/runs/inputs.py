@@ -22,6 +22,7 @@ from gate.analysis.capacity import CapacitySearch
 from gate.analysis.compat import ProbePair, ProbeResult
 from gate.analysis.divergence import DivergenceSamples
 from gate.analysis.engine_metrics import EngineSeries, ScenarioTelemetry
+from gate.analysis.gpu import GpuScenario
 from gate.analysis.judge import judge
 from gate.analysis.load import OverloadPhase, PeakPhase
 from gate.analysis.outputs import MirroredOutputs
@@ -30,6 +31,7 @@ from gate.analysis.policy import Policy
 from gate.analysis.samples import Columns, select_requests
 from gate.analysis.types import EngineFacts, ScenarioSamples, Verdict
 from gate.core.vocabulary import ROLES, Role
+from gate.runs.gpu_telemetry import gpu_scenario
 from gate.runs.load_phases import load_phases
 from gate.runs.mirrored_outputs import outputs_from_doc
 from gate.spec import ScenarioSpec
@@ -144,6 +146,7 @@ class JudgeInputs:
     steady: tuple[str, ...] = ()  # open-loop scenarios of one rate: checked for saturation
     telemetry: list[ScenarioTelemetry] | None = None  # None: no scenario was sampled
     capacity: tuple[CapacitySearch, ...] = ()  # the capacity scenarios' searches
+    gpu: tuple[GpuScenario, ...] = ()  # the engines' GPUs per sampled load scenario
 
 
 def phase_durations(
@@ -252,6 +255,11 @@ def judge_inputs(
         for r in ran_list
         if r.name in scenarios and (t := scenario_telemetry(r.name, r.telemetry)) is not None
     ]
+    gpu = tuple(
+        g
+        for r in ran_list
+        if r.name in scenarios and (g := gpu_scenario(r.name, r.telemetry, r.columns)) is not None
+    )
     return JudgeInputs(
         samples,
         peaks,
@@ -263,6 +271,7 @@ def judge_inputs(
         tuple(steady),
         sampled or None,
         tuple(c.search() for c in capacity or [] if c.name in scenarios),
+        gpu,
     )
 
 
@@ -301,4 +310,5 @@ def judge_gate(
         saturation=inputs.steady,
         telemetry=inputs.telemetry,
         capacities=inputs.capacity,
+        gpu=inputs.gpu,
     )

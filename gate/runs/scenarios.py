@@ -208,7 +208,8 @@ class LoadScenario:
         ctx.progress.scenario_finished(sc.name)
         out = self._result(sched, result, duration, aborted, looks, overran)
         if sampler is not None and timelines is not None:
-            out.telemetry = telemetry_doc(sampler.interval_s, timelines)
+            gpu_notes = self.engines.gpu_sources().notes
+            out.telemetry = telemetry_doc(sampler.interval_s, timelines, gpu_notes)
         return out
 
     async def _mirror(

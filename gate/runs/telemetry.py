@@ -2,20 +2,23 @@
 sampler started beside the load and stopped after it, and its timelines as the document
 stores them (`TelemetryDoc`, which re-judge reads back).
 
-A source per role today: the engine's Prometheus endpoint (`EngineSpec.metrics_path` on its
-URL; none when the spec says null). GPU sources (NVML, nvidia-smi, DCGM) join the same lists
-in `role_sources`, so their series land in the same timelines on the same clock.
+A role's sources: the engine's Prometheus endpoint (`EngineSpec.metrics_path` on its URL;
+none when the spec says null) and its reserved GPUs (gate/telemetry/gpu_sources.py: NVML,
+nvidia-smi or the DCGM exporter, chosen once per gate by `Engines.gpu_sources`), so both land
+in the same timelines on the same clock; why a role's GPUs are not read is the document's
+`TelemetryDoc.gpu_note`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gate.core.vocabulary import ROLES
 from gate.runs.context import RunContext
 from gate.runs.engine_pair import Engines
 from gate.telemetry import PrometheusSource, Sampler, Source, Timeline
+from gate.telemetry.gpu_sources import EngineGpuSource
 from gate.verdict.document import EngineTelemetryDoc, TelemetryDoc
 
 __all__ = ["role_sources", "start_sampler", "telemetry_doc"]
@@ -31,6 +34,9 @@ def role_sources(ctx: RunContext, engines: Engines) -> dict[str, list[Source]]:
         if es.metrics_path is not None and eng is not None:
             url = eng.base_url.rstrip("/") + es.metrics_path
             srcs.append(PrometheusSource(url, url, timeout_s=ctx.spec.telemetry.timeout_s))
+        gpus = engines.gpu_sources().sources.get(role)
+        if gpus is not None:
+            srcs.append(EngineGpuSource(gpus))
         out[role] = srcs
     return out
 
@@ -60,9 +66,12 @@ def _engine_doc(tl: Timeline | None) -> EngineTelemetryDoc | None:
     )
 
 
-def telemetry_doc(interval_s: float, timelines: Mapping[str, Timeline]) -> TelemetryDoc:
+def telemetry_doc(
+    interval_s: float, timelines: Mapping[str, Timeline], gpu_notes: Sequence[str] = ()
+) -> TelemetryDoc:
     return TelemetryDoc(
         interval_s=interval_s,
         reference=_engine_doc(timelines.get("reference")),
         candidate=_engine_doc(timelines.get("candidate")),
+        gpu_note=" ".join(gpu_notes) or None,
     )

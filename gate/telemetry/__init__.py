@@ -6,9 +6,11 @@ beside the load, one `Timeline` per engine role on the gate's monotonic clock. A
 fails, times out or answers too much is a gap in the timeline, never a crash of the gate.
 `PrometheusSource` (prometheus.py) reads an engine's Prometheus endpoint with
 `prometheus-client`'s parser and maps each engine family's names (vLLM, SGLang, TensorRT-LLM,
-llama.cpp, the sim) to the vocabulary. The judge's checks on the timelines are
-`gate/analysis/engine_metrics.py` (pure); the stored form is the verdict document's
-`ScenarioDoc.telemetry`.
+llama.cpp, the sim) to the vocabulary. The engines' GPUs join the same timelines
+(gpu_sources.py: `EngineGpuSource` over gpu.py's `GpuSource`s: NVML, nvml.py; `nvidia-smi
+--query-gpu`, nvidia_smi.py; the DCGM exporter, dcgm.py). The judge's checks on the timelines
+are `gate/analysis/engine_metrics.py` and `gate/analysis/gpu.py` (pure); the stored form is the
+verdict document's `ScenarioDoc.telemetry`.
 """
 
 from gate.telemetry.prometheus import PrometheusSource, parse_metrics

@@ -49,6 +49,14 @@ VOCABULARY: dict[str, str] = {
     "spec_decode_draft_tokens_total": "speculative tokens drafted (counter)",
     "spec_decode_accepted_tokens_total": "drafted tokens accepted (counter)",
     "spec_decode_acceptance_rate": "the engine's own acceptance rate (gauge)",
+    # The engine's GPUs (gpu_sources.py: NVML, nvidia-smi, the DCGM exporter), summed over the
+    # GPUs the gate reserved for it.
+    "gpu_memory_used_bytes": "GPU memory in use, all the engine's GPUs (gauge)",
+    "gpu_power_watts": "GPU power draw, all the engine's GPUs (gauge)",
+    "gpu_energy_joules_total": "GPU energy counter, all the engine's GPUs (counter; NVML, DCGM)",
+    "gpu_utilization_percent": "mean GPU utilisation of the engine's GPUs (gauge)",
+    "gpu_xid_errors_total": "XID errors reported on the engine's GPUs this scenario (counter)",
+    "gpu_xid_last": "the last XID error code reported, 0 before any (gauge)",
 }
 """The gate's names for what engines report over time, each with its meaning."""
 
@@ -59,6 +67,9 @@ CONFIG_LABELS: dict[str, str] = {
     "kv_cache_memory_bytes": "bytes given to the KV cache",
     "cache_dtype": "the KV cache's data type",
     "prefix_caching": "prefix caching on (True/False)",
+    "gpu_model": "the engine's GPUs, as their driver names them",
+    "gpu_driver": "the GPU driver's version",
+    "gpu_count": "GPUs read for the engine (its reserved ones)",
 }
 """The engine's configuration as its metrics state it (kept once per timeline)."""
 

@@ -407,6 +407,9 @@ class TelemetryDoc(_Doc):
     interval_s: float
     reference: EngineTelemetryDoc | None = None
     candidate: EngineTelemetryDoc | None = None
+    gpu_note: str | None = Field(
+        None, description="why an engine's GPUs were not read (no GPU visible, no exporter)"
+    )
 
     def of(self, role: str) -> EngineTelemetryDoc | None:
         return self.reference if role == "reference" else self.candidate

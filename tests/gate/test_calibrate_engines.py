@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from gate.calibrate_engines import (
     BASE_FLAGS,
     CAPACITY_REQUESTS,
     ENGINE_CASES,
+    GPU_STATE_DIR_ENV,
     LEAD_IN_S,
     RATE,
     REQUESTS,
@@ -22,6 +26,7 @@ from gate.calibrate_engines import (
     STALL_S,
     _arrays,
     _stored,
+    sim_gpus,
     spec_for,
 )
 from gate.cli import main
@@ -163,3 +168,21 @@ def test_engines_mode_refuses_a_rate_that_makes_its_scenario_too_short(
     err = capsys.readouterr().err
     assert "--engine-rate 200" in err and "time blocks" in err
     assert spec_for(ENGINE_CASES[0], 0, seed=0)["scenarios"][0]["rate"] == RATE == 40.0
+
+
+def test_sim_gates_read_their_gpus_through_the_stand_in(tmp_path: Path) -> None:
+    """Every sim gate of `--engines` puts the sim's stand-in nvidia-smi first on PATH with
+    its own state directory (the GPU rows need it), and leaves the environment as it was."""
+    before = dict(os.environ)
+    with sim_gpus(tmp_path):
+        smi = shutil.which("nvidia-smi")
+        assert smi == str(tmp_path / "bin" / "nvidia-smi")
+        assert os.environ[GPU_STATE_DIR_ENV] == str(tmp_path / "gpus")
+        done = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv"], capture_output=True, text=True
+        )
+        assert (done.returncode, done.stdout) == (6, "No devices were found\n")  # no sim yet
+    assert dict(os.environ) == before
+    names = {c.name: c for c in ENGINE_CASES}
+    assert names["GPU memory x1.3"].candidate == ("--gpu-memory-gib", "26")
+    assert names["energy per token x1.3"].candidate == ("--gpu-j-per-token", "0.67")

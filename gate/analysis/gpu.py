@@ -1,0 +1,217 @@
+"""GPU checks: what each engine's GPUs did under the same mirrored load (pure; the timelines
+come from gate/telemetry through the run or the stored document).
+
+Both engines serve the same schedule at the same instants, so their GPUs are compared over the
+same work; each check is a rule with a tolerance in the policy (`policy.gpu`), not a test: a
+gate has one run of each engine, and what varies between runs of one engine (a few percent of
+power, a few hundred MiB of memory as allocators round) is what the tolerance absorbs.
+
+    gpu.memory            peak GPU memory: the largest sum over the engine's GPUs of memory used
+                          at any read of any load scenario; the candidate/reference ratio holds
+                          above 1 + policy.gpu.memory_tolerance. An engine that reserves memory
+                          up front (vLLM's gpu_memory_utilization) shows it from the first read.
+    gpu.energy_per_token  energy over the load scenarios divided by the output tokens served
+                          in them: from the energy counter where every read has one (NVML, DCGM:
+                          the counter's rise), else the power integrated over time (trapezoids
+                          between reads: nvidia-smi has no counter). The ratio holds above
+                          1 + policy.gpu.energy_tolerance. Idle power counts too: an engine
+                          that is slower for the same tokens spends more energy on them.
+    gpu.xid               XID errors (the driver's reports of GPU faults) on the candidate's
+                          GPUs alone hold; on both engines' they are the test bed's (a warning
+                          that the GPUs or the driver are unwell, no claim about the candidate).
+
+Where neither engine's GPUs were read (no GPU visible, telemetry off, attached engines), the
+reason is one note and no GPU check is made; where only one engine's were, a note says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gate.analysis.checks import compared, rule_check
+from gate.analysis.policy import Policy
+from gate.analysis.types import Check
+
+GIB = 1024.0**3
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    """One engine's GPUs through one scenario: per read, seconds into the scenario, memory used
+    (bytes), power (W) and the energy counter (J; None where the source has none), summed over
+    the engine's GPUs; the XID errors reported in the scenario and the last one's code; the
+    output tokens it served in the scenario."""
+
+    t_s: tuple[float, ...]
+    memory_bytes: tuple[float | None, ...]
+    power_w: tuple[float | None, ...]
+    energy_j: tuple[float | None, ...]
+    xid_count: int = 0
+    xid_last: int | None = None
+    output_tokens: int = 0
+
+    def peak_memory(self) -> float | None:
+        known = [m for m in self.memory_bytes if m is not None]
+        return max(known) if known else None
+
+    def energy(self) -> float | None:
+        """Joules spent over the scenario: the counter's rise, else power integrated."""
+        if len(self.t_s) < 2:
+            return None
+        e = self.energy_j
+        if all(v is not None for v in e):
+            rise = float(e[-1]) - float(e[0])  # type: ignore[arg-type]
+            if rise >= 0:  # a counter that went back (a driver reload) is not a rise
+                return rise
+        total, spanned = 0.0, False
+        for i in range(1, len(self.t_s)):
+            a, b = self.power_w[i - 1], self.power_w[i]
+            if a is not None and b is not None:
+                total += (a + b) / 2.0 * (self.t_s[i] - self.t_s[i - 1])
+                spanned = True
+        return total if spanned else None
+
+
+@dataclass(frozen=True)
+class GpuScenario:
+    """Both engines' GPU series in one scenario (None: not read), and why one is missing."""
+
+    name: str
+    reference: GpuSeries | None
+    candidate: GpuSeries | None
+    note: str | None = None
+
+
+def _peak(series: Sequence[GpuSeries]) -> float | None:
+    peaks = [p for s in series if (p := s.peak_memory()) is not None]
+    return max(peaks) if peaks else None
+
+
+def _memory_check(both: Sequence[GpuScenario], policy: Policy, notes: list[str]) -> list[Check]:
+    ref = _peak([s.reference for s in both if s.reference is not None])
+    cand = _peak([s.candidate for s in both if s.candidate is not None])
+    if ref is None or cand is None or ref <= 0:
+        notes.append("GPU memory was not compared: a side's GPUs reported no memory in use.")
+        return []
+    limit = 1.0 + policy.gpu.memory_tolerance
+    ratio = cand / ref
+    said = (
+        f"peak GPU memory: the candidate's {cand / GIB:.2f} GiB against the reference's "
+        f"{ref / GIB:.2f} GiB (x{ratio:.3f}; tolerance x{limit:.3f})"
+    )
+    failed = ratio > limit
+    return [
+        rule_check(
+            "gpu.memory",
+            "gpu",
+            "peak_memory_gib",
+            "fail" if failed else "pass",
+            (said + ": the candidate needs more GPU memory than the tolerance allows.")
+            if failed
+            else said + ".",
+            threshold=limit,
+            **compared(ref / GIB, cand / GIB),
+        )
+    ]
+
+
+def _per_token(series: Sequence[GpuSeries]) -> tuple[float | None, int]:
+    energies = [s.energy() for s in series]
+    if not series or any(e is None for e in energies):
+        return None, 0
+    tokens = sum(s.output_tokens for s in series)
+    return (sum(e for e in energies if e is not None) / tokens if tokens else None), tokens
+
+
+def _energy_check(both: Sequence[GpuScenario], policy: Policy, notes: list[str]) -> list[Check]:
+    ref, ref_tokens = _per_token([s.reference for s in both if s.reference is not None])
+    cand, cand_tokens = _per_token([s.candidate for s in both if s.candidate is not None])
+    if ref is None or cand is None or ref <= 0:
+        notes.append(
+            "Energy per output token was not compared: a side has no energy counter or power "
+            "readings over a scenario, or served no output tokens."
+        )
+        return []
+    limit = 1.0 + policy.gpu.energy_tolerance
+    ratio = cand / ref
+    said = (
+        f"energy per output token: the candidate's {cand:.4g} J against the reference's "
+        f"{ref:.4g} J (x{ratio:.3f}; tolerance x{limit:.3f})"
+    )
+    failed = ratio > limit
+    return [
+        rule_check(
+            "gpu.energy_per_token",
+            "gpu",
+            "energy_per_token_j",
+            "fail" if failed else "pass",
+            (said + ": the candidate spends more energy per token than the tolerance allows.")
+            if failed
+            else said + ".",
+            threshold=limit,
+            samples=(ref_tokens, cand_tokens),
+            **compared(ref, cand),
+        )
+    ]
+
+
+def _xid_check(both: Sequence[GpuScenario]) -> Check:
+    ref = sum(s.reference.xid_count for s in both if s.reference is not None)
+    cand = sum(s.candidate.xid_count for s in both if s.candidate is not None)
+    codes = sorted({c for s in both if s.candidate is not None and (c := s.candidate.xid_last)})
+    if cand and not ref:
+        last = f" (the last: XID {', '.join(str(c) for c in codes)})" if codes else ""
+        return rule_check(
+            "gpu.xid",
+            "gpu",
+            "xid_errors",
+            "fail",
+            f"{cand} XID error(s) on the candidate's GPUs{last} and none on the reference's "
+            "under the same load: the candidate faulted its GPUs.",
+            **compared(0.0, float(cand)),
+        )
+    if cand and ref:
+        both_said = (
+            f"XID errors on both engines' GPUs ({ref} on the reference's, {cand} on the "
+            "candidate's): the GPUs or their driver are unwell, which says nothing of the "
+            "candidate."
+        )
+        check = rule_check(
+            "gpu.xid",
+            "gpu",
+            "environment",
+            "undecided",
+            both_said,
+            **compared(float(ref), float(cand)),
+        )
+        return replace(check, required=False, warning=both_said)
+    return rule_check(
+        "gpu.xid",
+        "gpu",
+        "xid_errors",
+        "pass",
+        "No XID error on the candidate's GPUs"
+        + (f" ({ref} on the reference's)." if ref else " or the reference's."),
+        **compared(float(ref), 0.0),
+    )
+
+
+def gpu_checks(scenarios: Sequence[GpuScenario], policy: Policy, notes: list[str]) -> list[Check]:
+    """The GPU checks over the load scenarios (module docstring); notes for what was not read."""
+    for said in dict.fromkeys(s.note for s in scenarios if s.note):
+        notes.append(said)
+    both = [s for s in scenarios if s.reference is not None and s.candidate is not None]
+    one = [s.name for s in scenarios if (s.reference is None) != (s.candidate is None)]
+    if one:
+        notes.append(
+            f"Only one engine's GPUs were read in {', '.join(one)}: those scenarios are left "
+            "out of the GPU checks."
+        )
+    if not both:
+        return []
+    return [
+        *_memory_check(both, policy, notes),
+        *_energy_check(both, policy, notes),
+        _xid_check(both),
+    ]

@@ -1,0 +1,146 @@
+"""The GPU checks (gate/analysis/gpu.py): peak memory and energy per token as ratios against
+their tolerances, at and around the boundary; energy from the counter or from power; XID
+errors on the candidate alone, on both, on neither; and what is said when a side is missing."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gate.analysis.advisory import mark_advisory
+from gate.analysis.gpu import GIB, GpuScenario, GpuSeries, gpu_checks
+from gate.analysis.policy import Policy
+from gate.analysis.types import Check
+
+
+def series(
+    memory_gib: float = 20.0,
+    power_w: float = 300.0,
+    *,
+    seconds: int = 10,
+    counter: bool = True,
+    tokens: int = 1000,
+    xids: int = 0,
+    last: int | None = None,
+) -> GpuSeries:
+    t = tuple(float(i) for i in range(seconds + 1))
+    energy = tuple(1e6 + power_w * s for s in t) if counter else tuple(None for _ in t)
+    return GpuSeries(
+        t_s=t,
+        memory_bytes=tuple(memory_gib * GIB for _ in t),
+        power_w=tuple(power_w for _ in t),
+        energy_j=energy,
+        xid_count=xids,
+        xid_last=last,
+        output_tokens=tokens,
+    )
+
+
+def by_id(ref: GpuSeries, cand: GpuSeries, policy: Policy | None = None) -> dict[str, Check]:
+    notes: list[str] = []
+    checks = gpu_checks([GpuScenario("steady", ref, cand)], policy or Policy(), notes)
+    return {c.id: c for c in checks}
+
+
+def test_peak_memory_holds_above_its_tolerance_and_passes_at_it() -> None:
+    held = by_id(series(20.0), series(22.1))["gpu.memory"]
+    assert held.decision == "fail" and held.holds
+    assert held.ratio == pytest.approx(1.105)
+    assert "22.10 GiB against the reference's 20.00 GiB" in held.message
+    at = by_id(series(20.0), series(22.0))["gpu.memory"]
+    assert at.decision == "pass"
+    loose = by_id(series(20.0), series(22.1), Policy(gpu={"memory_tolerance": 0.2}))
+    assert loose["gpu.memory"].decision == "pass"
+
+
+def test_the_peak_is_the_largest_read_of_any_scenario() -> None:
+    bump = series(20.0)
+    spiky = GpuSeries(
+        bump.t_s,
+        (*bump.memory_bytes[:-1], 30.0 * GIB),
+        bump.power_w,
+        bump.energy_j,
+        output_tokens=1000,
+    )
+    notes: list[str] = []
+    checks = gpu_checks(
+        [GpuScenario("a", series(20.0), series(20.0)), GpuScenario("b", series(20.0), spiky)],
+        Policy(),
+        notes,
+    )
+    memory = next(c for c in checks if c.id == "gpu.memory")
+    assert memory.decision == "fail" and memory.candidate == pytest.approx(30.0)
+
+
+def test_energy_per_token_from_the_counter_and_from_power_agree() -> None:
+    # 300 W for 10 s over 1000 tokens: 3 J a token, whichever way it is measured
+    for counter in (True, False):
+        c = by_id(series(counter=counter), series(power_w=345.0, counter=counter))
+        check = c["gpu.energy_per_token"]
+        assert check.reference == pytest.approx(3.0)
+        assert check.ratio == pytest.approx(1.15)
+        assert check.decision == "fail"
+
+
+def test_energy_per_token_counts_tokens_not_time() -> None:
+    # the same power, twice the tokens: half the energy per token, a pass
+    c = by_id(series(tokens=1000), series(tokens=2000))["gpu.energy_per_token"]
+    assert c.ratio == pytest.approx(0.5) and c.decision == "pass"
+    assert c.samples == (1000, 2000)
+
+
+def test_a_counter_that_went_back_is_integrated_from_power_instead() -> None:
+    s = series()
+    reset = GpuSeries(
+        s.t_s, s.memory_bytes, s.power_w, (5000000.0, *s.energy_j[1:]), output_tokens=1
+    )
+    assert reset.energy() == pytest.approx(3000.0)
+
+
+def test_xid_on_the_candidate_alone_holds() -> None:
+    c = by_id(series(), series(xids=2, last=79))["gpu.xid"]
+    assert c.decision == "fail" and "2 XID error(s)" in c.message and "XID 79" in c.message
+
+
+def test_xid_on_both_is_the_test_beds_warning_not_a_hold() -> None:
+    c = by_id(series(xids=1, last=48), series(xids=1, last=79))["gpu.xid"]
+    assert not c.holds and c.warning and c.metric == "environment"
+    assert by_id(series(xids=1, last=48), series())["gpu.xid"].decision == "pass"
+
+
+def test_no_gpu_read_is_one_note_and_no_check() -> None:
+    notes: list[str] = []
+    why = "No GPU is visible to the gate (...)"
+    checks = gpu_checks(
+        [GpuScenario("a", None, None, why), GpuScenario("b", None, None, why)], Policy(), notes
+    )
+    assert checks == [] and notes == [why]
+
+
+def test_one_side_read_is_left_out_with_a_note() -> None:
+    notes: list[str] = []
+    assert gpu_checks([GpuScenario("a", series(), None)], Policy(), notes) == []
+    assert "Only one engine's GPUs were read in a" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"), [("memory_tolerance", -0.1), ("energy_tolerance", 11), ("other", 1)]
+)
+def test_policy_knobs_are_bounded_and_named(knob: str, value: float) -> None:
+    with pytest.raises(ValidationError) as err:
+        Policy(gpu={knob: value})
+    assert f"gpu.{knob}" in str(err.value)
+
+
+def test_a_gpu_check_may_be_advisory_and_then_never_holds() -> None:
+    """`policy.advisory: [gpu.memory]` is a pattern that meets a check the judge builds
+    (advisory.py families), and the footprint that held above is then listed, not holding."""
+    policy = Policy(advisory=["gpu.memory"])
+    notes: list[str] = []
+    checks = mark_advisory(
+        gpu_checks([GpuScenario("steady", series(20.0), series(30.0))], policy, notes), policy
+    )
+    memory = next(c for c in checks if c.id == "gpu.memory")
+    assert memory.decision == "fail" and memory.advisory and not memory.holds
+    with pytest.raises(ValidationError, match="advisory"):
+        Policy(advisory=["gpu.temperature"])  # no such GPU check
