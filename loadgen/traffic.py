@@ -135,11 +135,14 @@ def build_mix(
         if mine.size:
             units += _expand(part, mine, unit_offsets, seed * 7_919 + 101 * (k + 1), extra)
     units.sort(key=lambda u: (u[0], u[1], u[2]))
-    renumber: dict[int, int] = {}
+    # Keyed by (unit, turn), not by the provisional id: a session of more than 1024 turns
+    # (a long ShareGPT conversation, `turns` up to 10,000) would give two requests one id and
+    # chain a turn to another session's answer.
+    renumber: dict[tuple[int, int], int] = {}
     requests: list[RequestSpec] = []
-    for new_id, (_, _, _, req, _) in enumerate(units):
-        renumber[req.request_id] = new_id
-        parent = renumber[req.parent] if req.parent is not None else None
+    for new_id, (_, unit, turn, req, _) in enumerate(units):
+        renumber[(unit, turn)] = new_id
+        parent = renumber[(unit, turn - 1)] if req.parent is not None else None
         requests.append(_with_id(req, new_id, parent))
     sessions = sum(1 for u in units if u[2] == 0 and u[4] in ("sessions", "sharegpt"))
     return Traffic(

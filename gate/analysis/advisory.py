@@ -103,6 +103,7 @@ def families(policy: Policy, scenarios: Sequence[str] | None = None) -> list[Fam
         (scen, "outputs", "divergence"),
         (scen, "saturation", "candidate"),
         (scen, ("goodput", "overload", "recovery")),
+        (scen, "capacity"),  # a capacity scenario's search (capacity.py)
         (scen, "engine", _FREE),  # the engines' own metrics (engine_metrics.py)
         ("engine", _FREE),
         ("gpu", ("memory", "energy_per_token", "xid")),  # the engines' GPUs (gpu.py)

@@ -90,13 +90,16 @@ class EngineSeries:
         return float(np.where(steps >= 0, steps, finite[1:]).sum()) if finite.size > 1 else 0.0
 
     def rises(self, metric: str) -> np.ndarray | None:
-        """Times of the scrapes at which a counter had risen since the scrape before."""
+        """Times of the scrapes at which a counter had risen since the scrape before (after
+        a restart, which resets it, only where it counted anything again: the drop to zero
+        itself is no preemption)."""
         v = self.values(metric)
         if v is None:
             return None
         ok = np.isfinite(v)
         t, finite = self.t_s[ok], v[ok]
-        out: np.ndarray = t[1:][np.diff(finite) != 0]
+        steps = np.diff(finite)
+        out: np.ndarray = t[1:][(steps > 0) | ((steps < 0) & (finite[1:] > 0))]
         return out
 
     def mean(self, metric: str) -> float | None:

@@ -26,6 +26,7 @@ reason is one note and no GPU check is made; where only one engine's were, a not
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -56,21 +57,24 @@ class GpuSeries:
         return max(known) if known else None
 
     def energy(self) -> float | None:
-        """Joules spent over the scenario: the counter's rise, else power integrated."""
+        """Joules spent over the scenario: the counter's rise, else power integrated. Reads
+        that failed (None) are bridged, not dropped: the counter's rise spans them, and power
+        is interpolated across them and held flat before its first and after its last
+        reading, so a side with a gap in its reads is not credited with less energy than the
+        other for the same span."""
         if len(self.t_s) < 2:
             return None
-        e = self.energy_j
-        if all(v is not None for v in e):
-            rise = float(e[-1]) - float(e[0])  # type: ignore[arg-type]
-            if rise >= 0:  # a counter that went back (a driver reload) is not a rise
-                return rise
-        total, spanned = 0.0, False
-        for i in range(1, len(self.t_s)):
-            a, b = self.power_w[i - 1], self.power_w[i]
-            if a is not None and b is not None:
-                total += (a + b) / 2.0 * (self.t_s[i] - self.t_s[i - 1])
-                spanned = True
-        return total if spanned else None
+        e = [(t, v) for t, v in zip(self.t_s, self.energy_j, strict=True) if v is not None]
+        if self.energy_j[0] is not None and self.energy_j[-1] is not None:
+            steps = [b - a for (_, a), (_, b) in itertools.pairwise(e)]
+            if all(d >= 0 for d in steps):  # a counter that went back (a driver reload)
+                return float(e[-1][1]) - float(e[0][1])
+        p = [(t, w) for t, w in zip(self.t_s, self.power_w, strict=True) if w is not None]
+        if len(p) < 2:
+            return None
+        total = sum((a + b) / 2.0 * (tb - ta) for (ta, a), (tb, b) in itertools.pairwise(p))
+        total += p[0][1] * (p[0][0] - self.t_s[0]) + p[-1][1] * (self.t_s[-1] - p[-1][0])
+        return total
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,17 @@ def test_a_later_turn_waits_for_that_targets_own_answer_and_think_time(
     # two turns after 150 ms more each: at least 300 ms later on the slow target
     slack = [by_target["slow"][i].intended_ns - by_target["fast"][i].intended_ns for i in last]
     assert max(slack) >= 250_000_000, slack
+
+
+def test_a_session_longer_than_1024_turns_keeps_its_own_chain() -> None:
+    """Turn 1024 of one session and turn 0 of the next had one provisional id: a later turn
+    of the long session was chained to the other session's first answer."""
+    long = Conversation(tuple(f"q{k}" for k in range(1026)), tuple(f"a{k}" for k in range(1026)))
+    short = Conversation(("hello there",), ("hi",))
+    part = Part("sharegpt", conversations=(long, short), think_s=0.001)
+    traffic = build_mix([part], np.array([0.0, 1.0245]), seed=1, extra={})
+    by_id = {r.request_id: r for r in traffic.requests}
+    for r in traffic.requests:
+        if r.parent is not None:
+            parent = by_id[r.parent].prompt
+            assert parent.startswith("q") and int(parent[1:]) == int(r.prompt[1:]) - 1, r

@@ -30,6 +30,7 @@ IDS = [
     "peak.1.goodput",
     "overload.overload",
     "overload.recovery",
+    "steady.capacity",
     "steady.engine.preemptions",
     "engine.kv_capacity",
     "startup.ready",

@@ -112,6 +112,24 @@ def test_preemption_test_and_sign_test_edges() -> None:
     assert (more, fewer) == (10, 0) and p == pytest.approx(0.5**10)
 
 
+def test_a_restart_that_resets_the_counter_is_no_preemption_episode() -> None:
+    """An engine restart resets its counters to 0: the drop is not a rise, while preemptions
+    counted again after it are."""
+    ref = np.zeros(60)
+    ref[10:], ref[20:], ref[40:] = 4.0, 8.0, 12.0
+    cand = ref.copy()
+    cand[30:], cand[40:] = 0.0, 4.0  # restarted at 30 s, one episode at 40 s after it
+    r, c = series(ref), series(cand)
+    assert list(c.rises("preemptions_total")) == [2.5, 5.0, 10.0]  # type: ignore[arg-type]
+    assert c.increase("preemptions_total") == r.increase("preemptions_total") == 12.0
+    checks, _ = one(r, c)
+    assert checks["peak.engine.preemptions"].decision == "pass"
+    assert "in 3 episodes, reference 12 in 3" in checks["peak.engine.preemptions"].message
+    again = cand.copy()
+    again[30:] = 3.0  # restarted and preempted 3 before the next scrape
+    assert 7.5 in list(series(again).rises("preemptions_total"))  # type: ignore[arg-type]
+
+
 def kv(tokens: str | None, blocks: str, **extra: str) -> EngineSeries:
     cfg = {"kv_cache_blocks": blocks, "block_size": "16", "cache_dtype": "auto", **extra}
     if tokens is not None:

@@ -97,6 +97,34 @@ def test_a_counter_that_went_back_is_integrated_from_power_instead() -> None:
     assert reset.energy() == pytest.approx(3000.0)
 
 
+def test_a_counter_reset_midway_is_not_read_as_a_smaller_rise() -> None:
+    s = series(seconds=4)  # 1e6, +300 J a second; a driver reload at t=2 restarts it near 0
+    reset = GpuSeries(
+        s.t_s,
+        s.memory_bytes,
+        s.power_w,
+        (1e6, 1e6 + 300, 10.0, 1e6 + 1e3, 1e6 + 1300),
+        output_tokens=1,
+    )
+    assert reset.energy() == pytest.approx(1200.0)  # from power, not 1300 - 0 by chance
+
+
+def test_failed_reads_on_one_side_do_not_cut_its_energy() -> None:
+    """A/A, same power throughout; the reference's tool timed out for 15 of 60 reads (and
+    its first and last): its energy is bridged over the gap, not dropped, so no false hold."""
+    full = series(seconds=60, counter=False)
+    gaps = tuple(None if 20 <= i < 35 or i in (0, 60) else w for i, w in enumerate(full.power_w))
+    ref = GpuSeries(full.t_s, full.memory_bytes, gaps, full.energy_j, output_tokens=1000)
+    assert ref.energy() == pytest.approx(full.energy() or 0.0)
+    c = by_id(ref, full)["gpu.energy_per_token"]
+    assert c.decision == "pass" and c.ratio == pytest.approx(1.0)
+    # the counter spans a gap in its own reads exactly
+    counted = series(seconds=60)
+    holes = tuple(None if 20 <= i < 35 else e for i, e in enumerate(counted.energy_j))
+    gapped = GpuSeries(counted.t_s, counted.memory_bytes, gaps, holes, output_tokens=1000)
+    assert gapped.energy() == pytest.approx(300.0 * 60)
+
+
 def test_xid_on_the_candidate_alone_holds() -> None:
     c = by_id(series(), series(xids=2, last=79))["gpu.xid"]
     assert c.decision == "fail" and "2 XID error(s)" in c.message and "XID 79" in c.message
