@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,16 +98,22 @@ def _records(path: Path, name: str, caps: FileCaps) -> Iterator[tuple[int, dict[
     """(line number, object) of every non-blank line, the file's size and line count
     bounded before anything past the cap is read."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as exc:
         raise WorkloadFileError(name, None, None, f"cannot be read ({exc.strerror})") from None
-    if size > caps.max_bytes:
-        raise WorkloadFileError(
-            name, None, None, f"{size} bytes is above the cap of {caps.max_bytes} bytes"
-        )
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device has no size to cap by
+        raise WorkloadFileError(name, None, None, "is not a regular file")
+    too_big = f"is above the cap of {caps.max_bytes} bytes"
+    if st.st_size > caps.max_bytes:
+        raise WorkloadFileError(name, None, None, f"{st.st_size} bytes {too_big}")
     seen = 0
+    read = 0
     with path.open("rb") as fh:
-        for number, raw in enumerate(fh, 1):
+        # a file still being written may grow past its stat: the bytes read are capped too
+        for number, raw in enumerate(iter(lambda: fh.readline(caps.max_bytes + 1), b""), 1):
+            read += len(raw)
+            if read > caps.max_bytes:
+                raise WorkloadFileError(name, number, None, f"the file {too_big}")
             if not raw.strip():
                 continue
             seen += 1

@@ -55,6 +55,7 @@ from gate.analysis.checks import compared, rule_check, statistic_check
 from gate.analysis.errors import burst_events, fmt_p
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check
+from gate.core.vocabulary import CheckDecision
 
 __all__ = [
     "EngineSeries",
@@ -370,14 +371,22 @@ def _queue_check(
         return None
     pol = policy.engine
     limit = (1.0 + pol.queue_tolerance) * r + pol.queue_slack
-    fails = c > limit
+    decision: CheckDecision = "fail" if c > limit else "pass"
+    said = f"at most {limit:.2f} allowed"
+    if r > pol.queue_slack and decision == "fail":
+        # The reference queues too: near saturation each engine's queue is a random walk of
+        # its own under the same arrivals, and a rule without a noise model would hold A/A
+        # gates (review: 8% of A/A gates at load 1.0 in a toy model). Not shown; the latency
+        # and saturation checks judge a candidate that saturates first.
+        decision = "undecided"
+        said += "; the reference queues too, so two saturated queues are not judged by rule"
     return rule_check(
         f"{sc.name}.engine.queue_depth",
         "engine",
         "requests_waiting",
-        "fail" if fails else "pass",
+        decision,
         f"{sc.name}: mean queue under the same load: candidate {c:.2f} requests waiting, "
-        f"reference {r:.2f} (at most {limit:.2f} allowed).",
+        f"reference {r:.2f} ({said}).",
         scenario=sc.name,
         threshold=limit,
         **compared(r, c),

@@ -18,7 +18,9 @@ The search, unlike a sweep over fixed rates, brackets the knee and bisects it, e
 paired run of one seeded schedule at one rate to both engines at the same instants:
 
 - ramp: ``start_rate`` x ``growth``^k (the last step at ``max_rate``) until every engine has
-  missed the target once, or ``max_rate`` was reached;
+  missed the target once, or ``max_rate`` was reached; an engine that missed already at the
+  lowest rate tried is followed down by the same factor (to ``start_rate`` / ``growth``^3),
+  so a candidate that collapsed below the start rate is bracketed, not left open;
 - bisect: the engine whose bracket is widest (hi/lo) gets the geometric midpoint next, until
   every bracket is within ``1 + resolution``; the other engine is measured there too and its
   bracket narrows when the rate falls inside it;
@@ -176,8 +178,8 @@ class RateSearch:
 
     def resolved(self, b: Bracket) -> bool:
         """Nothing left to bisect: closed within the resolution, or open at the ramp's end."""
-        if b.lo is None:
-            return True  # missed at the lowest rate: below the search's range
+        if b.lo is None:  # missed at the lowest rate tried: lower, down to the floor
+            return b.hi is None or b.hi <= self.floor * (1 + 1e-9)
         if b.hi is None:
             return b.lo >= self.ramp[-1]
         return b.width <= 1.0 + self.resolution + 1e-12
@@ -193,6 +195,9 @@ class RateSearch:
             ramp = self._ramp_next()
             if ramp is not None:
                 return ramp, "ramp"
+        down = self._ramp_down(brackets)
+        if down is not None:
+            return down, "ramp"
         open_ = [b for b in brackets if not self.resolved(b)]
         if open_:
             widest = max(open_, key=lambda b: b.width)
@@ -201,8 +206,32 @@ class RateSearch:
         for b in brackets:
             if b.lo is not None and self._count(b.lo) < 1 + self.repeats:
                 return b.lo, "confirm"
-        self.stopped = "every engine's capacity was bracketed and confirmed"
+        below = [r for r, b in zip(self.roles, brackets, strict=True) if b.lo is None]
+        if below:
+            self.stopped = (
+                f"{' and '.join(below)} missed the target at the search's floor of "
+                f"{self.floor:.3g} req/s: capacity below the search's range"
+            )
+        else:
+            self.stopped = "every engine's capacity was bracketed and confirmed"
         return None
+
+    @property
+    def floor(self) -> float:
+        """The lowest rate the search offers: the start rate over the growth factor, cubed
+        (an engine that misses the target at the start rate is followed down to it)."""
+        growth = self.ramp[1] / self.ramp[0] if len(self.ramp) > 1 else 2.0
+        return self.ramp[0] / growth**3
+
+    def _ramp_down(self, brackets: list[Bracket]) -> float | None:
+        """The next rate below the lowest tried, for an engine that missed at every rate it
+        was offered (its capacity lies below the ramp's start), until the floor."""
+        lowest = min((s.rate for s in self.steps), default=None)
+        if lowest is None or not any(b.lo is None and b.hi is not None for b in brackets):
+            return None
+        growth = self.ramp[1] / self.ramp[0] if len(self.ramp) > 1 else 2.0
+        nxt = max(self.floor, lowest / growth)
+        return nxt if nxt < lowest * (1 - 1e-9) else None
 
     def _ramp_next(self) -> float | None:
         """The first ramp rate not yet offered, above every rate offered so far."""

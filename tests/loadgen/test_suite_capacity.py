@@ -129,10 +129,24 @@ def test_an_engine_that_never_misses_is_censored_at_max_rate() -> None:
     assert search.resolved(search.bracket("reference"))
 
 
-def test_an_engine_that_misses_at_the_start_is_below_the_range() -> None:
+def test_an_engine_that_misses_at_the_start_is_followed_down_and_bracketed() -> None:
+    """A candidate that collapsed below the start rate (review: a 90% loss left at Bracket(None,
+    start) gave the interval [0, start/lo_ref], which straddled the tolerance and continued):
+    the search offers start/growth^k until it passes, then bisects as anywhere else."""
     search = entry().search(ROLES)
-    drive(search, knee({"reference": 50.0, "candidate": 5.0}))
-    assert search.bracket("candidate") == Bracket(None, 10.0)
+    offered = drive(search, knee({"reference": 50.0, "candidate": 3.0}))
+    assert [r for r, s in offered if s == "ramp" and r < 10] == [5.0, 2.5]
+    b = search.bracket("candidate")
+    assert b.lo is not None and b.hi is not None and b.lo <= 3.0 < b.hi
+    assert b.width <= 1.03 + 1e-9
+    assert search.stopped == "every engine's capacity was bracketed and confirmed"
+
+
+def test_an_engine_below_the_floor_is_said_to_be_below_the_range() -> None:
+    search = entry().search(ROLES)
+    drive(search, knee({"reference": 50.0, "candidate": 0.5}))
+    assert search.bracket("candidate") == Bracket(None, 1.25)  # 10 / 2^3: the floor
+    assert "candidate missed the target at the search's floor of 1.25 req/s" in search.stopped
 
 
 def test_the_search_stops_at_its_step_budget() -> None:

@@ -10,6 +10,7 @@ default `--isl-block-size`)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,12 @@ def test_a_request_log_mistake_names_line_and_field(
         read_request_log(write(tmp_path, CHAT, row), "log.jsonl", CAPS)
     assert (err.value.line, err.value.field) == (2, field), str(err.value)
     assert words in str(err.value)
+
+
+def test_a_fifo_is_not_a_workload_file(tmp_path: Path) -> None:
+    """Only a regular file has a size to cap before it is read (review: a FIFO or a device in
+    the operator's directory was read with no bound)."""
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(WorkloadFileError, match="t: is not a regular file"):
+        read_trace(fifo, "t", CAPS, block_tokens=512)

@@ -187,6 +187,14 @@ def test_prefix_cache_spec_decode_and_queue_rules() -> None:
     assert checks["peak.engine.queue_depth"].decision == "pass"  # 2 x 2 + 4 = 8
     checks, _ = one(rates(1, 0, waiting=2.0), rates(1, 0, waiting=8.5))
     assert checks["peak.engine.queue_depth"].decision == "fail"
+    # A reference that queues too (over queue_slack): near saturation two engines' queues are
+    # random walks of their own under the same arrivals, so a rule would hold A/A gates (review:
+    # 8% at load 1.0 in a toy model). Not shown, never a hold; a clear excess below it still is.
+    checks, _ = one(rates(1, 0, waiting=10.0), rates(1, 0, waiting=40.0))
+    q = checks["peak.engine.queue_depth"]
+    assert q.decision == "undecided" and "the reference queues too" in q.message
+    checks, _ = one(rates(1, 0, waiting=4.0), rates(1, 0, waiting=12.5))
+    assert checks["peak.engine.queue_depth"].decision == "fail"  # 2 x 4 + 4 = 12
 
 
 def test_no_timeline_from_an_engine_is_a_note_never_a_hold() -> None:
