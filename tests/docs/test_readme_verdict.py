@@ -57,6 +57,11 @@ def test_what_is_compared() -> None:
         "  - steady.ttft.p50: TTFT p50 in steady is #x the reference (interval #x-#x).",
         "report: PATH",
     ]
+    warned = BLOCK.replace(
+        "report:",
+        "  warning   steady.ttft.creep: past its 1.10x threshold but not with confidence\nreport:",
+    )
+    assert structure(warned) == s  # a warning is the run's noise, like pass or undecided
     other_run = BLOCK.replace("1.426x", "1.391x").replace("undecided", "pass     ")
     assert structure(other_run) == s
     assert structure(BLOCK.replace("│ fail     ", "│ undecided")) != s
