@@ -4,6 +4,7 @@ there yet, the gate's row, and the whole-node grant that can only land on its GP
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,10 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import reading
+from gate.core.settings import Settings
 from gate.models import GateRun
 from gate.reservations import leases
 from gate.reservations.allocator import ShapeRequest
 from gate.reservations.inventory import load_inventory
+from gate.runs.runner import GateOutcome, run_gate
 from gate.spec import GateSpec, parse_spec
 
 SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
@@ -123,4 +126,17 @@ def whole_node_grant(factory: sessionmaker[Session]) -> leases.Grant:
         holder="second",
         gate_id=None,
         ttl_s=60,
+    )
+
+
+def run_in_tmp(spec: GateSpec, tmp_path: Path) -> GateOutcome:
+    """One whole gate in this process, everything it writes under `tmp_path` (its data
+    directory, reports and SQLite database)."""
+    return asyncio.run(
+        run_gate(
+            spec,
+            Settings(data_dir=tmp_path / ".gate"),
+            report_dir=tmp_path / "reports",
+            db_url=f"sqlite:///{tmp_path / 'g.db'}",
+        )
     )

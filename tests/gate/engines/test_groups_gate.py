@@ -3,15 +3,13 @@ the sim's router per engine, each group on its own reserved GPUs of the local in
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import run_in_tmp
 
-from gate.core.settings import Settings
-from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
@@ -55,14 +53,7 @@ def run(tmp_path: Path, reference: dict[str, Any], candidate: dict[str, Any], **
         }
         | extra
     )
-    out = asyncio.run(
-        run_gate(
-            spec,
-            Settings(data_dir=tmp_path / ".gate"),
-            report_dir=tmp_path / "reports",
-            db_url=f"sqlite:///{tmp_path / 'g.db'}",
-        )
-    )
+    out = run_in_tmp(spec, tmp_path)
     return out
 
 

@@ -12,14 +12,12 @@ steps, some 15 s of the test's wall time; the steady scenario is 8 s at 30/s.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import run_in_tmp
 
-from gate.core.settings import Settings
-from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 # serial: where each engine's knee lies is what the gate measures; other tests on the cores
@@ -58,14 +56,7 @@ def _run(tmp_path: Path, tag: str, candidate: list[str]) -> Any:
             "policy": {"short_scenarios": "allow"},
         }
     )
-    out = asyncio.run(
-        run_gate(
-            spec,
-            Settings(data_dir=tmp_path / ".gate"),
-            report_dir=tmp_path / "reports",
-            db_url=f"sqlite:///{tmp_path / 'g.db'}",
-        )
-    )
+    out = run_in_tmp(spec, tmp_path)
     return out
 
 

@@ -3,14 +3,12 @@ this process, the verdict document read back. Early stop, load phases, numerical
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import run_in_tmp
 
-from gate.core.settings import Settings
-from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 pytestmark = pytest.mark.slow
@@ -26,14 +24,7 @@ def run(tmp_path: Path, reference: dict[str, Any], candidate: dict[str, Any], **
     spec = parse_spec(
         {"name": "t", "model": "demo-model", "reference": reference, "candidate": candidate} | extra
     )
-    out = asyncio.run(
-        run_gate(
-            spec,
-            Settings(data_dir=tmp_path / ".gate"),
-            report_dir=tmp_path / "reports",
-            db_url=f"sqlite:///{tmp_path / 'g.db'}",
-        )
-    )
+    out = run_in_tmp(spec, tmp_path)
     return out.document
 
 

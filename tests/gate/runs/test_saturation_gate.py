@@ -9,14 +9,12 @@ same load without a queue."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gaterun import run_in_tmp
 
-from gate.core.settings import Settings
-from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 
 # serial: whether a queue grows is what the gates measure: other tests on the cores grow it.
@@ -37,14 +35,7 @@ def _run(tmp_path: Path, tag: str, reference: list[str], candidate: list[str]) -
             "correctness": "off",
         }
     )
-    out = asyncio.run(
-        run_gate(
-            spec,
-            Settings(data_dir=tmp_path / ".gate"),
-            report_dir=tmp_path / "reports",
-            db_url=f"sqlite:///{tmp_path / 'g.db'}",
-        )
-    )
+    out = run_in_tmp(spec, tmp_path)
     return out.document
 
 

@@ -5,21 +5,19 @@ describes the model itself; and no module outside gate/verdict spells the docume
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gaterun import tiny_spec
+from gaterun import run_in_tmp, tiny_spec
 
 from gate.analysis.checks import ratio_check, rule_check
 from gate.analysis.types import Verdict
 from gate.api.app import create_app
 from gate.core.errors import DeadlinePassed, DocumentUnreadable, FieldProblem, SpecError
 from gate.core.settings import Settings
-from gate.runs.runner import run_gate
 from gate.verdict import (
     Evidence,
     Header,
@@ -233,14 +231,7 @@ def test_the_literal_finder_sees_a_document_dict(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_real_gates_document_round_trips_and_matches_its_file(tmp_path: Path, tag: str) -> None:
     spec = tiny_spec(tag, name="roundtrip", rate=40, requests=60, max_tokens=8)
-    out = asyncio.run(
-        run_gate(
-            spec,
-            Settings(data_dir=tmp_path / ".gate"),
-            report_dir=tmp_path / "reports",
-            db_url=f"sqlite:///{tmp_path / 'g.db'}",
-        )
-    )
+    out = run_in_tmp(spec, tmp_path)
     data = _round_trips(out.doc)
     beside = json.loads(Path(str(data["document"])).read_text())
     assert beside == data
