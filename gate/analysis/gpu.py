@@ -98,26 +98,42 @@ def _memory_check(both: Sequence[GpuScenario], policy: Policy, notes: list[str])
     if ref is None or cand is None or ref <= 0:
         notes.append("GPU memory was not compared: a side's GPUs reported no memory in use.")
         return []
-    limit = 1.0 + policy.gpu.memory_tolerance
-    ratio = cand / ref
-    said = (
-        f"peak GPU memory: the candidate's {cand / GIB:.2f} GiB against the reference's "
-        f"{ref / GIB:.2f} GiB (x{ratio:.3f}; tolerance x{limit:.3f})"
-    )
-    failed = ratio > limit
     return [
-        rule_check(
+        _ratio_rule(
             "gpu.memory",
-            "gpu",
             "peak_memory_gib",
-            "fail" if failed else "pass",
-            (said + ": the candidate needs more GPU memory than the tolerance allows.")
-            if failed
-            else said + ".",
-            threshold=limit,
-            **compared(ref / GIB, cand / GIB),
+            (ref / GIB, cand / GIB),
+            1.0 + policy.gpu.memory_tolerance,
+            f"peak GPU memory: the candidate's {cand / GIB:.2f} GiB against the reference's "
+            f"{ref / GIB:.2f} GiB",
+            "the candidate needs more GPU memory than the tolerance allows",
         )
     ]
+
+
+def _ratio_rule(
+    id: str,
+    metric: str,
+    values: tuple[float, float],
+    limit: float,
+    said: str,
+    why: str,
+    samples: tuple[int, int] = (0, 0),
+) -> Check:
+    """candidate / reference against 1 + tolerance: a rule (no noise model; docs/statistics.md)."""
+    ref, cand = values
+    failed = cand / ref > limit
+    said += f" (x{cand / ref:.3f}; tolerance x{limit:.3f})"
+    return rule_check(
+        id,
+        "gpu",
+        metric,
+        "fail" if failed else "pass",
+        f"{said}: {why}." if failed else said + ".",
+        threshold=limit,
+        samples=samples,
+        **compared(ref, cand),
+    )
 
 
 def _per_token(series: Sequence[GpuSeries]) -> tuple[float | None, int]:
@@ -137,25 +153,16 @@ def _energy_check(both: Sequence[GpuScenario], policy: Policy, notes: list[str])
             "readings over a scenario, or served no output tokens."
         )
         return []
-    limit = 1.0 + policy.gpu.energy_tolerance
-    ratio = cand / ref
-    said = (
-        f"energy per output token: the candidate's {cand:.4g} J against the reference's "
-        f"{ref:.4g} J (x{ratio:.3f}; tolerance x{limit:.3f})"
-    )
-    failed = ratio > limit
     return [
-        rule_check(
+        _ratio_rule(
             "gpu.energy_per_token",
-            "gpu",
             "energy_per_token_j",
-            "fail" if failed else "pass",
-            (said + ": the candidate spends more energy per token than the tolerance allows.")
-            if failed
-            else said + ".",
-            threshold=limit,
+            (ref, cand),
+            1.0 + policy.gpu.energy_tolerance,
+            f"energy per output token: the candidate's {cand:.4g} J against the reference's "
+            f"{ref:.4g} J",
+            "the candidate spends more energy per token than the tolerance allows",
             samples=(ref_tokens, cand_tokens),
-            **compared(ref, cand),
         )
     ]
 
