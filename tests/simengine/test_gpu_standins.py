@@ -16,22 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gate.telemetry.nvidia_smi import FIELDS
 from simengine.cli import parse_args
 from simengine.gpu import STATE_DIR_ENV
 from simengine.launch import SimPool
 from simengine.nvidia_smi import install, render
 
 CAPTURES = Path(__file__).parents[1] / "support" / "captures" / "nvidia-smi"
-ASKED = [
-    "index",
-    "uuid",
-    "name",
-    "driver_version",
-    "memory.used",
-    "memory.total",
-    "power.draw",
-    "utilization.gpu",
-]
+ASKED = list(FIELDS)  # the fields the gate asks (gate/telemetry/nvidia_smi.py)
 
 
 def capture(name: str) -> dict[str, str]:
