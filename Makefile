@@ -52,18 +52,32 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The suite in two runs. First most tests in parallel workers (pytest-xdist): the gates they
-# run mostly wait on engine processes, so three workers on two cores cut the wall time. Then,
-# alone, the tests marked `serial` (they cannot share the machine) and the real-vLLM ones
-# (marked `vllm`: six vLLM processes beside a parallel run starve each other). Both runs always
-# run; the target fails if either failed, and each prints its 25 slowest tests (where CI time
-# goes). `pytest` by itself still runs everything, serially.
+# The suite in three runs, in the order that packs two cores best (where the time goes: the
+# 25 slowest tests of each run are printed; docs/architecture.md, "Tests"):
+# 1. most tests in parallel workers (pytest-xdist: the gates they run mostly wait on engine
+#    processes, so three workers on two cores cut the wall time), at a lower CPU priority, and
+#    beside them the real-vLLM tests (marked `vllm`), one at a time at normal priority: the
+#    vLLM servers get the cores when they need them and the parallel run the rest. Their
+#    output is kept in .pytest-vllm.log and printed after the parallel run's;
+# 2. the whole sim gates whose asserted verdict rests on timing (marked `timed_gate`), two at
+#    a time: each mostly waits on its sim engines, but a busy parallel run would blur them;
+# 3. alone, the tests marked `serial` (clocks checked to the millisecond, the orphan sweep).
+# Every run always runs; the target fails if any failed. `pytest` by itself still runs
+# everything, serially.
 TEST_WORKERS ?= 3
+VLLM_LOG := .pytest-vllm.log
 
 test: lint
 	@rc=0; \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not serial and not vllm" || rc=$$?; \
-	$(BIN)/pytest -p no:xdist --durations=25 -m "serial or vllm" || rc=$$?; \
+	echo "== real-vLLM tests: running beside the parallel run, output in $(VLLM_LOG)"; \
+	$(BIN)/pytest -p no:xdist --durations=10 -m vllm > $(VLLM_LOG) 2>&1 & vllm=$$!; \
+	nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 \
+	  -m "not serial and not vllm and not timed_gate" || rc=$$?; \
+	echo "== real-vLLM tests: waiting for them"; \
+	wait $$vllm || rc=$$?; \
+	cat $(VLLM_LOG); \
+	$(BIN)/pytest -n 2 --durations=25 -m "timed_gate and not vllm" || rc=$$?; \
+	$(BIN)/pytest -p no:xdist --durations=25 -m "serial and not vllm and not timed_gate" || rc=$$?; \
 	exit $$rc
 
 fmt: $(STAMP)

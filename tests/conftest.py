@@ -25,7 +25,7 @@ CORE_PATHS = (
     "docs/test_architecture_doc.py",
     "test_docs_settings.py",
 )
-NOT_CORE = ("slow", "serial", "vllm", "simulation")
+NOT_CORE = ("slow", "serial", "timed_gate", "vllm", "simulation")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -35,9 +35,9 @@ from gate.runs.runner import run_gate
 from gate.spec import parse_spec
 from simengine.cli import parse_args
 
-# serial: the gates' samples are checked for the sim's tail, stall and creep, which a busy
+# timed_gate: the gates' samples are checked for the sim's tail, stall and creep, which a busy
 # machine blurs.
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.timed_gate
 
 
 def test_every_engine_case_is_a_valid_spec_with_fresh_seeds_per_gate() -> None:

@@ -112,9 +112,9 @@ def tag(find_processes: Callable[[str], list[int]]) -> Iterator[str]:
     assert find_processes(t) == [], "an engine process outlived its gate"
 
 
-# serial: an A/A gate whose every check must pass or say no regression was shown; other tests
+# timed_gate: an A/A gate whose every check must pass or say no regression was shown; other tests
 # on the cores make one engine's tail look slower now and then (a hold on steady.ttft.tail).
-@pytest.mark.serial
+@pytest.mark.timed_gate
 def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     p = spec(
         tmp_path,
@@ -190,9 +190,9 @@ def test_identical_engines_continue(tmp_path: Path, tag: str) -> None:
     assert "continue" in out.stderr.lower()
 
 
-# serial: a hold on a TTFT regression of +50-100% that the paired latency checks must
+# timed_gate: a hold on a TTFT regression of +50-100% that the paired latency checks must
 # decide; other tests on the cores blur it, now and then to undecided (a continue).
-@pytest.mark.serial
+@pytest.mark.timed_gate
 def test_ttft_regression_holds_naming_ttft(tmp_path: Path, tag: str) -> None:
     p = spec(
         tmp_path,

@@ -131,9 +131,9 @@ def test_unknown_gate_is_404(app_client: TestClient, tokens: dict[str, str]) -> 
     assert r.json()["error"] == {"code": "not_found", "message": "no gate with id 'nope'"}
 
 
-# serial: a hold on a TTFT regression of +50-100% that the paired latency checks must
+# timed_gate: a hold on a TTFT regression of +50-100% that the paired latency checks must
 # decide; other tests on the cores blur it, now and then to undecided (a continue).
-@pytest.mark.serial
+@pytest.mark.timed_gate
 def test_a_gate_runs_to_a_verdict_and_can_be_rejudged(
     app_client: TestClient, tokens: dict[str, str], tag: str, find_processes: Any
 ) -> None:

@@ -71,9 +71,9 @@ def test_flagger_confirm_rollout_waits_then_passes_and_rollback_refuses(
     assert other.json()["id"] != gid
 
 
-# serial: a hold on a TTFT regression of +50-100% that the paired latency checks must
+# timed_gate: a hold on a TTFT regression of +50-100% that the paired latency checks must
 # decide; other tests on the cores blur it, now and then to undecided (a continue).
-@pytest.mark.serial
+@pytest.mark.timed_gate
 def test_flagger_candidate_from_metadata_and_hold_triggers_rollback(
     app_client: TestClient, settings: Settings, tokens: dict[str, str], tag: str
 ) -> None:
@@ -166,9 +166,9 @@ def test_stale_or_future_deliveries_are_refused(app_client: TestClient, tag: str
     assert deliver(app_client, future).status_code == 401
 
 
-# serial: a hold on a TTFT regression of +50-100% that the paired latency checks must
+# timed_gate: a hold on a TTFT regression of +50-100% that the paired latency checks must
 # decide; other tests on the cores blur it, now and then to undecided (a continue).
-@pytest.mark.serial
+@pytest.mark.timed_gate
 def test_duplicate_delivery_returns_the_same_gate_and_callback_reports_it(
     app_client: TestClient,
     settings: Settings,

@@ -34,7 +34,7 @@ from gate.core.settings import Settings
 from gate.models import GateRun, Reservation
 from gate.service import service
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real gates, wall-clock waits
+pytestmark = [pytest.mark.slow, pytest.mark.timed_gate]  # real gates, wall-clock waits
 
 Finder = Callable[..., list[int]]
 

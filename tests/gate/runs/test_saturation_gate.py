@@ -17,8 +17,8 @@ from gaterun import run_in_tmp
 
 from gate.spec import parse_spec
 
-# serial: whether a queue grows is what the gates measure: other tests on the cores grow it.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# timed_gate: whether a queue grows is what the gates measure: other tests on the cores grow it.
+pytestmark = [pytest.mark.slow, pytest.mark.timed_gate]
 
 SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 STEADY = {"name": "steady", "rate": 15, "requests": 300, "prompt_tokens": 32, "max_tokens": 8}
