@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bracket", "bracket", "passed"]
+__all__ = ["Bracket", "bracket", "monotone_goodput", "passed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +41,35 @@ def passed(goodput: float, target: float) -> bool:
     return goodput >= target - 1e-12
 
 
+def monotone_goodput(measured: Sequence[tuple[float, float]]) -> dict[float, float]:
+    """Goodput as a non-increasing function of offered rate, fitted to every measurement
+    (rate, goodput share): the weighted least-squares fit under that order (pool adjacent
+    violators, each rate weighted by how often it was measured). A share below a higher
+    rate's is averaged with it, so one unlucky step (the host paused, a burst the schedule
+    drew) is weighed against its neighbours rather than deciding alone; a miss that its
+    neighbours confirm stays a miss."""
+    rates = sorted({r for r, _ in measured})
+    blocks: list[tuple[float, int, list[float]]] = []  # (sum of shares, count, rates)
+    for r in rates:
+        shares = [g for rr, g in measured if rr == r]
+        block = (float(sum(shares)), len(shares), [r])
+        while blocks and blocks[-1][0] / blocks[-1][1] < block[0] / block[1] - 1e-12:
+            total, count, rs = blocks.pop()
+            block = (total + block[0], count + block[1], rs + block[2])
+        blocks.append(block)
+    return {r: total / count for total, count, rs in blocks for r in rs}
+
+
 def bracket(measured: Sequence[tuple[float, float]], target: float) -> Bracket:
-    """One engine's bracket from every (rate, goodput) it was measured at (module
-    docstring): lo is the highest rate at and below which every measurement passed."""
+    """One engine's bracket from every (rate, goodput) it was measured at: lo is the highest
+    rate at and below which the fitted goodput (:func:`monotone_goodput`) keeps the target,
+    hi the next rate measured above it."""
     if not measured:
         return Bracket(None, None)
-    rates = sorted({r for r, _ in measured})
-    ok = {r: all(passed(g, target) for rr, g in measured if rr == r) for r in rates}
+    fitted = monotone_goodput(measured)
     lo: float | None = None
-    for r in rates:
-        if not ok[r]:
+    for r in sorted(fitted):
+        if not passed(fitted[r], target):
             return Bracket(lo, r)
         lo = r
     return Bracket(lo, None)

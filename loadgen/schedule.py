@@ -125,6 +125,41 @@ def build_offsets(
     return offsets[offsets < duration_s]
 
 
+def spread_offsets(
+    arrival: Arrival,
+    requests: int,
+    duration_s: float,
+    *,
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> npt.NDArray[np.float64]:
+    """Exactly ``requests`` send times in [0, ``duration_s``): the arrival process conditioned
+    on its count. The gaps of :func:`build_offsets` (the first send at 0, then ``requests``
+    more gaps, the last of them past the window's end) are scaled to the window, so a Poisson
+    schedule is uniform order statistics and a gamma one keeps its burstiness.
+
+    What a short measurement at one rate needs: over a window of a few seconds a Poisson
+    count's own spread (about ``sqrt(rate * duration_s)`` requests: 22% at 40/s for 2 s) is
+    larger than the differences between engines it is meant to tell apart, and both engines
+    would be measured at a rate nobody offered. vLLM's ``bench serve`` fixes the count the
+    same way (``--num-prompts``, gaps drawn per request: ``vllm/benchmarks/serve.py``,
+    ``get_request``) and lets the duration float; here the window is fixed too.
+    """
+    n = _count(requests)
+    duration_s = _positive("duration_s", duration_s)
+    burstiness = _positive("burstiness", burstiness)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+    if arrival == "constant":
+        return np.arange(n, dtype=np.float64) * (duration_s / n)
+    rng = np.random.default_rng(seed)
+    ends = np.cumsum(_gaps(arrival, 1.0, burstiness, n, rng))
+    offsets = np.empty(n, dtype=np.float64)
+    offsets[0] = 0.0
+    offsets[1:] = ends[:-1] * (duration_s / ends[-1])
+    return offsets
+
+
 def _positive(name: str, value: float) -> float:
     try:
         if isinstance(value, bool):

@@ -2,17 +2,17 @@
 search over offered rate (`loadgen/suite/capacity.py` runs it; docs/statistics.md, "Capacity").
 
 Each engine's capacity lies in its bracket [lo, hi] (`loadgen.brackets.bracket`: lo is
-the highest rate at and below which every measurement kept the goodput target, hi the lowest
-rate above it, where one missed). The ratio candidate / reference then lies in
+the highest rate where the monotone fit of its goodput against rate keeps the target, hi the
+next rate measured above it). The ratio candidate / reference then lies in
 
     [lo_c / hi_r, hi_c / lo_r]
 
 (an open end is 0 or infinity). That interval is the search's resolution and its repeated
 measurements near the knee, nothing more: it is not a confidence interval. Goodput at a rate
-near the knee is itself noisy, so a single lucky pass could put lo too high; the confirming
-repeats at each lo, and the rule that one miss at or below a rate disqualifies it, are what
-guard against that, and the calibration (`gate calibrate --engines`, docs/calibration.md)
-shows how often A/A continues and a 15% loss holds.
+near the knee is itself noisy; the steps' fixed counts and shared traffic shape, the monotone
+fit over every measurement and the confirming repeats at each lo are what keep one step from
+deciding alone, and the calibration (`gate calibrate --engines`, docs/calibration.md) shows
+how often A/A continues and a 15% loss holds.
 
 Decision, with tolerance t (`policy.load.capacity_tolerance`): fail when the whole interval
 is below 1 - t (the candidate serves less, beyond the tolerance, whatever the resolution hid);

@@ -15,7 +15,12 @@ capacity is the highest offered rate whose goodput share is at least ``goodput``
 operator sizes a fleet by.
 
 The search, unlike a sweep over fixed rates, brackets the knee and bisects it, each step a
-paired run of one seeded schedule at one rate to both engines at the same instants:
+paired run of one seeded schedule at one rate to both engines at the same instants. A step
+sends exactly ``rate`` x ``step_s`` requests (the arrival process conditioned on its count,
+:func:`loadgen.schedule.spread_offsets`): over a few seconds a Poisson count's own spread
+(22% at 40/s for 2 s) would otherwise decide the step, not the engine. A rate's first step
+draws the scenario's first pattern of gaps, scaled to the rate, so every rate of the search
+sees the same traffic shape (common random numbers); a repeat at a rate draws a new one.
 
 - ramp: ``start_rate`` x ``growth``^k (the last step at ``max_rate``) until every engine has
   missed the target once, or ``max_rate`` was reached; an engine that missed already at the
@@ -25,15 +30,24 @@ paired run of one seeded schedule at one rate to both engines at the same instan
   every bracket is within ``1 + resolution``; the other engine is measured there too and its
   bracket narrows when the rate falls inside it;
 - confirm: each engine's highest passing rate is measured ``repeats`` more times on new
-  schedules; a miss there lowers that engine's bracket (and bisection resumes if steps are
-  left).
+  schedules; a rate whose measurements together miss lowers that engine's bracket (and
+  bisection resumes if steps are left).
 
-An engine's bracket (:func:`bracket`) is read from every measurement so far: ``lo`` is the
-highest tested rate at and below which every measurement passed, ``hi`` the lowest tested
-rate above it (where one missed). A noisy miss near the knee therefore widens the bracket
-downward rather than being outvoted. The step budget (:meth:`Capacity.max_steps`) is fixed by
-the knobs before the first step, so the scenario's size and seconds are planned like every
-other scenario's; the search stops at it, with wider brackets, rather than run on.
+An engine's bracket (:func:`loadgen.brackets.bracket`) is read from every measurement so far,
+through the monotone fit of goodput against rate (:func:`loadgen.brackets.monotone_goodput`:
+goodput cannot rise with the load offered, so a share below a higher rate's is averaged with
+it): ``lo`` is the highest tested rate where the fit keeps the target, ``hi`` the next tested
+rate above it. One unlucky step (a pause of the host, a burst) is weighed against its
+neighbours instead of dragging the bracket down alone, and one lucky step cannot lift it.
+The step budget (:meth:`Capacity.max_steps`) is fixed by the knobs before the first step, so
+the scenario's size and seconds are planned like every other scenario's; the search stops at
+it, with wider brackets, rather than run on.
+
+A step is a transient, not a steady state: an engine offered ``x`` more than it serves builds
+a queue of about ``x`` x ``step_s`` seconds of work by the step's end, so an overload below
+about (the SLO's slack) / ``step_s`` goes unseen in one step. Both engines are measured the
+same way, so the ratio of their knees is what the check reads; a longer ``step_s`` moves each
+knee closer to the engine's sustained rate.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ from typing import Any, ClassVar, Literal
 
 from loadgen.brackets import Bracket, bracket
 from loadgen.prompts import LengthDist
-from loadgen.schedule import Arrival, PlannedSize, build_offsets, plan_offsets
+from loadgen.schedule import Arrival, PlannedSize, spread_offsets
 from loadgen.suite.knobs import KnobError, check_knobs, replace_knobs
 from loadgen.suite.workloads import DEFAULT_EXTRA, BuiltScenario, _check_requests, _requests
 
@@ -103,7 +117,10 @@ class Capacity:
         return len(self.ramp_rates()) + 2 * bisect + 2 * self.repeats + 2 * (1 + self.repeats)
 
     def step_requests(self, rate: float) -> int:
-        return plan_offsets(self.arrival, rate, duration_s=self.step_s).requests
+        """A step's requests: exactly ``rate`` x ``step_s`` (rounded, at least 1), the
+        schedule's count fixed so that the rate measured is the rate offered
+        (:func:`loadgen.schedule.spread_offsets`)."""
+        return max(1, round(rate * self.step_s))
 
     def plan(self, **overrides: Any) -> PlannedSize:
         """The worst case: every ramp step, then every other step at the highest ramp rate
@@ -123,8 +140,9 @@ class Capacity:
         return me.step(me.start_rate, seed)
 
     def step(self, rate: float, seed: int) -> BuiltScenario:
-        """One step at ``rate``: ``step_s`` of arrivals, new prompts per seed."""
-        offsets = build_offsets(self.arrival, rate, duration_s=self.step_s, seed=seed)
+        """One step at ``rate``: exactly :meth:`step_requests` arrivals over ``step_s``
+        (the arrival process conditioned on its count), new prompts per seed."""
+        offsets = spread_offsets(self.arrival, self.step_requests(rate), self.step_s, seed=seed)
         reqs = _requests(len(offsets), self.prompt_tokens, self.max_tokens, self.extra, seed)
         return BuiltScenario(self.name, reqs, offsets_s=offsets)
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.schedule import build_offsets
+from loadgen.schedule import build_offsets, spread_offsets
 
 arrivals = st.sampled_from(["poisson", "constant", "gamma"])
 rates = st.floats(0.01, 1000.0)
@@ -114,6 +114,53 @@ def test_bad_input_names_the_parameter(kwargs: dict[str, Any], name: str) -> Non
 
 def test_numpy_integer_request_count_is_accepted() -> None:
     assert len(build_offsets("poisson", 1.0, requests=np.int64(3))) == 3  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- a fixed count
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "gamma", "constant"])
+def test_spread_offsets_sends_exactly_the_count_inside_the_window(arrival: Any) -> None:
+    for n in (1, 2, 81, 500):
+        t = spread_offsets(arrival, n, 2.0, burstiness=0.5, seed=3)
+        assert len(t) == n and t[0] == 0.0 and t[-1] < 2.0
+        assert np.all(np.diff(t) >= 0)
+
+
+def test_spread_offsets_is_poisson_conditioned_on_its_count() -> None:
+    # Given n arrivals in a window, a Poisson process's instants are uniform there: the
+    # pooled offsets of many seeds fill the window evenly (a KS distance near 0), while the
+    # counts of build_offsets over the same window spread by about sqrt(n).
+    n, window = 80, 2.0
+    pooled = np.concatenate([spread_offsets("poisson", n, window, seed=s)[1:] for s in range(200)])
+    u = np.sort(pooled / window)
+    ks = np.max(np.abs(u - (np.arange(1, u.size + 1) / u.size)))
+    assert ks < 0.02
+    counts = [
+        len(build_offsets("poisson", n / window, duration_s=window, seed=s)) for s in range(200)
+    ]
+    assert np.std(counts) > 5  # what the fixed count takes away: sqrt(80) is about 9
+
+
+def test_spread_offsets_of_one_seed_share_their_shape_across_counts() -> None:
+    # The first gaps are the same draws at any count: a capacity search's steps at nearby
+    # rates see nearly the same traffic shape (common random numbers).
+    a = spread_offsets("poisson", 80, 2.0, seed=7)
+    b = spread_offsets("poisson", 88, 2.0, seed=7)
+    assert np.corrcoef(np.diff(a)[:40], np.diff(b)[:40])[0, 1] > 0.95
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (("poisson", 0, 1.0), "requests"),
+        (("poisson", 5, 0.0), "duration_s"),
+        (("poisson", 5, float("nan")), "duration_s"),
+    ],
+)
+def test_spread_offsets_names_bad_input(args: Any, name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name}"):
+        spread_offsets(*args)
 
 
 # --------------------------------------------------------------------------- phased schedules

@@ -13,13 +13,14 @@ search here brackets and bisects instead, so its resolution is a knob, not a gri
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
 import pytest
 
 from loadgen import suite
-from loadgen.brackets import Bracket, bracket, passed
+from loadgen.brackets import Bracket, bracket, monotone_goodput, passed
 from loadgen.suite.capacity import Capacity, RateSearch
 
 ROLES = ("reference", "candidate")
@@ -55,16 +56,32 @@ def test_goodput_meets_the_target_inclusively() -> None:
     assert not passed(0.9499, 0.95)
 
 
-def test_the_bracket_is_the_highest_rate_every_measurement_at_and_below_passed() -> None:
+def test_the_bracket_is_where_the_monotone_fit_of_goodput_crosses_the_target() -> None:
     assert bracket([], 0.95) == Bracket(None, None)
     assert bracket([(10, 1.0), (20, 1.0), (40, 0.5)], 0.95) == Bracket(20, 40)
     assert bracket([(10, 1.0), (20, 1.0)], 0.95) == Bracket(20, None)  # never missed
     assert bracket([(10, 0.2), (20, 1.0)], 0.95) == Bracket(None, 10)  # missed at the start
-    # A miss below a pass (a noisy knee) disqualifies everything above it: the bracket widens
-    # downward rather than a lucky pass outvoting it.
-    assert bracket([(10, 1.0), (20, 0.9), (30, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
-    # Repeated measurements at one rate: one miss there is a miss.
-    assert bracket([(10, 1.0), (20, 1.0), (20, 0.94), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # A lone miss below a pass (a host pause, a burst) is pooled with it: 0.9 and 1.0 fit
+    # 0.95, which keeps the target; the bracket is not dragged below the knee by one step.
+    assert bracket([(10, 1.0), (20, 0.9), (30, 1.0), (40, 0.5)], 0.95) == Bracket(30, 40)
+    # A miss its neighbour confirms stays a miss: everything from it up fails.
+    assert bracket([(10, 1.0), (20, 0.9), (30, 0.9), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # A lucky pass above misses is pooled down with them: it cannot lift the bracket.
+    assert bracket([(10, 1.0), (20, 0.8), (30, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # Repeated measurements at one rate are averaged.
+    assert bracket([(10, 1.0), (20, 1.0), (20, 0.94), (40, 0.5)], 0.95) == Bracket(20, 40)
+    assert bracket([(10, 1.0), (20, 1.0), (20, 0.8), (40, 0.5)], 0.95) == Bracket(10, 20)
+
+
+def test_the_monotone_fit_is_non_increasing_and_keeps_the_mean() -> None:
+    measured = [(10, 1.0), (20, 0.7), (30, 0.9), (30, 1.0), (40, 0.2), (50, 0.3)]
+    fit = monotone_goodput(measured)
+    rates = sorted(fit)
+    assert all(fit[a] >= fit[b] for a, b in itertools.pairwise(rates))
+    # pooling keeps the weighted mean: 0.7, 0.9, 1.0 -> 0.8667 each; 0.2, 0.3 -> 0.25
+    assert fit[20] == fit[30] == pytest.approx((0.7 + 0.9 + 1.0) / 3)
+    assert fit[40] == fit[50] == pytest.approx(0.25)
+    assert fit[10] == 1.0
 
 
 def test_bracket_estimate_and_width() -> None:
@@ -109,13 +126,15 @@ def test_a_confirming_miss_lowers_the_bracket_and_bisection_resumes() -> None:
         rate, stage = nxt
         got = {r: 1.0 if rate <= caps[r] else 0.6 for r in ROLES}
         if stage == "confirm" and rate == search.bracket("candidate").lo and not missed_at:
-            got["candidate"] = 0.9  # a noisy miss at the candidate's knee
+            # a miss at the candidate's knee deep enough that its mean with the first pass
+            # (0.925) misses too
+            got["candidate"] = 0.85
             missed_at.append(rate)
         search.record(rate, stage, got)
     assert missed_at
     b = search.bracket("candidate")
     assert b.hi is not None and b.lo is not None
-    assert b.hi <= missed_at[0]  # the miss disqualified its rate: the bracket moved below it
+    assert b.hi <= missed_at[0]  # the rate's mean missed: the bracket moved below it
     stages = [s.stage for s in search.steps]
     after = stages[stages.index("confirm") :]
     assert "bisect" in after or "budget" in search.stopped  # bisection resumed below the miss

@@ -20,9 +20,9 @@ from gaterun import run_in_tmp
 
 from gate.spec import parse_spec
 
-# serial: where each engine's knee lies is what the gate measures; other tests on the cores
+# timed_gate: where each engine's knee lies is what the gate measures; other tests on the cores
 # move it (both engines alike, but within one search).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.timed_gate]
 
 SIM = ["python", "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 SLOTS = ["--max-num-seqs", "20", "--itl-ms", "25"]
