@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from rich.console import Console
@@ -74,6 +74,16 @@ def _progress(err: Console) -> Progress:
         console=err,
         transient=True,
     )
+
+
+def _ticker(bar: Progress, name: str, total: int) -> Callable[[str], None]:
+    """A task of `total` steps on the bar, and what advances it one step naming the case."""
+    task = bar.add_task(name, total=total)
+
+    def step(case: str) -> None:
+        bar.update(task, advance=1, description=case)
+
+    return step
 
 
 def _fmt_rate(x: float) -> str:
@@ -166,21 +176,16 @@ def run_calibration(
     policy = Policy()
     err = Console(stderr=True, highlight=False)
     with _progress(err) as bar:
-        task = bar.add_task("gates", total=runs * len(cases))
-
-        def step(case: str) -> None:
-            bar.update(task, advance=1, description=case)
-
+        step = _ticker(bar, "gates", runs * len(cases))
         result = calibrate(policy, runs, seed=seed, config=config, cases=cases, progress=step)
         numerics: list[NumericsResult] = []
         if numerics_runs and numerics_cases:
-            n_task = bar.add_task("numerics", total=numerics_runs * len(numerics_cases))
             numerics = calibrate_numerics(
                 policy,
                 numerics_runs,
                 seed=seed,
                 cases=numerics_cases,
-                progress=lambda name: bar.update(n_task, advance=1, description=name),
+                progress=_ticker(bar, "numerics", numerics_runs * len(numerics_cases)),
             )
     engines = []
     if engine_runs:
@@ -374,14 +379,14 @@ def run_grid(
     errors_gates = 2 * ((aa_runs or runs) + runs) if errors_size else 0
     err = Console(stderr=True, highlight=False)
     with _progress(err) as bar:
-        task = bar.add_task("gates", total=per_cell * len(MODELS) * len(sizes) + errors_gates)
+        total = per_cell * len(MODELS) * len(sizes) + errors_gates
         cells = calibrate_grid(
             policy,
             runs,
             seed=seed,
             sizes=sizes,
             aa_runs=aa_runs,
-            progress=lambda case: bar.update(task, advance=1, description=case),
+            progress=_ticker(bar, "gates", total),
             errors_size=errors_size,
         )
     if as_json:
@@ -434,14 +439,13 @@ def run_shapes(
     )
     err = Console(stderr=True, highlight=False)
     with _progress(err) as bar:
-        task = bar.add_task("gates", total=per_size * len(sizes))
         cells = calibrate_shapes(
             policy,
             runs,
             aa_runs=aa_runs,
             seed=seed,
             sizes=sizes,
-            progress=lambda case: bar.update(task, advance=1, description=case),
+            progress=_ticker(bar, "gates", per_size * len(sizes)),
         )
     refusal = short_plan_refusal(policy)
     if as_json:

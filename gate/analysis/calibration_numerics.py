@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from gate.analysis.calibration import log_softmax, top_dicts
+from gate.analysis.calibration_sim import log_softmax, top_dicts
 from gate.analysis.divergence import (
     DivergenceSamples,
     GreedyPair,

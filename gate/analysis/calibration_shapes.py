@@ -39,9 +39,10 @@ from gate.analysis.calibration import (
     MODELS,
     Calibration,
     Case,
-    CaseResult,
     SimConfig,
     calibrate,
+    calibrate_each,
+    cases_named,
 )
 from gate.analysis.plan import Plan
 from gate.analysis.policy import Policy
@@ -99,8 +100,7 @@ BOUNDARY_CASES: tuple[Case, ...] = (
 )
 
 POWER_CASES: tuple[Case, ...] = (
-    Case("TTFT x1.10", ttft=1.10),
-    Case("tail >p95 x1.30", tail=1.30),
+    *cases_named("TTFT x1.10", "tail >p95 x1.30"),
     Case("p50 x0.90, p99 x1.75", ttft=0.90, top_share=0.01, top_factor=1.75 / 0.90),
     Case("p99 x1.5", top_share=0.01, top_factor=1.5),
     Case("3% of requests x4", tail_share=0.03, tail_factor=4.0),
@@ -109,7 +109,7 @@ POWER_CASES: tuple[Case, ...] = (
     Case("stall 5 s", stall_s=5.0),
     Case("creep +0% to +40% over the second half", creep=(0.5, 1.40)),
     Case("times out its slowest 1%", timeout_top=0.01),
-    Case("errors x2", errors=2.0),
+    *cases_named("errors x2"),
 )
 EPISODE_CASES: tuple[Case, ...] = (
     Case("error episodes x3", episodes=3.0),
@@ -145,26 +145,10 @@ def calibrate_shapes(
     for size in sizes:
         for stress in stresses:
             config = stress.config(_mirrored(size))
-            parts: list[CaseResult] = []
-            for case in BOUNDARY_CASES:
-                parts.extend(
-                    calibrate(
-                        policy,
-                        aa_runs or runs,
-                        seed=seed,
-                        config=config,
-                        cases=[case],
-                        progress=progress,
-                    ).cases
-                )
-            cells.append(
-                ShapeCell(
-                    stress.name,
-                    size,
-                    "validity",
-                    Calibration(policy.alpha, aa_runs or runs, config.limit, tuple(parts)),
-                )
+            result = calibrate_each(
+                policy, aa_runs or runs, config, BOUNDARY_CASES, seed=seed, progress=progress
             )
+            cells.append(ShapeCell(stress.name, size, "validity", result))
         for stress_name, cases in (("mirrored", POWER_CASES), ("error episodes", EPISODE_CASES)):
             stress = next(s for s in STRESS if s.name == stress_name)
             config = stress.config(_mirrored(size))

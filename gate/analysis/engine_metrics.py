@@ -90,6 +90,15 @@ class EngineSeries:
         steps = np.diff(finite)
         return float(np.where(steps >= 0, steps, finite[1:]).sum()) if finite.size > 1 else 0.0
 
+    def share(self, part: str, whole: str, gauge: str) -> float | None:
+        """A rate from two counters, `part`'s rise over `whole`'s where `whole` rose, else
+        the mean of the `gauge` the engine states it by (a prefix-cache hit rate, a draft
+        acceptance rate); None when it has neither."""
+        w, p = self.increase(whole), self.increase(part)
+        if w is not None and p is not None and w > 0:
+            return p / w
+        return self.mean(gauge)
+
     def rises(self, metric: str) -> np.ndarray | None:
         """Times of the scrapes at which a counter had risen since the scrape before (after
         a restart, which resets it, only where it counted anything again: the drop to zero
@@ -286,10 +295,7 @@ def kv_capacity_check(
 
 
 def _hit_rate(s: EngineSeries) -> float | None:
-    q, h = s.increase("prefix_cache_queries_total"), s.increase("prefix_cache_hits_total")
-    if q is not None and h is not None and q > 0:
-        return h / q
-    return s.mean("prefix_cache_hit_rate")
+    return s.share("prefix_cache_hits_total", "prefix_cache_queries_total", "prefix_cache_hit_rate")
 
 
 def _prefix_check(
@@ -330,11 +336,11 @@ def _prefix_check(
 
 
 def _acceptance(s: EngineSeries) -> float | None:
-    d = s.increase("spec_decode_draft_tokens_total")
-    a = s.increase("spec_decode_accepted_tokens_total")
-    if d is not None and a is not None and d > 0:
-        return a / d
-    return s.mean("spec_decode_acceptance_rate")
+    return s.share(
+        "spec_decode_accepted_tokens_total",
+        "spec_decode_draft_tokens_total",
+        "spec_decode_acceptance_rate",
+    )
 
 
 def _spec_check(

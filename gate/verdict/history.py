@@ -16,8 +16,8 @@ from gate.verdict.document import (
     ReferenceOutlierDoc,
     ScenarioDoc,
     VerdictDocument,
-    _Doc,
 )
+from gate.verdict.document_base import _Doc
 
 FIGURE_METRICS = ("ttft_ms", "itl_ms")
 FIGURE_QUANTILES = ("p50", "p99")

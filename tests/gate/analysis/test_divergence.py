@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gate.analysis.calibration import SimConfig, _divergence
+from gate.analysis.calibration_sim import SimConfig, _divergence
 from gate.analysis.divergence import (
     DivergenceSamples,
     GreedyPair,

@@ -197,6 +197,21 @@ def test_prefix_cache_spec_decode_and_queue_rules() -> None:
     assert checks["peak.engine.queue_depth"].decision == "fail"  # 2 x 4 + 4 = 12
 
 
+def test_a_share_is_counted_from_counters_else_read_from_the_gauge() -> None:
+    """EngineSeries.share, behind the prefix-cache hit rate and the draft acceptance: two
+    counters where the whole rose (a restart counted from zero), else the engine's own gauge
+    (SGLang states its prefix cache as `cache_hit_rate` only: gate/telemetry/vocabulary.py)."""
+    t = np.arange(4) * 1.0
+    restarted = EngineSeries(
+        t,
+        {"q": np.array([0.0, 100.0, 20.0, 60.0]), "h": np.array([0.0, 50.0, 5.0, 25.0])},
+    )
+    assert restarted.share("h", "q", "rate") == pytest.approx((50 + 5 + 20) / (100 + 20 + 40))
+    gauge = EngineSeries(t, {"q": np.zeros(4), "h": np.zeros(4), "rate": np.full(4, 0.3)})
+    assert gauge.share("h", "q", "rate") == pytest.approx(0.3)  # nothing looked up: the gauge
+    assert EngineSeries(t, {"q": np.zeros(4)}).share("h", "q", "rate") is None
+
+
 def test_no_timeline_from_an_engine_is_a_note_never_a_hold() -> None:
     checks, notes = one(series(np.zeros(5)), None)
     assert checks == {}
