@@ -64,12 +64,13 @@ TTFT_CREEP_PER_MIN = TTFT_CREEP_PCT / (SCENARIO_S / 60.0)
 
 
 # The capacity cases (issue 33): both sims serve 20 sequences of 25 ms decode steps, so a
-# request of 16 tokens holds a slot about 0.45 s and slots bound the rate near 45/s; the
-# candidate's --capacity-loss 15 keeps 17 slots (near 38/s) and changes nothing below that.
+# request of 16 tokens holds a slot about 0.42 s and slots bound the rate near 47/s; the
+# candidate's --capacity-loss 15 keeps 17 slots (near 40/s) and changes nothing below that.
 # The steady scenario runs at 20/s, under both, so only the capacity scenario can tell them
-# apart; the search brackets each engine to 3% from 20/s in steps of 1.5x, 2 s per step.
-# Slower steps (50 ms, knees near 23/s and 19.6/s, the steady scenario at 12/s) were tried
-# to take the host's CPU out of the knee and held the loss less often (docs/calibration.md).
+# apart; the search brackets each engine to 3% from 20/s in steps of 1.5x, 4 s per step. With
+# 2 s steps an engine overloaded by up to about 10% still kept its 250 ms TTFT in one step (a
+# queue grows by the overload x the step's length), and held the loss less often
+# (docs/calibration.md, "Capacity").
 CAPACITY_FLAGS = ("--max-num-seqs", "20", "--itl-ms", "25")
 CAPACITY_RATE = 20.0
 CAPACITY_REQUESTS = 404  # 20 s at 20/s: 10 time blocks of 2 s
@@ -82,7 +83,7 @@ CAPACITY_SCENARIO: dict[str, Any] = {
     "max_rate": 100,
     "growth": 1.5,
     "resolution": 0.03,
-    "step_s": 2,
+    "step_s": 4,
     "repeats": 1,
     "prompt_tokens": 32,
     "max_tokens": 16,

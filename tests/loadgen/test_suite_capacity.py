@@ -192,13 +192,22 @@ def test_the_budget_is_planned_by_arithmetic() -> None:
     assert size.requests <= sum(r * 2.0 + 8 for r in ramp) + (e.max_steps() - 7) * (400 + 8)
 
 
-def test_a_step_is_seeded_and_lasts_step_s() -> None:
+def test_a_step_is_seeded_lasts_step_s_and_sends_exactly_its_count() -> None:
     e = entry(step_s=2.0, prompt_tokens=16, max_tokens=8)
     a, b = e.step(40.0, seed=3), e.step(40.0, seed=3)
     assert a.offsets_s is not None and b.offsets_s is not None
     assert list(a.offsets_s) == list(b.offsets_s) and a.requests == b.requests
-    assert float(a.offsets_s[-1]) < 2.0 and 40 <= len(a.requests) * 1.0 <= 140
+    assert float(a.offsets_s[-1]) < 2.0
+    # exactly rate x step_s requests at every rate and seed: the rate measured is the one
+    # offered, whatever the draw
+    for rate in (10.0, 40.0, 41.7):
+        for seed in range(5):
+            assert len(e.step(rate, seed).requests) == round(rate * 2.0) == e.step_requests(rate)
     assert e.build(seed=3).offsets_s is not None
+    # the budget is exact arithmetic on those counts
+    assert e.plan().requests == sum(e.step_requests(r) for r in e.ramp_rates()) + (
+        e.max_steps() - len(e.ramp_rates())
+    ) * e.step_requests(e.ramp_rates()[-1])
 
 
 @pytest.mark.parametrize(
