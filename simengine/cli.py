@@ -5,8 +5,9 @@ Every knob is a flag so that a test or a gate run can build a reference and a ca
 differ in exactly one respect (a slower ITL, a fault, another model seed) and nothing else.
 Performance figures come from a named profile (``--profile``, default ``demo``); a flag given
 explicitly overrides the profile's value. The flags are data (`Flag`, `FlagGroup`, `GROUPS`,
-in `simengine.flags`) so the parser, its help and the groups a reader scans are one table; the checks that argparse
-cannot express run after parsing and fail the way argparse does (exit code 2).
+in `simengine.flags`) so the parser, its help and the groups a reader scans are one table;
+the checks that argparse cannot express run after parsing and fail the way argparse does
+(exit code 2).
 """
 
 from __future__ import annotations
