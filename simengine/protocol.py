@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from simengine.engine import GenerationRequest
@@ -195,19 +197,29 @@ class ApiRequest:
     prompt_logprobs: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    """What an endpoint's own fields give the checks both endpoints share (`_common`)."""
+
+    ids: list[int]
+    logprobs: int | None
+    default_max_tokens: int | None
+    max_tokens_field: str
+
+
 def _common(
     obj: dict[str, Any],
+    prompt: _Prompt,
     *,
-    prompt_ids: list[int],
-    default_max_tokens: int | None,
-    max_tokens_field: str,
-    logprobs: int | None,
     tokenizer: ToyTokenizer,
     served_model: str,
     max_model_len: int,
     endpoint: Endpoint,
     served: Served,
 ) -> ApiRequest:
+    prompt_ids = prompt.ids
+    default_max_tokens = prompt.default_max_tokens
+    max_tokens_field = prompt.max_tokens_field
     n = _opt_int(obj, "n")
     if n not in (None, 1):
         raise bad_request("The sim only supports `n=1`", "n")
@@ -255,7 +267,7 @@ def _common(
         ignore_eos=_opt_bool(obj, "ignore_eos"),
         min_tokens=min_tokens,
         include_stop_str_in_output=_opt_bool(obj, "include_stop_str_in_output"),
-        logprobs=logprobs,
+        logprobs=prompt.logprobs,
     )
     request = ApiRequest(
         endpoint=endpoint,
@@ -315,14 +327,9 @@ def _prompt_ids(value: object, tokenizer: ToyTokenizer) -> list[int]:
     )
 
 
-def parse_completion_request(
-    body: bytes,
-    tokenizer: ToyTokenizer,
-    served_model: str,
-    max_model_len: int,
-    served: Served = ALL_SERVED,
-) -> ApiRequest:
-    obj = _load_object(body)
+def _completion_prompt(
+    obj: dict[str, Any], tokenizer: ToyTokenizer, served_model: str, served: Served
+) -> _Prompt:
     if "prompt" not in obj or obj["prompt"] is None:
         raise bad_request("`prompt` is required", "prompt")
     prompt_ids = _prompt_ids(obj["prompt"], tokenizer)
@@ -332,18 +339,7 @@ def parse_completion_request(
     # As in vLLM, 0 asks for the chosen token's logprob alone, allowed under any limit.
     if logprobs and logprobs > served.max_logprobs:
         raise _too_many_logprobs("sample", logprobs, served, "logprobs")
-    return _common(
-        obj,
-        prompt_ids=prompt_ids,
-        default_max_tokens=DEFAULT_COMPLETION_MAX_TOKENS,
-        max_tokens_field="max_tokens",
-        logprobs=logprobs,
-        tokenizer=tokenizer,
-        served_model=served_model,
-        max_model_len=max_model_len,
-        endpoint="completion",
-        served=served,
-    )
+    return _Prompt(prompt_ids, logprobs, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
 
 
 def chat_messages(value: object) -> list[tuple[str, str]]:
@@ -375,14 +371,9 @@ def chat_messages(value: object) -> list[tuple[str, str]]:
     return out
 
 
-def parse_chat_request(
-    body: bytes,
-    tokenizer: ToyTokenizer,
-    served_model: str,
-    max_model_len: int,
-    served: Served = ALL_SERVED,
-) -> ApiRequest:
-    obj = _load_object(body)
+def _chat_prompt(
+    obj: dict[str, Any], tokenizer: ToyTokenizer, served_model: str, served: Served
+) -> _Prompt:
     if "messages" not in obj:
         raise bad_request("`messages` is required", "messages")
     prompt_ids = tokenizer.encode(_render_chat(obj, served_model, served))
@@ -398,18 +389,42 @@ def parse_chat_request(
     field = (
         "max_completion_tokens" if obj.get("max_completion_tokens") is not None else "max_tokens"
     )
+    return _Prompt(prompt_ids, (top or 0) if want_logprobs else None, None, field)
+
+
+_PROMPTS: dict[Endpoint, Callable[[dict[str, Any], ToyTokenizer, str, Served], _Prompt]] = {
+    "completion": _completion_prompt,
+    "chat": _chat_prompt,
+}
+
+
+def parse_generation_request(
+    endpoint: Endpoint,
+    body: bytes,
+    tokenizer: ToyTokenizer,
+    served_model: str,
+    max_model_len: int,
+    served: Served = ALL_SERVED,
+) -> ApiRequest:
+    """A completions or chat body as vLLM validates it: the endpoint's own fields first
+    (`_PROMPTS`), then the limits both share, the model's name last."""
+    obj = _load_object(body)
+    prompt = _PROMPTS[endpoint](obj, tokenizer, served_model, served)
     return _common(
         obj,
-        prompt_ids=prompt_ids,
-        default_max_tokens=None,
-        max_tokens_field=field,
-        logprobs=(top or 0) if want_logprobs else None,
+        prompt,
         tokenizer=tokenizer,
         served_model=served_model,
         max_model_len=max_model_len,
-        endpoint="chat",
+        endpoint=endpoint,
         served=served,
     )
+
+
+parse_completion_request = partial(parse_generation_request, "completion")
+"""``/v1/completions``: `parse_generation_request` for that endpoint."""
+parse_chat_request = partial(parse_generation_request, "chat")
+"""``/v1/chat/completions``: `parse_generation_request` for that endpoint."""
 
 
 def _render_chat(obj: dict[str, Any], served_model: str, served: Served) -> str:
