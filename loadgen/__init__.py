@@ -46,7 +46,7 @@ _WHERE = {
     "ServerSentEvent": "loadgen.sse",
     "SSEParser": "loadgen.sse",
     "LoadgenTransport": "loadgen.transport",
-    "StreamTap": "loadgen.transport",
+    "StreamTap": "loadgen.tap",
 }
 
 
@@ -91,8 +91,8 @@ if TYPE_CHECKING:  # the names for type checkers, re-exported
     from loadgen.sse import DONE as DONE
     from loadgen.sse import ServerSentEvent as ServerSentEvent
     from loadgen.sse import SSEParser as SSEParser
+    from loadgen.tap import StreamTap as StreamTap
     from loadgen.transport import LoadgenTransport as LoadgenTransport
-    from loadgen.transport import StreamTap as StreamTap
 
 __all__ = [
     "ARRIVALS",

@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from loadgen.client import IDENTITY_HEADERS, Target, excerpt, make_client, read_capped
+from loadgen.client import IDENTITY_HEADERS, Target, make_client, read_capped
+from loadgen.engine_text import excerpt
 from loadgen.logprobs import parse_logprobs
 
 __all__ = ["FEATURES", "MAX_CAPABILITY_BODY_BYTES", "Capabilities", "ask_version", "discover"]

@@ -20,30 +20,30 @@ from simengine import metrics
 from simengine.config import SimConfig
 from simengine.engine import EngineSeq, GenerationRequest, Output, SimEngine, StreamEvent
 from simengine.faults import FaultCounters, FaultPlan, StreamFaults
-from simengine.features import Served
 from simengine.http11 import ConnectionStats, Request, Responder
 from simengine.model import PromptTokenLogprobs, ToyModel, ToyTokenizer
 from simengine.protocol import (
-    DONE_EVENT,
     ApiError,
     ApiRequest,
-    StreamEncoder,
+    Endpoint,
     bad_request,
     dumps,
-    full_response,
     kv_transfer_params,
-    new_request_id,
-    parse_chat_request,
-    parse_completion_request,
     parse_detokenize_request,
+    parse_generation_request,
     parse_tokenize_request,
+)
+from simengine.responses import (
+    DONE_EVENT,
+    StreamEncoder,
+    full_response,
+    new_request_id,
     stream_error_event,
 )
 from simengine.timing import StepTimer
 from simengine.truth import TruthLog, TruthRecord
 
 Route = Callable[[Request, Responder], Awaitable[None]]
-Parser = Callable[[bytes, ToyTokenizer, str, int, Served], ApiRequest]
 # A request's part in a disaggregated engine: this prefill worker hands its KV on ("send"),
 # this decode worker takes a prefill's KV ("receive"), or None: served as a whole engine.
 KvPart = Literal["send", "receive"] | None
@@ -279,10 +279,10 @@ class SimApp:
     # -- generation ------------------------------------------------------------------------
 
     async def _completions(self, request: Request, responder: Responder) -> None:
-        await self._generate(request, responder, parse_completion_request)
+        await self._generate(request, responder, "completion")
 
     async def _chat(self, request: Request, responder: Responder) -> None:
-        await self._generate(request, responder, parse_chat_request)
+        await self._generate(request, responder, "chat")
 
     def _inject_error(self) -> None:
         if self.faults.http_error():
@@ -396,11 +396,11 @@ class SimApp:
             ttft_factor=ttft_factor,
         )
 
-    async def _generate(self, request: Request, responder: Responder, parse: Parser) -> None:
+    async def _generate(self, request: Request, responder: Responder, endpoint: Endpoint) -> None:
         request_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
         record = TruthRecord(request_id, request.path, request.arrival_ns, request.read_ns)
         try:
-            await self._serve_generation(request, responder, parse, record)
+            await self._serve_generation(request, responder, endpoint, record)
         except ApiError as exc:
             record.status = exc.status
             record.ended("done", time.monotonic_ns())  # a whole (error) response
@@ -410,12 +410,14 @@ class SimApp:
                 self.truth.record(record)
 
     async def _serve_generation(
-        self, request: Request, responder: Responder, parse: Parser, record: TruthRecord
+        self, request: Request, responder: Responder, endpoint: Endpoint, record: TruthRecord
     ) -> None:
         cfg = self.config
         turn = await self.engine.intake_turn()  # parse and tokenize between steps
         try:
-            api = parse(request.body, self.tokenizer, cfg.model, cfg.max_model_len, self.served)
+            api = parse_generation_request(
+                endpoint, request.body, self.tokenizer, cfg.model, cfg.max_model_len, self.served
+            )
             part = None if cfg.role == "both" else self._kv_part(request.body, api)
             self._inject_error()
             self._shed_if_overloaded()

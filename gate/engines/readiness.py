@@ -27,7 +27,7 @@ import httpx
 
 from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
 from gate.engines.lifecycle import PhaseLog
-from loadgen.client import excerpt as _excerpt
+from loadgen.engine_text import excerpt as _excerpt
 
 POLL_S = 0.05
 """The first wait between two polls of a phase, and the shortest."""

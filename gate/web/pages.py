@@ -36,7 +36,8 @@ from gate.core.errors import DocumentUnreadable, GateNotFound
 from gate.core.vocabulary import FINISHED, STATES, VERDICTS
 from gate.http.deps import Ctx, authorize, get_ctx, request_token
 from gate.http.guards import CSRF_FIELD, SESSION_COOKIE, origin_problem
-from gate.reports.html import environment, format_time, render_body
+from gate.reports.formats import format_time
+from gate.reports.html import environment, render_body
 from gate.service import service
 from gate.service.schemas import GateFilter
 from gate.verdict.document import VerdictDocument

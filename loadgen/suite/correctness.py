@@ -17,8 +17,8 @@ from loadgen.client import (
     MAX_BODY_BYTES,
     RequestSpec,
     Target,
-    excerpt,
 )
+from loadgen.engine_text import excerpt
 from loadgen.logprobs import parse_logprobs
 from loadgen.prompts import (
     synthetic_prompts,

@@ -13,10 +13,10 @@ import httpx
 from loadgen.client import (
     IDENTITY_HEADERS,
     Target,
-    excerpt,
     make_client,
     read_capped,
 )
+from loadgen.engine_text import excerpt
 
 ProbeKind = Literal["completions", "chat"]
 

@@ -157,9 +157,9 @@ def test_a_fresh_connection_that_dies_is_an_error_not_resent() -> None:
 def test_keep_alive_header_is_read_or_ignored(
     header: bytes, timeout: int | None, max_requests: int | None
 ) -> None:
-    from loadgen.transport import _Connection, _Pool
+    from loadgen.connections import Connection, Pool
 
-    conn = _Connection(_Pool(1, 30.0), ("127.0.0.1", 1))
+    conn = Connection(Pool(1, 30.0), ("127.0.0.1", 1))
     conn._keep_alive(header)
     assert conn.idle_timeout == timeout and conn.max_requests == max_requests
 

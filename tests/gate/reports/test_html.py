@@ -5,6 +5,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
+from report_records import streamed_records
 from verdicts import CONTINUE_LINE, HOLD_LINE, mixed_document, old_document
 
 from gate.analysis.samples import columns_from_records
@@ -17,26 +18,11 @@ from gate.reports.charts import (
     scatter_chart,
     timeline_chart,
 )
-from gate.reports.html import render_report, scenario_charts, write_report
+from gate.reports.html import render_report, write_report
 from gate.verdict import VerdictDocument
-from loadgen.records import RequestRecord
 
 EVIL = "<script>alert('x')</script>"
 NS = "{http://www.w3.org/2000/svg}"
-
-
-def _records(n: int, ttft_ms: float) -> list[RequestRecord]:
-    out = []
-    for i in range(n):
-        sent = i * 10_000_000
-        first = sent + int(ttft_ms * 1e6 * (1 + 0.01 * (i % 7)))
-        chunks = [first + j * 12_000_000 for j in range(8)]
-        out.append(
-            RequestRecord(
-                i, "x", sent, sent, first, chunks[-1], 200, None, None, 8, 16, chunks, [1] * 8, EVIL
-            )
-        )
-    return out
 
 
 def _doc() -> dict:  # type: ignore[type-arg]
@@ -108,8 +94,8 @@ def _doc() -> dict:  # type: ignore[type-arg]
 def test_report_escapes_engine_output_and_has_charts(tmp_path: Path) -> None:
     cols = {
         "steady": {
-            "reference": columns_from_records(_records(50, 40), 0),
-            "candidate": columns_from_records(_records(50, 60), 0),
+            "reference": columns_from_records(streamed_records(50, 40, EVIL), 0),
+            "candidate": columns_from_records(streamed_records(50, 60, EVIL), 0),
         }
     }
     html = render_report(VerdictDocument.read(_doc()), cols, warmup=5)
@@ -196,21 +182,6 @@ def test_every_chart_is_well_formed_and_labelled() -> None:
     assert ElementTree.fromstring(glyph).get("aria-label") == (
         "ratio 1.400x, interval 1.300x to 1.500x, threshold 1.050x"
     )
-
-
-def test_scenario_charts_with_phases_and_slos() -> None:
-    cols = {
-        "reference": columns_from_records(_records(60, 40), 0),
-        "candidate": columns_from_records(_records(60, 60), 0),
-    }
-    charts = scenario_charts("peak", cols, 5, [("a", 0.0), ("b", 0.3)], {"ttft_ms": 50.0}, 1.0)
-    assert list(charts) == ["ttft_cdf", "itl_cdf", "ttft_time", "itl_time", "throughput", "errors"]
-    rates = str(charts["throughput"])
-    # With an SLO, goodput (dashed) differs from throughput: the candidate misses TTFT <= 50.
-    assert "reference throughput" in rates and "candidate goodput" in rates
-    assert "TTFT &lt;= 50 ms" in rates and "candidate: 0 good of 60 sent" in rates
-    for svg in charts.values():
-        ElementTree.fromstring(str(svg))
 
 
 def test_report_of_a_gate_that_could_not_finish() -> None:
