@@ -64,19 +64,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gate.reservations.groups_blocked import diagnose, ineligible
-from gate.reservations.groups_fleet import (
-    Fleet,
-    bound,
-    build,
-    group_stats,
-    index_of,
-    sorted_fits,
-)
-from gate.reservations.groups_search import (
-    Search,
-    count_gates,
-    order_groups,
-)
+from gate.reservations.groups_fleet import Fleet, bound, build, group_stats, index_of, sorted_fits
+from gate.reservations.groups_search import Search, count_gates, order_groups
 from gate.reservations.inventory import Node
 from gate.reservations.shapes import (
     Blocked,

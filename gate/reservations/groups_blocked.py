@@ -22,10 +22,7 @@ from gate.reservations.groups_fleet import (
     project,
     sorted_fits,
 )
-from gate.reservations.groups_search import (
-    Search,
-    order_groups,
-)
+from gate.reservations.groups_search import Search, order_groups
 from gate.reservations.inventory import Node
 from gate.reservations.shapes import (
     RETRYABLE,

@@ -24,10 +24,7 @@ from gate.reservations.groups_fleet import (
     index_of,
     instances,
 )
-from gate.reservations.shapes import (
-    DomainFit,
-    level_index,
-)
+from gate.reservations.shapes import DomainFit, level_index
 
 SEARCH_BUDGET = 10_000
 PRUNE_FROM = 128  # nodes in a `together` domain: larger ones drop filled nodes between gates
@@ -58,7 +55,7 @@ def _count_vectors(sizes: Sequence[int], n: int) -> Iterator[tuple[int, ...]]:
     yield from rec(0, n)
 
 
-class OutOfBudget(Exception):
+class _OutOfBudget(Exception):
     pass
 
 
@@ -292,7 +289,7 @@ class Search:
             for self.width in (1, 0):
                 if self._dfs(0, steps, [{} for _ in self.f.shape.roles]):
                     return True
-        except OutOfBudget:
+        except _OutOfBudget:
             pass
         return False
 
@@ -392,7 +389,7 @@ class Search:
     def _charge(self, units: int) -> None:
         self.budget -= units
         if self.budget < 0:
-            raise OutOfBudget
+            raise _OutOfBudget
 
     def _dfs(self, i: int, steps: tuple[Step, ...], values: list[dict[int, str]]) -> bool:
         if i == len(steps):
