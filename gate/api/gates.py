@@ -25,7 +25,7 @@ from gate.service.schemas import AlertDeliveryView, CallbackTarget, GateFilter, 
 from gate.spec import GateSpec, policy_problems
 from gate.verdict import RejudgeResult, VerdictDocument, check_doc
 from gate.verdict.document import ReasonDoc
-from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary, summarize
+from gate.verdict.summary import ANSWER_ITEMS, summarize
 
 if TYPE_CHECKING:  # the service's rows, for annotations only
     from gate.models import GateRun
@@ -180,10 +180,6 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
 def view(run: GateRun) -> GateView:
     base = f"/v1/gates/{run.id}"
     finished = run.state in FINISHED
-    said = stored_summary(run.verdict, run.document, run.reason) if finished else None
-    warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
-    not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
-    advisory, advisory_omitted = bounded(said.advisory if said else (), ANSWER_ITEMS)
     return GateView(
         id=run.id,
         name=run.name,
@@ -191,13 +187,7 @@ def view(run: GateRun) -> GateView:
         phase=run.phase,
         verdict=run.verdict if finished else None,
         reason=run.reason,
-        summary=said.line() if said else None,
-        warnings=warnings,
-        warnings_omitted=warnings_omitted,
-        not_shown=not_shown,
-        not_shown_omitted=not_shown_omitted,
-        advisory=advisory,
-        advisory_omitted=advisory_omitted,
+        **service.said_in_answer(run, run.document),
         source=run.source,
         reference=run.reference_label,
         candidate=run.candidate_label,

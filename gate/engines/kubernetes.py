@@ -51,6 +51,9 @@ load to real sim engine processes behind `base_url_override`, crash and timeout 
 run: no real API server, kubelet, scheduler, LWS controller, DRA driver or GPU; so admission
 webhooks, RBAC, real scheduling and pulls, DNS of the Service, and IMEX channels are untested
 here.
+
+Where: this module is the engine's lifecycle; what its pods say is read in `pod_status.py`
+(pure), the API calls are `kube_api.py` and the gate's Lease is `gate_lease.py`.
 """
 
 from __future__ import annotations
@@ -58,39 +61,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gate.core.errors import ClusterError as ClusterError  # it lived here: re-exported
 from gate.core.errors import EngineError, ReadinessTimeout
 from gate.engines.describe import engine_doc
+from gate.engines.gate_lease import GateLease, cancel_task
+from gate.engines.kube_api import TRANSIENT, KubeApi, ObjectRef, object_ref
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import (
-    CD_GROUP,
-    CD_PLURAL,
-    CD_VERSION,
-    COMPONENT_LABEL,
-    CONTAINER,
-    LWS_GROUP,
-    LWS_PLURAL,
-    LWS_VERSION,
-    MANAGER,
     EngineManifests,
     EngineWorkload,
-    Manifest,
     dns_part,
     lease_name,
-    micro_time,
     render_engine,
-    render_lease,
+)
+from gate.engines.pod_status import (
+    CrashEvidence,
+    PodView,
+    all_pulled,
+    all_running,
+    all_scheduled,
+    find_crash,
+    pod_view,
+    pull_failure,
+    start_failure,
+    stuck_detail,
 )
 from gate.engines.readiness import wait_ready
-from gate.reservations.kubernetes import api_reason, transient_errors
+from gate.reservations.kubernetes import api_reason
 from gate.verdict.document import EngineDoc, KubernetesDoc, PlacementDoc
 
 if TYPE_CHECKING:
@@ -107,459 +109,8 @@ KUBERNETES_PHASES = (
     "healthy",
     "model_listed",
 )
-PULL_FAILURES = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "RegistryUnavailable",
-        "SignatureValidationFailed",
-    }
-)
-CREATING = frozenset({"ContainerCreating", "PodInitializing"})
-START_FAILURES = frozenset(
-    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "StartError"}
-)
 CRASH_LOG_LINES = 20
 KEEP_LOG_LINES = 200
-CUSTOM_KINDS = {
-    "LeaderWorkerSet": (LWS_GROUP, LWS_VERSION, LWS_PLURAL),
-    "ComputeDomain": (CD_GROUP, CD_VERSION, CD_PLURAL),
-}
-# What a poll or a delete can meet besides an API answer: a dropped connection, a timeout.
-TRANSIENT = transient_errors()
-
-
-# -- what the pods say (pure) ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerView:
-    name: str
-    image: str
-    restarts: int = 0
-    image_id: str | None = None  # the kubelet's imageID: the digest it runs, once pulled
-    waiting: str | None = None
-    waiting_message: str | None = None
-    running: bool = False
-    terminated: str | None = None
-    exit_code: int | None = None
-    last_terminated: str | None = None
-    last_exit_code: int | None = None
-
-    @property
-    def pulled(self) -> bool:
-        """Past image pull: running, ended, restarted, or waiting for something else
-        (CrashLoopBackOff also means the image is there)."""
-        if self.running or self.terminated is not None or self.restarts > 0:
-            return True
-        return self.waiting is not None and self.waiting not in CREATING | PULL_FAILURES
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    name: str
-    uid: str
-    component: str | None = None
-    node: str | None = None
-    phase: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    unschedulable: str | None = None
-    deleting: bool = False
-    containers: tuple[ContainerView, ...] = ()
-
-
-def _container_view(status: client.V1ContainerStatus) -> ContainerView:
-    state, last = status.state, status.last_state
-    waiting = state.waiting if state else None
-    terminated = state.terminated if state else None
-    last_terminated = last.terminated if last else None
-    return ContainerView(
-        name=status.name,
-        image=status.image,
-        image_id=status.image_id or None,
-        restarts=status.restart_count,
-        waiting=(waiting.reason or "Waiting") if waiting else None,
-        waiting_message=waiting.message if waiting else None,
-        running=bool(state and state.running),
-        terminated=(terminated.reason or "Terminated") if terminated else None,
-        exit_code=terminated.exit_code if terminated else None,
-        last_terminated=(last_terminated.reason or "Terminated") if last_terminated else None,
-        last_exit_code=last_terminated.exit_code if last_terminated else None,
-    )
-
-
-def pod_view(pod: client.V1Pod) -> PodView:
-    meta = pod.metadata or client.V1ObjectMeta()
-    status = pod.status or client.V1PodStatus()
-    unschedulable = None
-    for cond in status.conditions or []:
-        if cond.type == "PodScheduled" and cond.status == "False":
-            unschedulable = f"{cond.reason or 'Unschedulable'}: {cond.message or ''}".strip()
-    return PodView(
-        name=meta.name or "",
-        uid=meta.uid or "",
-        component=(meta.labels or {}).get(COMPONENT_LABEL),
-        node=pod.spec.node_name if pod.spec else None,
-        phase=status.phase,
-        reason=status.reason,
-        message=status.message,
-        unschedulable=unschedulable,
-        deleting=meta.deletion_timestamp is not None,
-        containers=tuple(_container_view(c) for c in status.container_statuses or []),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class CrashEvidence:
-    description: str
-    exit_code: int | None
-    pod: str | None
-    previous: bool  # the previous container instance's log says why
-
-
-def _ended(reason: str | None, code: int | None) -> str:
-    return f"{reason or 'Terminated'}" + (f", exit code {code}" if code is not None else "")
-
-
-def find_crash(pods: Sequence[PodView], seen: Mapping[str, str]) -> CrashEvidence | None:
-    """The first sign that an engine that was up is not any more; `seen` maps each pod name
-    ever observed to its uid, so a pod that vanished or was replaced counts too."""
-    by_name = {p.name: p for p in pods}
-    for name, uid in seen.items():
-        now = by_name.get(name)
-        if now is None or now.uid != uid:
-            what = "disappeared" if now is None else "was replaced by a new pod"
-            return CrashEvidence(f"pod {name} {what}", None, None, False)
-    for p in pods:
-        for c in p.containers:
-            if c.restarts > 0:
-                why = _ended(c.last_terminated, c.last_exit_code)
-                return CrashEvidence(
-                    f"container {c.name} in pod {p.name} restarted ({why}; {c.restarts} restarts)",
-                    c.last_exit_code,
-                    p.name,
-                    True,
-                )
-            if c.terminated is not None:
-                why = _ended(c.terminated, c.exit_code)
-                return CrashEvidence(
-                    f"container {c.name} in pod {p.name} exited ({why})", c.exit_code, p.name, False
-                )
-        if p.phase in ("Failed", "Succeeded"):
-            why = ": ".join(x for x in (p.reason, p.message) if x) or p.phase
-            return CrashEvidence(f"pod {p.name} ended ({p.phase}: {why})", None, p.name, False)
-        if p.deleting:
-            return CrashEvidence(f"pod {p.name} is being deleted", None, p.name, False)
-    return None
-
-
-def all_scheduled(pods: Sequence[PodView], expected: int) -> bool:
-    return len(pods) >= expected and all(p.node for p in pods)
-
-
-def all_pulled(pods: Sequence[PodView], expected: int) -> bool:
-    return (
-        len(pods) >= expected
-        and all(p.containers for p in pods)
-        and all(c.pulled for p in pods for c in p.containers)
-    )
-
-
-def all_running(pods: Sequence[PodView], expected: int) -> bool:
-    return (
-        len(pods) >= expected
-        and all(p.containers for p in pods)
-        and all(c.running for p in pods for c in p.containers)
-    )
-
-
-def _first_waiting(
-    pods: Sequence[PodView], reasons: frozenset[str]
-) -> tuple[PodView, ContainerView, str] | None:
-    """The first container waiting for one of `reasons`, with its pod and why it waits."""
-    for p in pods:
-        for c in p.containers:
-            if c.waiting in reasons:
-                msg = f": {c.waiting_message}" if c.waiting_message else ""
-                return p, c, f"{c.waiting}{msg}"
-    return None
-
-
-def pull_failure(pods: Sequence[PodView]) -> str | None:
-    if (found := _first_waiting(pods, PULL_FAILURES)) is None:
-        return None
-    p, c, why = found
-    return f"could not pull image {c.image} for pod {p.name} ({why})"
-
-
-def start_failure(pods: Sequence[PodView]) -> str | None:
-    if (found := _first_waiting(pods, START_FAILURES)) is None:
-        return None
-    p, c, why = found
-    return f"could not start container {c.name} in pod {p.name} ({why})"
-
-
-def stuck_detail(pods: Sequence[PodView], expected: int, phase: str) -> str:
-    """What the pods say about the phase they are stuck in, for the timeout's message."""
-    if len(pods) < expected:
-        return f"{len(pods)}/{expected} pods exist"
-    if phase == "pods_scheduled":
-        for p in pods:
-            if not p.node and p.unschedulable:
-                return f"pod {p.name}: {p.unschedulable}"
-        done = sum(1 for p in pods if p.node)
-        return f"{done}/{expected} pods scheduled"
-    for p in pods:
-        if not p.containers:
-            return f"pod {p.name}: no container status yet"
-        for c in p.containers:
-            if not c.running:
-                msg = f": {c.waiting_message}" if c.waiting_message else ""
-                return f"pod {p.name} container {c.name}: {c.waiting or 'not running'}{msg}"
-    return ""
-
-
-# -- the API, as this launcher uses it -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    kind: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}"
-
-
-def _ref(manifest: Manifest) -> ObjectRef:
-    meta = manifest["metadata"]
-    return ObjectRef(str(manifest["kind"]), str(meta["namespace"]), str(meta["name"]))
-
-
-class KubeApi:
-    """The three typed APIs behind one small surface; every call is synchronous (run it in a
-    thread from async code) and bounded by `timeout_s`."""
-
-    def __init__(self, api_client: client.ApiClient, timeout_s: float = 10.0) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.timeout_s = timeout_s
-
-    def create(self, manifest: Manifest) -> str:
-        """Create one object; returns its uid."""
-        ref, t = _ref(manifest), self.timeout_s
-        if ref.kind == "Pod":
-            pod = client.V1Pod.from_dict(manifest)
-            assert pod is not None
-            return _uid(self.core.create_namespaced_pod(ref.namespace, pod, _request_timeout=t))
-        if ref.kind == "Service":
-            svc = client.V1Service.from_dict(manifest)
-            assert svc is not None
-            made = self.core.create_namespaced_service(ref.namespace, svc, _request_timeout=t)
-            return _uid(made)
-        if ref.kind == "Lease":
-            lease = client.V1Lease.from_dict(manifest)
-            assert lease is not None
-            made_lease = self.coordination.create_namespaced_lease(
-                ref.namespace, lease, _request_timeout=t
-            )
-            return _uid(made_lease)
-        group, version, plural = CUSTOM_KINDS[ref.kind]
-        obj = self.custom.create_namespaced_custom_object(
-            group, version, ref.namespace, plural, manifest, _request_timeout=t
-        )
-        meta = obj.get("metadata", {}) if isinstance(obj, dict) else {}
-        return str(meta.get("uid", ""))
-
-    def delete(self, ref: ObjectRef, timeout_s: float | None = None) -> bool:
-        """Delete with Background propagation; False when it was already gone."""
-        t = timeout_s or self.timeout_s
-        opts = client.V1DeleteOptions(propagation_policy="Background")
-        try:
-            if ref.kind == "Pod":
-                self.core.delete_namespaced_pod(
-                    ref.name, ref.namespace, body=opts, _request_timeout=t
-                )
-            elif ref.kind == "Service":
-                self.core.delete_namespaced_service(
-                    ref.name, ref.namespace, body=opts, _request_timeout=t
-                )
-            elif ref.kind == "Lease":
-                self.coordination.delete_namespaced_lease(
-                    ref.name, ref.namespace, body=opts, _request_timeout=t
-                )
-            else:
-                group, version, plural = CUSTOM_KINDS[ref.kind]
-                self.custom.delete_namespaced_custom_object(
-                    group, version, ref.namespace, plural, ref.name, body=opts, _request_timeout=t
-                )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    def lease_uid(self, namespace: str, name: str) -> str:
-        return _uid(
-            self.coordination.read_namespaced_lease(
-                name, namespace, _request_timeout=self.timeout_s
-            )
-        )
-
-    def renew_lease(self, namespace: str, name: str, at: datetime) -> None:
-        body = {"spec": {"renewTime": micro_time(at)}}
-        self.coordination.patch_namespaced_lease(
-            name, namespace, body, _request_timeout=self.timeout_s
-        )
-
-    def list_pods(self, namespace: str, selector: str) -> list[client.V1Pod]:
-        pods = self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _request_timeout=self.timeout_s
-        )
-        return list(pods.items)
-
-    def pod_log(
-        self, namespace: str, pod: str, lines: int, *, previous: bool = False, timeout_s: float = 0
-    ) -> list[str]:
-        text = self.core.read_namespaced_pod_log(
-            pod,
-            namespace,
-            container=CONTAINER,
-            tail_lines=lines,
-            previous=previous,
-            _request_timeout=timeout_s or self.timeout_s,
-        )
-        return str(text or "").splitlines()[-lines:]
-
-
-def _uid(obj: Any) -> str:
-    meta = getattr(obj, "metadata", None)
-    return str(getattr(meta, "uid", None) or "")
-
-
-# -- the gate's Lease ----------------------------------------------------------------------------
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    """Cancel a background task (a lease renewer, a pod watcher) and wait until it has ended."""
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-class GateLease:
-    """The Lease that owns every object of one gate, shared by its engines.
-
-    The first `acquire` creates it (or adopts one of the same name: a retry of the same gate)
-    and starts renewing it every `renew_every_s`; each engine's `release` counts down, and the
-    last one deletes it with Background propagation, which lets the garbage collector remove
-    whatever the explicit deletes missed. renewTime is wall-clock time by the Lease's
-    definition: it is compared with other machines' clocks by `reap_expired_leases`.
-    """
-
-    def __init__(
-        self,
-        api_client: client.ApiClient,
-        *,
-        namespace: str,
-        gate_id: str,
-        holder: str | None = None,
-        duration_s: int = 60,
-        renew_every_s: float | None = None,
-        name: str | None = None,
-        request_timeout_s: float = 10.0,
-    ) -> None:
-        self.api = KubeApi(api_client, request_timeout_s)
-        self.namespace = namespace
-        self.gate_id = gate_id
-        self.name = name or lease_name(gate_id)
-        self.holder = holder or f"{MANAGER}/{gate_id}"
-        self.duration_s = duration_s
-        self.renew_every_s = renew_every_s if renew_every_s is not None else duration_s / 3
-        self.uid: str | None = None
-        self.lost: str | None = None  # why the Lease is gone while held, if it is
-        self._holders = 0
-        self._attempted = False
-        self._lock = asyncio.Lock()
-        self._renewer: asyncio.Task[None] | None = None
-
-    @property
-    def ref(self) -> ObjectRef:
-        return ObjectRef("Lease", self.namespace, self.name)
-
-    async def acquire(self) -> str:
-        """The Lease's uid, for ownerReferences. Counts a holder even when it fails, so the
-        caller's `release` (always called) still deletes a Lease created before the failure."""
-        self._holders += 1
-        async with self._lock:
-            if self.uid is None:
-                self._attempted = True
-                manifest = render_lease(
-                    namespace=self.namespace,
-                    gate_id=self.gate_id,
-                    holder=self.holder,
-                    duration_s=self.duration_s,
-                    now=datetime.now(UTC),
-                    name=self.name,
-                )
-                try:
-                    uid = await asyncio.to_thread(self.api.create, manifest)
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-                    uid = await asyncio.to_thread(self.api.lease_uid, self.namespace, self.name)
-                self.uid = uid
-                self.lost = None
-            if self._renewer is None or self._renewer.done():
-                self._renewer = asyncio.create_task(self._renew())
-            return self.uid
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(self.renew_every_s)
-            try:
-                await asyncio.to_thread(
-                    self.api.renew_lease, self.namespace, self.name, datetime.now(UTC)
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    self.lost = f"the gate's Lease {self.namespace}/{self.name} was deleted"
-                    return
-                log.warning("renewing Lease %s failed: %s", self.name, api_reason(exc))
-            except TRANSIENT as exc:
-                log.warning("renewing Lease %s failed: %s", self.name, api_reason(exc))
-
-    async def _stop_renewing(self) -> None:
-        task, self._renewer = self._renewer, None
-        await _cancel(task)
-
-    async def release(self) -> None:
-        self._holders = max(0, self._holders - 1)
-        if self._holders:
-            return
-        await self._stop_renewing()
-        if self._attempted:
-            await asyncio.to_thread(self.api.delete, self.ref)
-            self._attempted = False
-            self.uid = None
-
-    def kill_now(self) -> None:
-        """Synchronous last resort: delete the Lease whoever still holds it."""
-        if self._renewer is not None:
-            self._renewer.cancel()
-            self._renewer = None
-        if self._attempted:
-            with contextlib.suppress(*TRANSIENT):
-                self.api.delete(self.ref, timeout_s=5)
-            self._attempted = False
-            self.uid = None
-        self._holders = 0
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -654,7 +205,7 @@ class KubernetesEngine:
             ) from None
         self.manifests = render_engine(w, lease=self._gate_lease.name, lease_uid=uid)
         for manifest in self.manifests.objects:
-            ref = _ref(manifest)
+            ref = object_ref(manifest)
             self._created.append(ref)  # the intent: a create that timed out may still exist
             try:
                 await asyncio.to_thread(self._api.create, manifest)
@@ -823,7 +374,7 @@ class KubernetesEngine:
 
     async def _stop_watching(self) -> None:
         task, self._watcher = self._watcher, None
-        await _cancel(task)
+        await cancel_task(task)
 
     async def stop(self) -> None:
         self._stopped = True

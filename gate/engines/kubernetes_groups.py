@@ -32,6 +32,7 @@ from kubernetes import client
 from gate.core.errors import EngineError
 from gate.engines import kubernetes as k8s
 from gate.engines.describe import engine_doc
+from gate.engines.gate_lease import GateLease
 from gate.engines.groups import member_crash, start_all, who
 from gate.engines.lifecycle import CrashInfo, PhaseLog
 from gate.engines.manifests import ROUTER, EngineWorkload, dns_part, lease_name
@@ -68,7 +69,7 @@ class GroupedKubernetesEngine:
         router: EngineWorkload,
         phases: PhaseLog,
         api_client: client.ApiClient,
-        lease: k8s.GateLease | None = None,
+        lease: GateLease | None = None,
         readiness_timeout_s: float = 1800.0,
         base_url_override: str | None = None,
         group_url_overrides: Mapping[str, str] | None = None,
@@ -82,13 +83,13 @@ class GroupedKubernetesEngine:
         self.api_client = api_client
         self.workload = router  # its namespace is the engine's (the Lease is shared by it)
         if lease is None:  # standalone, as KubernetesEngine: a Lease of its own
-            lease = k8s.GateLease(
+            lease = GateLease(
                 api_client,
                 namespace=router.namespace,
                 gate_id=router.gate_id,
                 name=f"{lease_name(router.gate_id)}-{dns_part(router.role)}",
             )
-        self.lease: k8s.GateLease = lease
+        self.lease: GateLease = lease
         self.readiness_timeout_s = readiness_timeout_s
         self.reserved_gpus = dict(reserved_gpus or {})  # the leader node's, for the report
         overrides = dict(group_url_overrides or {})

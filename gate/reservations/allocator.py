@@ -29,7 +29,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from gate.reservations.groups import allocate_groups, capacity_groups, engine_capacity
+from gate.reservations.groups import allocate_groups, capacity_groups
+from gate.reservations.groups_fleet import engine_capacity
 from gate.reservations.inventory import Node
 from gate.reservations.shapes import (
     LEVELS,

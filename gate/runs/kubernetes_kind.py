@@ -1,7 +1,7 @@
 """The `kubernetes` engine kind: a Pod or LeaderWorkerSet per engine on the reserved nodes,
 rendered from the spec (gate/engines/manifests.py), both engines of a gate under one client
-and one Lease per namespace (gate/engines/kubernetes.py); on a shape with worker groups, one
-per group plus a router pod (gate/engines/kubernetes_groups.py)."""
+and one Lease per namespace (gate/engines/kubernetes.py, gate/engines/gate_lease.py); on a
+shape with worker groups, one per group plus a router pod (gate/engines/kubernetes_groups.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gate.core.errors import EngineError
 from gate.core.vocabulary import Role
 from gate.engines import kubernetes as k8s
 from gate.engines import kubernetes_groups as k8s_groups
+from gate.engines.gate_lease import GateLease
 from gate.engines.launchers import Engine
 from gate.engines.manifests import ROUTER, EngineWorkload, clique_of
 from gate.reservations.allocator import EnginePlacement, Placement
@@ -143,7 +144,7 @@ def kubernetes_engine(
     else:
         api_client, _ = connect(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster)
     lease = next((e.lease for e in pods if e.workload.namespace == k.namespace), None)
-    lease = lease or k8s.GateLease(api_client, namespace=k.namespace, gate_id=ctx.gate_id)
+    lease = lease or GateLease(api_client, namespace=k.namespace, gate_id=ctx.gate_id)
     if k.groups is not None:
         engine = placement.for_role(role)
         groups, router = group_workloads(ctx.gate_id, ctx.spec.model, role, k, engine)

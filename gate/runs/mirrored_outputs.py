@@ -3,15 +3,13 @@ read back from it to re-judge."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from gate.analysis.outputs import MirroredOutputs, Output, OutputExample, compare_outputs
 from gate.core.vocabulary import ROLES
-from gate.verdict.document import (
-    OutputExampleDoc,
-    OutputsDoc,
-)
+from gate.verdict.document import OutputExampleDoc, OutputsDoc
 from loadgen.records import RequestRecord
 
 
@@ -38,23 +36,16 @@ def mirrored_outputs(
     return compare_outputs(name, ref, cand, early_tokens)
 
 
+# What a comparison and its stored document share, copied as they are both ways (the document
+# keeps no scenario name: the scenario holds it).
+_COUNTS = ("compared", "exact", "early", "early_tokens", "basis")
+
+
 def outputs_doc(o: MirroredOutputs) -> OutputsDoc:
     return OutputsDoc(
-        compared=o.compared,
-        exact=o.exact,
-        early=o.early,
-        early_tokens=o.early_tokens,
-        basis=o.basis,
+        **{k: getattr(o, k) for k in _COUNTS},
         histogram=list(o.histogram),
-        examples=[
-            OutputExampleDoc(
-                request_id=e.request_id,
-                position=e.position,
-                reference=e.reference,
-                candidate=e.candidate,
-            )
-            for e in o.examples
-        ],
+        examples=[OutputExampleDoc(**dataclasses.asdict(e)) for e in o.examples],
         blocks=[(n, e) for n, e in o.blocks],
     )
 
@@ -63,14 +54,8 @@ def outputs_from_doc(name: str, doc: OutputsDoc) -> MirroredOutputs:
     """A stored comparison, for re-judge."""
     return MirroredOutputs(
         scenario=name,
-        compared=doc.compared,
-        exact=doc.exact,
-        early=doc.early,
-        early_tokens=doc.early_tokens,
-        basis=doc.basis,
+        **{k: getattr(doc, k) for k in _COUNTS},
         histogram=tuple(doc.histogram),
-        examples=tuple(
-            OutputExample(e.request_id, e.position, e.reference, e.candidate) for e in doc.examples
-        ),
+        examples=tuple(OutputExample(**e.model_dump()) for e in doc.examples),
         blocks=tuple((n, e) for n, e in doc.blocks),
     )

@@ -135,15 +135,7 @@ class Schedule:
             n = limits.max_scenario_requests if sc.requests is None else sc.requests
             reqs = LazyRequests(sc, seed=seed, length=n)
             return cls(reqs, None, sc.concurrency, None, n, open_ended=sc.requests is None)
-        assert sc.rate is not None
-        offsets = build_offsets(
-            sc.arrival,
-            sc.rate,
-            requests=sc.requests,
-            duration_s=sc.duration_s,
-            burstiness=sc.burstiness,
-            seed=seed,
-        )
+        offsets = build_offsets(**sc.open_loop(), seed=seed)
         n = int(offsets.size)
         return cls(LazyRequests(sc, seed=seed, length=n), offsets, None, None, n)
 

@@ -108,14 +108,7 @@ def build_workload(
                 for i, p in enumerate(mix)
             ]
             assert sc.rate is not None and sc.arrival != "concurrency"
-            units = build_offsets(
-                sc.arrival,
-                sc.rate,
-                requests=sc.requests,
-                duration_s=sc.duration_s,
-                burstiness=sc.burstiness,
-                seed=seed,
-            )
+            units = build_offsets(**sc.open_loop(), seed=seed)
             traffic = build_mix(parts, units, seed=seed, extra=extra)
     except WorkloadFileError as exc:
         raise WorkloadError([FieldProblem(f"{at}.workload.file", str(exc))]) from None

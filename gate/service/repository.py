@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gate.analysis.samples import Columns
 from gate.core.vocabulary import FINISHED
@@ -221,16 +221,32 @@ def unsent_callbacks(s: Session, max_attempts: int) -> list[tuple[str, int, date
     return [(gid, n, tried) for gid, n, tried in rows]
 
 
-def take_callback_attempt(s: Session, gate_id: str, seen: int, at: datetime) -> bool:
-    """Count one more callback attempt if the count is still `seen` (nobody took it)."""
+def _take_attempt(
+    s: Session,
+    key: InstrumentedAttribute[Any],
+    count: InstrumentedAttribute[int],
+    tried: InstrumentedAttribute[Any],
+    row: object,
+    seen: int,
+    at: datetime,
+) -> bool:
+    """Count one more attempt of a delivery (a callback, an alert) if its count is still `seen`:
+    the compare-and-set that lets many senders share the work and send each attempt once."""
     taken = s.scalars(
-        update(GateRun)
-        .where(GateRun.id == gate_id, GateRun.callback_attempts == seen)
-        .values(callback_attempts=seen + 1, callback_tried_at=at)
-        .returning(GateRun.id)
+        update(key.class_)
+        .where(key == row, count == seen)
+        .values({count: seen + 1, tried: at})
+        .returning(key)
         .execution_options(synchronize_session=False)
     ).all()
     return bool(taken)
+
+
+def take_callback_attempt(s: Session, gate_id: str, seen: int, at: datetime) -> bool:
+    """Count one more callback attempt if the count is still `seen` (nobody took it)."""
+    return _take_attempt(
+        s, GateRun.id, GateRun.callback_attempts, GateRun.callback_tried_at, gate_id, seen, at
+    )
 
 
 def errors_since(s: Session, cutoff: datetime) -> list[tuple[dict[str, Any], Any]]:
@@ -281,14 +297,8 @@ def owed_alerts(s: Session, max_attempts: int, limit: int) -> list[AlertDelivery
 
 def take_alert_attempt(s: Session, alert_id: int, seen: int, at: datetime) -> bool:
     """Count one more attempt of an alert if its count is still `seen` (nobody took it)."""
-    taken = s.scalars(
-        update(AlertDelivery)
-        .where(AlertDelivery.id == alert_id, AlertDelivery.attempts == seen)
-        .values(attempts=seen + 1, tried_at=at)
-        .returning(AlertDelivery.id)
-        .execution_options(synchronize_session=False)
-    ).all()
-    return bool(taken)
+    d = AlertDelivery
+    return _take_attempt(s, d.id, d.attempts, d.tried_at, alert_id, seen, at)
 
 
 # -- a spec's history (gate/service/history.py) and the per-check series of /metrics ----------

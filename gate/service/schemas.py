@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -21,6 +21,19 @@ from gate.verdict.history import HistoryEntry
 from gate.verdict.summary import ANSWER_ITEMS
 
 DEFAULT_CALLBACK_CONTEXT = "llm-deploy-gate"
+
+
+class SaidInAnswer(TypedDict):
+    """A gate's verdict in words as every answer about it carries it (its view, its polled
+    summary): the one line, and each list at most ANSWER_ITEMS long with the rest counted."""
+
+    summary: str | None
+    warnings: list[ReasonDoc]
+    warnings_omitted: int
+    not_shown: list[ReasonDoc]
+    not_shown_omitted: int
+    advisory: list[ReasonDoc]
+    advisory_omitted: int
 
 
 class VerdictSummary(BaseModel):

@@ -35,7 +35,7 @@ from gate.core.errors import (
 from gate.core.vocabulary import FINISHED, FinishedState
 from gate.models import AlertDelivery, GatePhase, GateRun, WebhookDelivery
 from gate.service import repository
-from gate.service.schemas import GateFilter, ServiceCounts, VerdictSummary
+from gate.service.schemas import GateFilter, SaidInAnswer, ServiceCounts, VerdictSummary
 from gate.spec import GateSpec, parse_spec, spec_to_dict
 from gate.verdict.build import ended_document
 from gate.verdict.summary import ANSWER_ITEMS, bounded, stored_summary
@@ -514,23 +514,31 @@ def verdict_summary(run: GateRun, public_url: str) -> VerdictSummary:
     return _verdict_summary(run, run.document, public_url)
 
 
-def _verdict_summary(run: Any, document: Any, public_url: str) -> VerdictSummary:
-    finished = run.state in FINISHED
-    said = stored_summary(run.verdict, document, run.reason) if finished else None
+def said_in_answer(run: Any, document: Any) -> SaidInAnswer:
+    """A gate's verdict in words for an answer (nothing said until it finished): its one line
+    and each list bounded to ANSWER_ITEMS, the rest counted."""
+    said = stored_summary(run.verdict, document, run.reason) if run.state in FINISHED else None
     warnings, warnings_omitted = bounded(said.warnings if said else (), ANSWER_ITEMS)
     not_shown, not_shown_omitted = bounded(said.not_shown if said else (), ANSWER_ITEMS)
     advisory, advisory_omitted = bounded(said.advisory if said else (), ANSWER_ITEMS)
+    return SaidInAnswer(
+        summary=said.line() if said else None,
+        warnings=warnings,
+        warnings_omitted=warnings_omitted,
+        not_shown=not_shown,
+        not_shown_omitted=not_shown_omitted,
+        advisory=advisory,
+        advisory_omitted=advisory_omitted,
+    )
+
+
+def _verdict_summary(run: Any, document: Any, public_url: str) -> VerdictSummary:
+    finished = run.state in FINISHED
     return VerdictSummary(
         id=run.id,
         state=run.state,
         verdict=run.verdict if finished else None,
         reason=run.reason if finished else f"gate is {run.state} ({run.phase})",
-        summary=said.line() if said else None,
-        warnings=list(warnings),
-        warnings_omitted=warnings_omitted,
-        not_shown=list(not_shown),
-        not_shown_omitted=not_shown_omitted,
-        advisory=list(advisory),
-        advisory_omitted=advisory_omitted,
+        **said_in_answer(run, document),
         report_url=f"{public_url.rstrip('/')}/gates/{run.id}",
     )

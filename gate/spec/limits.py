@@ -72,14 +72,7 @@ def scenario_size(sc: ScenarioSpec) -> ScenarioSize:
     if sc.arrival == "concurrency":
         driver = "requests" if sc.requests is not None else "duration_s"
         return ScenarioSize(sc.requests, sc.duration_s, True, driver, None, True, False)
-    assert sc.rate is not None
-    size = plan_offsets(
-        sc.arrival,
-        sc.rate,
-        requests=sc.requests,
-        duration_s=sc.duration_s,
-        burstiness=sc.burstiness,
-    )
+    size = plan_offsets(**sc.open_loop())
     driver = "requests" if sc.requests is not None else "duration_s"
     return ScenarioSize(
         size.requests, size.duration_s, size.exact, driver, sc.rate, True, size.requests >= 2
@@ -98,14 +91,7 @@ def _workload_size(sc: ScenarioSpec) -> ScenarioSize:
     if sc.workload.trace is not None:
         driver = driver if sc.requests is not None or sc.duration_s is not None else ""
         return ScenarioSize(sc.requests, sc.duration_s, False, driver, sc.rate, True, False)
-    assert sc.rate is not None
-    size = plan_offsets(
-        sc.arrival,  # type: ignore[arg-type]  # not concurrency: refused beside a workload
-        sc.rate,
-        requests=sc.requests,
-        duration_s=sc.duration_s,
-        burstiness=sc.burstiness,
-    )
+    size = plan_offsets(**sc.open_loop())  # not concurrency: refused beside a workload
     turns = max((p.turns or 1) for p in sc.workload.mix)
     exact = size.exact and turns == 1
     return ScenarioSize(size.requests * turns, size.duration_s, exact, driver, sc.rate, True, False)

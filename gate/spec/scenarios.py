@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from pydantic import (
     Field,
@@ -12,6 +12,9 @@ from pydantic import (
 
 from gate.spec.fields import Name, StrictModel
 from gate.spec.workloads import WorkloadSpec, workload_problems
+
+if TYPE_CHECKING:
+    from loadgen.schedule import Arrival
 
 SUITES = ("normal", "peak", "overload", "recovery", "compatibility", "correctness", "capacity")
 LOAD_SUITES = ("normal", "peak", "overload", "recovery")
@@ -68,6 +71,17 @@ def _knob_name(key: Any) -> str:
     return text if len(text) <= 40 else text[:40] + "…"
 
 
+class OpenLoop(TypedDict):
+    """The arguments of an open-loop scenario's schedule, as `loadgen.schedule.build_offsets`
+    (and `plan_offsets`, which sizes it without drawing) take them."""
+
+    arrival: Arrival
+    rate: float
+    requests: int | None
+    duration_s: float | None
+    burstiness: float
+
+
 class ScenarioSpec(StrictModel):
     """One load scenario: explicit (arrival, rate, requests, ...) or a named `suite` entry
     (normal, peak, overload, recovery, capacity, compatibility, correctness) with its
@@ -117,6 +131,18 @@ class ScenarioSpec(StrictModel):
         if problems:
             raise ValueError(problems[0][1])
         return self
+
+    def open_loop(self) -> OpenLoop:
+        """Its open loop's arguments (a rate is set). A closed loop's `concurrency` arrival is
+        passed on as it is, for `plan_offsets` to refuse by name."""
+        assert self.rate is not None
+        return OpenLoop(
+            arrival=cast("Arrival", self.arrival),
+            rate=self.rate,
+            requests=self.requests,
+            duration_s=self.duration_s,
+            burstiness=self.burstiness,
+        )
 
     @property
     def is_probe(self) -> bool:

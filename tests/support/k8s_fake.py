@@ -659,3 +659,9 @@ class Kubelet:
                 pod["spec"]["nodeName"] = nodes[(index - 1) % len(nodes)]
             image = pod["spec"]["containers"][0]["image"]
             self.store.set_status("pods", meta["namespace"], meta["name"], to_json(make(image)))
+
+
+def store_of(fake: FakeKubernetes) -> ObjectStore:
+    """The fake's object store (tests build the fake with one)."""
+    assert fake.store is not None
+    return fake.store

@@ -22,26 +22,20 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 from k8s_fake import (
-    LWS,
     STAGES,
     FakeKubernetes,
     Kubelet,
     ObjectStore,
-    lws_controller,
     status,
+    store_of,
     to_json,
     write_kubeconfig,
 )
 from kubernetes import client
 
 from gate.core.errors import ClusterError, EngineError, ReadinessTimeout
-from gate.engines.kubernetes import (
-    KUBERNETES_PHASES,
-    GateLease,
-    KubernetesEngine,
-    find_crash,
-    pod_view,
-)
+from gate.engines.gate_lease import GateLease
+from gate.engines.kubernetes import KUBERNETES_PHASES, KubernetesEngine
 from gate.engines.kubernetes_groups import GroupedKubernetesEngine
 from gate.engines.lifecycle import Clock, PhaseLog
 from gate.engines.manifests import (
@@ -115,18 +109,6 @@ def http() -> Iterator[EngineHttp]:
 
 
 # -- the cluster ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> FakeKubernetes:
-    store = ObjectStore()
-    store.on_create.setdefault(LWS, []).append(lws_controller)
-    return FakeKubernetes(store=store)
-
-
-def store_of(fake: FakeKubernetes) -> ObjectStore:
-    assert fake.store is not None
-    return fake.store
 
 
 def h200(**kw: Any) -> EngineWorkload:
@@ -493,52 +475,6 @@ def test_kill_now_deletes_everything_synchronously(fake: FakeKubernetes, http: E
     assert ours_left(store_of(fake)) == []
 
 
-# -- the Lease -------------------------------------------------------------------------------
-
-
-def test_gate_lease_is_renewed_and_loss_is_noticed(fake: FakeKubernetes) -> None:
-    store = store_of(fake)
-    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID, renew_every_s=0.01)
-
-    async def go() -> None:
-        uid = await lease.acquire()
-        obj = store.get(LEASES, NS, lease.name)
-        assert obj is not None and obj["metadata"]["uid"] == uid
-        assert obj["spec"]["holderIdentity"] == f"llm-deploy-gate/{GATE_ID}"
-        for _ in range(300):
-            if len(fake.sent("PATCH")) >= 2:
-                break
-            await asyncio.sleep(0.01)
-        patch = fake.sent("PATCH")[-1]
-        assert set(patch.body) == {"spec"} and "renewTime" in patch.body["spec"]
-        store.remove(LEASES, NS, lease.name)  # a reaper decided this gate was dead
-        for _ in range(300):
-            if lease.lost:
-                break
-            await asyncio.sleep(0.01)
-        assert lease.lost is not None and "was deleted" in lease.lost
-        await lease.release()
-
-    asyncio.run(go())
-
-
-def test_gate_lease_adopts_the_lease_of_the_same_gate(fake: FakeKubernetes) -> None:
-    """A retried gate finds its own Lease (409 AlreadyExists) and owns its objects by it."""
-    store = store_of(fake)
-    now = dt.datetime.now(dt.UTC)
-    existing = store.create(
-        LEASES, render_lease(namespace=NS, gate_id=GATE_ID, holder="x", duration_s=60, now=now)
-    )
-    lease = GateLease(fake.api_client(), namespace=NS, gate_id=GATE_ID)
-
-    async def go() -> None:
-        assert await lease.acquire() == existing["metadata"]["uid"]
-        await lease.release()
-
-    asyncio.run(go())
-    assert store.get(LEASES, NS, lease.name) is None
-
-
 def test_expired_gate_leases_are_reaped_with_what_they_own(fake: FakeKubernetes) -> None:
     store = store_of(fake)
     now = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
@@ -581,61 +517,6 @@ def test_expired_gate_leases_are_reaped_with_what_they_own(fake: FakeKubernetes)
     assert store.get(LEASES, NS, "gate-alive") is not None
     assert store.get(LEASES, NS, "kube-scheduler") is not None  # not ours: never touched
     assert store.get("pods", NS, "gate-dead-candidate") is None  # collected with its owner
-
-
-# -- crash evidence (pure) -------------------------------------------------------------------
-
-
-def _pod(name: str, uid: str, st: client.V1PodStatus, node: str | None = "n0") -> client.V1Pod:
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, uid=uid),
-        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(name="engine")]),
-        status=st,
-    )
-
-
-def test_crash_evidence_from_pod_status() -> None:
-    running = STAGES["running"][0](IMAGE)
-    up = [pod_view(_pod("p-0", "u0", running))]
-    assert find_crash(up, {"p-0": "u0"}) is None
-
-    evicted = client.V1PodStatus(
-        phase="Failed", reason="Evicted", message="The node was low on resource: memory."
-    )
-    got = find_crash([pod_view(_pod("p-0", "u0", evicted))], {"p-0": "u0"})
-    assert got is not None and "Evicted: The node was low on resource" in got.description
-
-    gone = find_crash([], {"p-0": "u0"})
-    assert gone is not None and "disappeared" in gone.description
-    replaced = find_crash([pod_view(_pod("p-0", "u1", running))], {"p-0": "u0"})
-    assert replaced is not None and "replaced" in replaced.description
-
-    ended = client.V1PodStatus(
-        phase="Running",
-        container_statuses=[
-            client.V1ContainerStatus(
-                name="engine",
-                image=IMAGE,
-                image_id="x",
-                ready=False,
-                restart_count=0,
-                state=client.V1ContainerState(
-                    terminated=client.V1ContainerStateTerminated(reason="Error", exit_code=3)
-                ),
-            )
-        ],
-    )
-    got = find_crash([pod_view(_pod("p-0", "u0", ended))], {})
-    assert (
-        got is not None and got.exit_code == 3 and "exited (Error, exit code 3)" in got.description
-    )
-
-    # Round trip through the API's JSON, as the launcher sees it.
-    oom = to_json(_pod("p-1", "u2", STAGES["oom_restarted"][0](IMAGE)))
-    back = client.V1Pod.from_dict(oom)
-    assert back is not None
-    got = find_crash([pod_view(back)], {})
-    assert got is not None and got.exit_code == 137 and got.previous
 
 
 # -- reaching a cluster ----------------------------------------------------------------------
