@@ -367,3 +367,21 @@ def test_no_function_anywhere_is_longer_than_80_lines() -> None:
     paths = [path for package in SIZED_PACKAGES for path in sorted(package.rglob("*.py"))]
     long = _longer_than(LONG_FUNCTION_LINES, paths)
     assert not long, f"functions over {LONG_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+# -- module size (issue 31): no module over 700 lines ------------------------------------------
+
+LONG_MODULE_LINES = 700
+
+
+def test_no_module_is_longer_than_700_lines() -> None:
+    """A module past 700 lines holds more than one concern: split it along them (the file
+    names then say what each part does), as gate/reservations/groups.py and loadgen/transport.py
+    were."""
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for package in SIZED_PACKAGES
+        for path in sorted(package.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > LONG_MODULE_LINES
+    ]
+    assert not long, f"modules over {LONG_MODULE_LINES} lines:\n" + "\n".join(long)
