@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bracket", "bracket", "monotone_goodput", "passed"]
+__all__ = ["Bracket", "bracket", "monotone_votes", "passed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,35 +41,40 @@ def passed(goodput: float, target: float) -> bool:
     return goodput >= target - 1e-12
 
 
-def monotone_goodput(measured: Sequence[tuple[float, float]]) -> dict[float, float]:
-    """Goodput as a non-increasing function of offered rate, fitted to every measurement
-    (rate, goodput share): the weighted least-squares fit under that order (pool adjacent
-    violators, each rate weighted by how often it was measured). A share below a higher
-    rate's is averaged with it, so one unlucky step (the host paused, a burst the schedule
-    drew) is weighed against its neighbours rather than deciding alone; a miss that its
-    neighbours confirm stays a miss."""
+def monotone_votes(measured: Sequence[tuple[float, float]], target: float) -> dict[float, float]:
+    """Each step's vote (1: it kept ``target``, 0: it missed) fitted as a non-increasing
+    function of offered rate: the weighted least-squares fit under that order (pool adjacent
+    violators, a rate weighted by its number of steps). The fit at a rate is the share of
+    kept votes in its pool.
+
+    Votes, not goodput shares: a share cannot rise more than 1 - target above the target but
+    can fall 0.95 below it, so averaging shares lets one deep miss (the host paused for a
+    second) outweigh a dozen passes above it. A vote weighs every step the same, however deep
+    its miss or lucky its pass."""
     rates = sorted({r for r, _ in measured})
-    blocks: list[tuple[float, int, list[float]]] = []  # (sum of shares, count, rates)
+    blocks: list[tuple[float, int, list[float]]] = []  # (kept votes, steps, rates)
     for r in rates:
-        shares = [g for rr, g in measured if rr == r]
-        block = (float(sum(shares)), len(shares), [r])
+        votes = [1.0 if passed(g, target) else 0.0 for rr, g in measured if rr == r]
+        block = (sum(votes), len(votes), [r])
         while blocks and blocks[-1][0] / blocks[-1][1] < block[0] / block[1] - 1e-12:
-            total, count, rs = blocks.pop()
-            block = (total + block[0], count + block[1], rs + block[2])
+            kept, steps, rs = blocks.pop()
+            block = (kept + block[0], steps + block[1], rs + block[2])
         blocks.append(block)
-    return {r: total / count for total, count, rs in blocks for r in rs}
+    return {r: kept / steps for kept, steps, rs in blocks for r in rs}
 
 
 def bracket(measured: Sequence[tuple[float, float]], target: float) -> Bracket:
     """One engine's bracket from every (rate, goodput) it was measured at: lo is the highest
-    rate at and below which the fitted goodput (:func:`monotone_goodput`) keeps the target,
-    hi the next rate measured above it."""
+    rate where more than half of the fitted votes kept the target (:func:`monotone_votes`; a
+    tie is a miss), hi the next rate measured above it. A lone miss below passes stands until
+    at least two passes above outvote it; a lone pass above a miss never lifts the bracket;
+    of two steps at one rate, one miss makes the rate a miss."""
     if not measured:
         return Bracket(None, None)
-    fitted = monotone_goodput(measured)
+    fitted = monotone_votes(measured, target)
     lo: float | None = None
     for r in sorted(fitted):
-        if not passed(fitted[r], target):
+        if fitted[r] <= 0.5 + 1e-12:
             return Bracket(lo, r)
         lo = r
     return Bracket(lo, None)

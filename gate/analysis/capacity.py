@@ -2,15 +2,15 @@
 search over offered rate (`loadgen/suite/capacity.py` runs it; docs/statistics.md, "Capacity").
 
 Each engine's capacity lies in its bracket [lo, hi] (`loadgen.brackets.bracket`: lo is
-the highest rate where the monotone fit of its goodput against rate keeps the target, hi the
-next rate measured above it). The ratio candidate / reference then lies in
+the highest rate where the monotone fit of its steps' votes against rate keeps the target,
+hi the next rate measured above it). The ratio candidate / reference then lies in
 
     [lo_c / hi_r, hi_c / lo_r]
 
 (an open end is 0 or infinity). That interval is the search's resolution and its repeated
 measurements near the knee, nothing more: it is not a confidence interval. Goodput at a rate
 near the knee is itself noisy; the steps' fixed counts and shared traffic shape, the monotone
-fit over every measurement and the confirming repeats at each lo are what keep one step from
+fit of every step's vote and the confirming repeats at each lo are what keep one step from
 deciding alone, and the calibration (`gate calibrate --engines`, docs/calibration.md) shows
 how often A/A continues and a 15% loss holds.
 

@@ -109,8 +109,9 @@ class CapacityScenario:
             left = limit_s - (time.monotonic() - t0)
             rate, stage = nxt
             repeat = sum(1 for s in search.steps if s.rate == rate)
+            step = self._step(rate, len(steps), repeat)
             try:
-                got = await asyncio.wait_for(self._step(rate, repeat), timeout=max(left, 0.0))
+                got = await asyncio.wait_for(step, timeout=max(left, 0.0))
             except TimeoutError:
                 why = planned_words(planned_s, ctx.limits)
                 overran = f"scenario {sc.name} passed its deadline of {limit_s:g} s ({why})"
@@ -144,15 +145,16 @@ class CapacityScenario:
         )
         return CapacityResult(doc, overran)
 
-    async def _step(self, rate: float, repeat: int) -> Mapping[str, EngineStep]:
-        """One paired step at `rate` (module docstring), under the crash watch. Its schedule
-        is the scenario's pattern number `repeat` (0 for a rate's first measurement), scaled
-        to the rate: every rate's first step draws the same gaps, so the two engines' knees
-        are found on one traffic shape (common random numbers), and only a repeat, which
-        confirms a knee, sees a new one."""
+    async def _step(self, rate: float, index: int, repeat: int) -> Mapping[str, EngineStep]:
+        """One paired step at `rate` (module docstring), under the crash watch. Its gaps are
+        the scenario's pattern number `repeat` (0 for a rate's first measurement), rescaled to
+        the step: every rate's first step draws the same sequence of gaps (common random
+        numbers: both engines' knees found on one traffic shape), and only a repeat, which
+        confirms a knee, draws a new one. Its prompts are new at every step (`index`), so no
+        step warms an engine's prefix cache for a later one."""
         entry = self.entry
-        seed = scenario_seed(self.ctx.spec, self.sc) * 1_000 + repeat
-        built = entry.step(rate, seed)
+        seed = scenario_seed(self.ctx.spec, self.sc) * 1_000
+        built = entry.step(rate, seed + index, pattern=seed + 500 + repeat)
         assert built.offsets_s is not None
         stop = asyncio.Event()
         watcher = asyncio.create_task(self.engines.watch(stop))

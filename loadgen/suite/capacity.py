@@ -19,8 +19,10 @@ paired run of one seeded schedule at one rate to both engines at the same instan
 sends exactly ``rate`` x ``step_s`` requests (the arrival process conditioned on its count,
 :func:`loadgen.schedule.spread_offsets`): over a few seconds a Poisson count's own spread
 (22% at 40/s for 2 s) would otherwise decide the step, not the engine. A rate's first step
-draws the scenario's first pattern of gaps, scaled to the rate, so every rate of the search
-sees the same traffic shape (common random numbers); a repeat at a rate draws a new one.
+draws the scenario's first sequence of gaps, rescaled to fill the step (the first gaps are
+the same draws at every rate: common random numbers), so both knees are found on nearly one
+traffic shape; a repeat at a rate draws a new sequence. Prompts are new at every step, so no
+step warms a prefix cache for a later one.
 
 - ramp: ``start_rate`` x ``growth``^k (the last step at ``max_rate``) until every engine has
   missed the target once, or ``max_rate`` was reached; an engine that missed already at the
@@ -33,15 +35,18 @@ sees the same traffic shape (common random numbers); a repeat at a rate draws a 
   schedules; a rate whose measurements together miss lowers that engine's bracket (and
   bisection resumes if steps are left).
 
-An engine's bracket (:func:`loadgen.brackets.bracket`) is read from every measurement so far,
-through the monotone fit of goodput against rate (:func:`loadgen.brackets.monotone_goodput`:
-goodput cannot rise with the load offered, so a share below a higher rate's is averaged with
-it): ``lo`` is the highest tested rate where the fit keeps the target, ``hi`` the next tested
-rate above it. One unlucky step (a pause of the host, a burst) is weighed against its
-neighbours instead of dragging the bracket down alone, and one lucky step cannot lift it.
+An engine's bracket (:func:`loadgen.brackets.bracket`) is read from every step so far, each
+step one vote (kept the target or missed), through the monotone fit of the votes against rate
+(:func:`loadgen.brackets.monotone_votes`: goodput cannot rise with the load offered): ``lo`` is
+the highest tested rate where more than half of the fitted votes kept the target, ``hi`` the
+next tested rate above it. A lone miss below passes (a pause of the host, a burst) is outvoted
+by two passes above it however deep it was, a lone pass above a miss never lifts the bracket,
+and of two steps at one rate one miss makes it a miss.
+
 The step budget (:meth:`Capacity.max_steps`) is fixed by the knobs before the first step, so
 the scenario's size and seconds are planned like every other scenario's; the search stops at
-it, with wider brackets, rather than run on.
+it rather than run on, then with brackets wider than the resolution or a lo not confirmed
+(steps spent re-bracketing after a miss that later votes outweighed count against it).
 
 A step is a transient, not a steady state: an engine offered ``x`` more than it serves builds
 a queue of about ``x`` x ``step_s`` seconds of work by the step's end, so an overload below
@@ -59,7 +64,7 @@ from typing import Any, ClassVar, Literal
 
 from loadgen.brackets import Bracket, bracket
 from loadgen.prompts import LengthDist
-from loadgen.schedule import Arrival, PlannedSize, spread_offsets
+from loadgen.schedule import MAX_REQUESTS, Arrival, PlannedSize, spread_offsets
 from loadgen.suite.knobs import KnobError, check_knobs, replace_knobs
 from loadgen.suite.workloads import DEFAULT_EXTRA, BuiltScenario, _check_requests, _requests
 
@@ -120,7 +125,12 @@ class Capacity:
         """A step's requests: exactly ``rate`` x ``step_s`` (rounded, at least 1), the
         schedule's count fixed so that the rate measured is the rate offered
         (:func:`loadgen.schedule.spread_offsets`)."""
-        return max(1, round(rate * self.step_s))
+        n = max(1, round(rate * self.step_s))
+        if n > MAX_REQUESTS:
+            raise KnobError(
+                "max_rate", f"x step_s is {n} requests a step, more than {MAX_REQUESTS}"
+            )
+        return n
 
     def plan(self, **overrides: Any) -> PlannedSize:
         """The worst case: every ramp step, then every other step at the highest ramp rate
@@ -139,10 +149,14 @@ class Capacity:
         me: Capacity = replace_knobs(self, overrides)
         return me.step(me.start_rate, seed)
 
-    def step(self, rate: float, seed: int) -> BuiltScenario:
-        """One step at ``rate``: exactly :meth:`step_requests` arrivals over ``step_s``
-        (the arrival process conditioned on its count), new prompts per seed."""
-        offsets = spread_offsets(self.arrival, self.step_requests(rate), self.step_s, seed=seed)
+    def step(self, rate: float, seed: int, pattern: int | None = None) -> BuiltScenario:
+        """One step at ``rate``: exactly :meth:`step_requests` arrivals over ``step_s`` (the
+        arrival process conditioned on its count), their gaps drawn from ``pattern`` (default
+        ``seed``), their prompts from ``seed``. A search gives each step its own ``seed``, so
+        no prompt is sent twice and no engine's prefix cache is warmed by an earlier step
+        (loadgen/prompts.py), while steps that share a ``pattern`` share their gaps."""
+        gaps = seed if pattern is None else pattern
+        offsets = spread_offsets(self.arrival, self.step_requests(rate), self.step_s, seed=gaps)
         reqs = _requests(len(offsets), self.prompt_tokens, self.max_tokens, self.extra, seed)
         return BuiltScenario(self.name, reqs, offsets_s=offsets)
 

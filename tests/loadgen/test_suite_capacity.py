@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from loadgen import suite
-from loadgen.brackets import Bracket, bracket, monotone_goodput, passed
+from loadgen.brackets import Bracket, bracket, monotone_votes, passed
 from loadgen.suite.capacity import Capacity, RateSearch
 
 ROLES = ("reference", "candidate")
@@ -56,32 +56,34 @@ def test_goodput_meets_the_target_inclusively() -> None:
     assert not passed(0.9499, 0.95)
 
 
-def test_the_bracket_is_where_the_monotone_fit_of_goodput_crosses_the_target() -> None:
+def test_the_bracket_is_where_the_monotone_fit_of_the_votes_crosses_one_half() -> None:
     assert bracket([], 0.95) == Bracket(None, None)
     assert bracket([(10, 1.0), (20, 1.0), (40, 0.5)], 0.95) == Bracket(20, 40)
     assert bracket([(10, 1.0), (20, 1.0)], 0.95) == Bracket(20, None)  # never missed
     assert bracket([(10, 0.2), (20, 1.0)], 0.95) == Bracket(None, 10)  # missed at the start
-    # A lone miss below a pass (a host pause, a burst) is pooled with it: 0.9 and 1.0 fit
-    # 0.95, which keeps the target; the bracket is not dragged below the knee by one step.
-    assert bracket([(10, 1.0), (20, 0.9), (30, 1.0), (40, 0.5)], 0.95) == Bracket(30, 40)
+    # A lone miss below passes (a host pause, a burst) stands against one pass above it (a
+    # tie is a miss) and is outvoted by two, however deep it was: a step is one vote.
+    assert bracket([(10, 1.0), (20, 0.9), (30, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
+    assert bracket([(10, 1.0), (20, 0.1), (30, 1.0), (35, 1.0), (40, 0.5)], 0.95) == Bracket(35, 40)
     # A miss its neighbour confirms stays a miss: everything from it up fails.
-    assert bracket([(10, 1.0), (20, 0.9), (30, 0.9), (40, 0.5)], 0.95) == Bracket(10, 20)
-    # A lucky pass above misses is pooled down with them: it cannot lift the bracket.
-    assert bracket([(10, 1.0), (20, 0.8), (30, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
-    # Repeated measurements at one rate are averaged.
-    assert bracket([(10, 1.0), (20, 1.0), (20, 0.94), (40, 0.5)], 0.95) == Bracket(20, 40)
-    assert bracket([(10, 1.0), (20, 1.0), (20, 0.8), (40, 0.5)], 0.95) == Bracket(10, 20)
+    assert bracket([(10, 1.0), (20, 0.9), (30, 0.9), (35, 1.0), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # A lone lucky pass above misses cannot lift the bracket, however close to the target.
+    assert bracket([(10, 1.0), (20, 0.94), (30, 0.97), (40, 0.5)], 0.95) == Bracket(10, 20)
+    # Two steps at one rate: one miss makes the rate a miss (a confirming repeat can lower
+    # lo, never raise it).
+    assert bracket([(10, 1.0), (20, 1.0), (20, 0.94), (40, 0.5)], 0.95) == Bracket(10, 20)
+    assert bracket([(10, 1.0), (20, 1.0), (20, 0.96), (40, 0.5)], 0.95) == Bracket(20, 40)
 
 
-def test_the_monotone_fit_is_non_increasing_and_keeps_the_mean() -> None:
-    measured = [(10, 1.0), (20, 0.7), (30, 0.9), (30, 1.0), (40, 0.2), (50, 0.3)]
-    fit = monotone_goodput(measured)
+def test_the_vote_fit_is_non_increasing_and_keeps_the_share_of_votes() -> None:
+    measured = [(10, 1.0), (20, 0.7), (30, 0.99), (30, 1.0), (40, 0.2), (50, 0.96)]
+    fit = monotone_votes(measured, 0.95)
     rates = sorted(fit)
     assert all(fit[a] >= fit[b] for a, b in itertools.pairwise(rates))
-    # pooling keeps the weighted mean: 0.7, 0.9, 1.0 -> 0.8667 each; 0.2, 0.3 -> 0.25
-    assert fit[20] == fit[30] == pytest.approx((0.7 + 0.9 + 1.0) / 3)
-    assert fit[40] == fit[50] == pytest.approx(0.25)
+    # votes 1 | 0, 1, 1 | 0, 1: the middle pool keeps 2 of 3, the last 1 of 2
     assert fit[10] == 1.0
+    assert fit[20] == fit[30] == pytest.approx(2 / 3)
+    assert fit[40] == fit[50] == pytest.approx(0.5)
 
 
 def test_bracket_estimate_and_width() -> None:
@@ -126,15 +128,13 @@ def test_a_confirming_miss_lowers_the_bracket_and_bisection_resumes() -> None:
         rate, stage = nxt
         got = {r: 1.0 if rate <= caps[r] else 0.6 for r in ROLES}
         if stage == "confirm" and rate == search.bracket("candidate").lo and not missed_at:
-            # a miss at the candidate's knee deep enough that its mean with the first pass
-            # (0.925) misses too
-            got["candidate"] = 0.85
+            got["candidate"] = 0.9  # a noisy miss at the candidate's knee
             missed_at.append(rate)
         search.record(rate, stage, got)
     assert missed_at
     b = search.bracket("candidate")
     assert b.hi is not None and b.lo is not None
-    assert b.hi <= missed_at[0]  # the rate's mean missed: the bracket moved below it
+    assert b.hi <= missed_at[0]  # a miss of two steps at a rate: the bracket moved below it
     stages = [s.stage for s in search.steps]
     after = stages[stages.index("confirm") :]
     assert "bisect" in after or "budget" in search.stopped  # bisection resumed below the miss
@@ -204,6 +204,12 @@ def test_a_step_is_seeded_lasts_step_s_and_sends_exactly_its_count() -> None:
         for seed in range(5):
             assert len(e.step(rate, seed).requests) == round(rate * 2.0) == e.step_requests(rate)
     assert e.build(seed=3).offsets_s is not None
+    # steps of one pattern share their gaps but never their prompts: a search's later step
+    # must not find its prompts in an engine's prefix cache (loadgen/prompts.py)
+    x, y = e.step(40.0, seed=11, pattern=500), e.step(40.0, seed=12, pattern=500)
+    assert x.offsets_s is not None and y.offsets_s is not None
+    assert list(x.offsets_s) == list(y.offsets_s)
+    assert not {r.prompt for r in x.requests} & {r.prompt for r in y.requests}
     # the budget is exact arithmetic on those counts
     assert e.plan().requests == sum(e.step_requests(r) for r in e.ramp_rates()) + (
         e.max_steps() - len(e.ramp_rates())
