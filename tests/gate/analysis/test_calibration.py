@@ -39,10 +39,14 @@ def test_injected_cases_hold_and_aa_does_not() -> None:
 
 @pytest.mark.simulation
 def test_calibrate_command_prints_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
-    # every case, at the smallest size the command takes: the document's shape
-    assert main(["calibrate", "--runs", "1", "--limit", "1000", "--json"]) == 0
+    # every case, at the smallest size the command takes: the document's shape (two numerics
+    # gates per case, not the default 200: their rates are tests/gate/analysis/
+    # test_calibration_numerics.py's)
+    argv = ["calibrate", "--runs", "1", "--limit", "1000", "--json", "--numerics-runs", "2"]
+    assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {"alpha", "aa_false_hold_rate", "cases"} <= set(doc)
+    assert {"alpha", "aa_false_hold_rate", "cases", "numerics"} <= set(doc)
+    assert doc["numerics"]["runs"] == 2
     for case in doc["cases"]:
         assert {
             "name",
