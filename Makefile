@@ -59,8 +59,8 @@ lint: $(STAMP)
 #    beside them the real-vLLM tests (marked `vllm`), one at a time at normal priority: the
 #    vLLM servers get the cores when they need them and the parallel run the rest. Their
 #    output is kept in .pytest-vllm.log and printed after the parallel run's;
-# 2. the whole sim gates whose asserted verdict rests on timing (marked `timed_gate`), two at
-#    a time: each mostly waits on its sim engines, but a busy parallel run would blur them;
+# 2. the whole sim gates whose asserted verdict rests on timing (marked `timed_gate`), three
+#    at a time: each mostly waits on its sim engines, but a busy parallel run would blur them;
 # 3. alone, the tests marked `serial` (clocks checked to the millisecond, the orphan sweep).
 # Every run always runs; the target fails if any failed. `pytest` by itself still runs
 # everything, serially.
@@ -76,7 +76,7 @@ test: lint
 	echo "== real-vLLM tests: waiting for them"; \
 	wait $$vllm || rc=$$?; \
 	cat $(VLLM_LOG); \
-	$(BIN)/pytest -n 2 --durations=25 -m "timed_gate and not vllm" || rc=$$?; \
+	$(BIN)/pytest -n 3 --durations=25 -m "timed_gate and not vllm" || rc=$$?; \
 	$(BIN)/pytest -p no:xdist --durations=25 -m "serial and not vllm and not timed_gate" || rc=$$?; \
 	exit $$rc
 

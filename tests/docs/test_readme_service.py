@@ -122,6 +122,9 @@ def run_block(served: Served, script: str, cwd: Path, timeout: float = 120) -> s
     return done.stdout
 
 
+# timed_gate: the quickstart's hold on a TTFT regression of +50% is what the walkthrough waits
+# for; beside the parallel run and the real-vLLM tests it was once left undecided (a continue).
+@pytest.mark.timed_gate
 def test_the_readme_service_walkthrough_runs_as_written(served: Served, tmp_path: Path) -> None:
     _, start_gate, inline = walkthrough()
     assert DOCUMENTED in start_gate and DOCUMENTED in inline

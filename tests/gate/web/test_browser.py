@@ -10,6 +10,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -143,14 +144,17 @@ def _spec(tag: str) -> dict[str, Any]:
 def hold_gate(site: Site) -> dict[str, Any]:
     """A real gate: two sim engine processes, the candidate with a slower prefill (a hold)."""
     spec = parse_spec(_spec(f"webtest-{uuid.uuid4().hex[:10]}"), "browser test spec")
-    outcome = asyncio.run(
-        run_gate(
-            spec,
-            site.settings,
-            report_dir=site.tmp / "reports",
-            db_url=site.settings.resolved_database_url(),
-        )
+    gate = run_gate(
+        spec,
+        site.settings,
+        report_dir=site.tmp / "reports",
+        db_url=site.settings.resolved_database_url(),
     )
+    # On a thread of its own: when the module's tests run in another order, this fixture is set
+    # up while the browser's sync Playwright holds this thread's event loop (asyncio.run would
+    # refuse to start a second one there).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        outcome = pool.submit(asyncio.run, gate).result()
     assert outcome.verdict == "hold", outcome.document["reasons"]
     return outcome.document
 
