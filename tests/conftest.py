@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ NOT_CORE = ("slow", "serial", "timed_gate", "vllm", "simulation")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _mark_core(items)
+    _unique_nodeids(items)
     _group_module_fixtures(config, items)
 
 
@@ -44,6 +46,26 @@ def _mark_core(items: list[pytest.Item]) -> None:
             continue
         if where.startswith(CORE_PATHS) and not any(item.get_closest_marker(m) for m in NOT_CORE):
             item.add_marker(pytest.mark.core)
+
+
+def _unique_nodeids(items: list[pytest.Item]) -> None:
+    """Every item its own node id. Schemathesis 4 gives each API operation's test the function's
+    id (its name alone says the operation: `test_x[GET /v1/gates]`), and pytest-xdist's
+    loadgroup scheduler finds items by id (`list.index`): 17 operations ran as one, silently.
+    An item that shares its id is renamed after its name; an id still shared is an error."""
+    seen = Counter(item.nodeid for item in items)
+    for item in items:
+        if seen[item.nodeid] > 1 and not item.nodeid.endswith(item.name):
+            renamed = f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}"
+            if hasattr(item, "_id"):  # pytest 9: a structured NodeId
+                from _pytest.nodeid import coerce_node_id
+
+                item._id = coerce_node_id(renamed)
+            else:  # pytest 8: the string
+                item._nodeid = renamed  # type: ignore[attr-defined]
+    shared = [nodeid for nodeid, n in Counter(i.nodeid for i in items).items() if n > 1]
+    if shared:
+        raise pytest.UsageError(f"tests that share a node id (xdist would run one): {shared[:5]}")
 
 
 def _group_module_fixtures(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,7 +20,14 @@ from gate.core.errors import ClusterError, FieldProblem, SpecError
 from gate.core.vocabulary import GateState
 from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
-from gate.integrations.flagger import HookType, RolloutImages, annotate, hook_answer, read_rollout
+from gate.integrations.flagger import (
+    HOOK_BUDGET_S,
+    HookType,
+    RolloutImages,
+    annotate,
+    hook_answer,
+    read_rollout,
+)
 from gate.integrations.signatures import HEADER, verify
 from gate.service import service
 from gate.service.admission import resolve_spec
@@ -113,7 +120,9 @@ def _flagger_metadata(hook: FlaggerHook) -> Mapping[str, str]:
     return md
 
 
-def _rollout(ctx: CtxDep, hook: FlaggerHook, md: Mapping[str, str]) -> RolloutImages | None:
+def _rollout(
+    ctx: CtxDep, hook: FlaggerHook, md: Mapping[str, str], deadline: float
+) -> RolloutImages | None:
     """What the Canary rolls out, from the cluster (GATE_FLAGGER_CLUSTER), or None when the
     gate reads no cluster."""
     where = ctx.settings.flagger_cluster
@@ -132,7 +141,9 @@ def _rollout(ctx: CtxDep, hook: FlaggerHook, md: Mapping[str, str]) -> RolloutIm
         )
     api_client = _flagger_client(ctx)
     try:
-        return read_rollout(api_client, hook.namespace, hook.name, md.get("container") or None)
+        return read_rollout(
+            api_client, hook.namespace, hook.name, md.get("container") or None, deadline=deadline
+        )
     finally:
         api_client.close()
 
@@ -141,9 +152,10 @@ def _flagger_client(ctx: CtxDep) -> Any:
     from gate.reservations.kubernetes import connect
 
     where = ctx.settings.flagger_cluster or ""
+    # No retries: a call gives up at its timeout, once, so the hook answers inside Flagger's 10 s
     if where == "in-cluster":
-        return connect(in_cluster=True)[0]
-    return connect(kubeconfig=where, context=ctx.settings.flagger_context)[0]
+        return connect(in_cluster=True, retries=0)[0]
+    return connect(kubeconfig=where, context=ctx.settings.flagger_context, retries=0)[0]
 
 
 def _flagger_specs(
@@ -284,8 +296,9 @@ def flagger(
     answers 200 only on continue (403 with the reason while it runs or on hold: Flagger keeps
     the canary in Waiting and asks again each interval). confirm-promotion answers 200 only on
     that gate's continue; rollback 200 only on its hold; neither ever starts a gate."""
+    deadline = time.monotonic() + HOOK_BUDGET_S  # every cluster call of this hook ends by it
     md = _flagger_metadata(hook)
-    images = _rollout(ctx, hook, md)
+    images = _rollout(ctx, hook, md, deadline)
     if images is not None and images.same_image and not any(md.get(k) for k in OVERRIDES):
         code, why = hook_answer(hook_type, None, has_gate=False, same_image=True)
         return _answer(code, None, why, ctx, images.candidate_run, images.reference_run)
@@ -303,7 +316,7 @@ def flagger(
     )
     spec = parse_spec(run.spec, "stored spec") if run is not None else run_spec
     if images is not None and summary is not None and ctx.settings.flagger_annotate:
-        _annotate(ctx, images, summary)
+        _annotate(ctx, images, summary, deadline)
     return _answer(code, summary, why, ctx, spec.candidate.label, spec.reference.label)
 
 
@@ -334,7 +347,7 @@ def _answer(
     return JSONResponse(body.model_dump(mode="json"), status_code=code)
 
 
-def _annotate(ctx: CtxDep, images: RolloutImages, summary: VerdictSummary) -> None:
+def _annotate(ctx: CtxDep, images: RolloutImages, summary: VerdictSummary, deadline: float) -> None:
     """The decided verdict on the Canary, once per verdict (annotate compares first)."""
     if summary.verdict is None:
         return
@@ -359,7 +372,7 @@ def _annotate(ctx: CtxDep, images: RolloutImages, summary: VerdictSummary) -> No
         log.warning("could not annotate Canary %s/%s: %s", images.namespace, images.canary, exc)
         return
     try:
-        annotate(api_client, images, values, event)
+        annotate(api_client, images, values, event, deadline=deadline)
     finally:
         api_client.close()
 

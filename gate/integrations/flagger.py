@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,7 +50,8 @@ HookType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
 WORKLOAD_KINDS = ("Deployment", "DaemonSet")  # Flagger's kinds with a pod template
 CANARY_GROUP, CANARY_VERSION, CANARY_PLURAL = "flagger.app", "v1beta1", "canaries"
 ANNOTATION_PREFIX = "llm-deploy-gate.io/"
-TIMEOUT = (3.0, 5.0)  # connect, read: inside Flagger's 10 s hook timeout
+TIMEOUT = (3.0, 5.0)  # connect, read: one call's, on a client without retries
+HOOK_BUDGET_S = 8.0  # all the cluster calls of one hook: inside Flagger's 10 s hook timeout
 _DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 
 
@@ -92,6 +94,15 @@ def pinned(image: str, image_id: str) -> str | None:
     if m is None:
         return None
     return f"{image_repository(image)}@{m.group(1)}"
+
+
+def load_client() -> None:
+    """Import the official client now: its import takes a second on an idle machine and many on
+    a busy one, and the first hook after a restart must still answer inside Flagger's 10 s."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    del k, ApiException
 
 
 def hook_answer(
@@ -138,17 +149,35 @@ def hook_answer(
 # -- the cluster ---------------------------------------------------------------------------------
 
 
+def timeout_until(deadline: float, what: str) -> tuple[float, float]:
+    """One call's (connect, read) timeout: TIMEOUT, cut to what is left before `deadline`; a
+    ClusterError when nothing is."""
+    left = deadline - time.monotonic()
+    if left < 0.1:
+        raise ClusterError(f"{what}: the cluster took all of the hook's {HOOK_BUDGET_S:g} s")
+    return min(TIMEOUT[0], left), min(TIMEOUT[1], left)
+
+
 def read_rollout(
-    api_client: client.ApiClient, namespace: str, name: str, container: str | None
+    api_client: client.ApiClient,
+    namespace: str,
+    name: str,
+    container: str | None,
+    *,
+    deadline: float | None = None,
 ) -> RolloutImages:
     """The Canary `namespace/name`, its target and its primary, read with the official client;
-    a ClusterError naming the object on anything the gate cannot use."""
+    a ClusterError naming the object on anything the gate cannot use. The reads end by
+    `deadline` (time.monotonic(); default HOOK_BUDGET_S from now), each within TIMEOUT, so a
+    slow API server is a ClusterError the hook answers with, not a hook Flagger gave up on."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
 
+    ends = deadline if deadline is not None else time.monotonic() + HOOK_BUDGET_S
+
     def get(what: str, call: Any, *args: Any) -> Any:
         try:
-            return call(*args, _request_timeout=TIMEOUT)
+            return call(*args, _request_timeout=timeout_until(ends, f"reading {what}"))
         except ApiException as exc:
             reason = exc.reason or ""
             if exc.status == 404:
@@ -285,15 +314,24 @@ def _matches(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
 
 
 def annotate(
-    api_client: client.ApiClient, images: RolloutImages, values: Mapping[str, str], event: str
+    api_client: client.ApiClient,
+    images: RolloutImages,
+    values: Mapping[str, str],
+    event: str,
+    *,
+    deadline: float | None = None,
 ) -> bool:
     """Make a held (or decided) rollout visible in `kubectl`: the gate's verdict, summary,
     reason and report on the Canary's annotations (`kubectl describe canary`), and a Warning
     Event on it for a hold. Only when the annotations differ, so polling writes once per
     verdict. Returns whether it wrote; a failure is logged, never an answer to Flagger (the hook
-    still says no)."""
+    still says no, and the next poll writes them). The calls end by `deadline`, like
+    `read_rollout`'s."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
+
+    ends = deadline if deadline is not None else time.monotonic() + HOOK_BUDGET_S
+    what = f"annotating Canary {images.namespace}/{images.canary}"
 
     custom = k.CustomObjectsApi(api_client)
     wanted = {ANNOTATION_PREFIX + key: value[:1000] for key, value in values.items()}
@@ -304,7 +342,7 @@ def annotate(
             images.namespace,
             CANARY_PLURAL,
             images.canary,
-            _request_timeout=TIMEOUT,
+            _request_timeout=timeout_until(ends, what),
         )
         meta = (canary if isinstance(canary, dict) else {}).get("metadata") or {}
         have = meta.get("annotations") or {}
@@ -317,7 +355,7 @@ def annotate(
             CANARY_PLURAL,
             images.canary,
             {"metadata": {"annotations": wanted}},
-            _request_timeout=TIMEOUT,
+            _request_timeout=timeout_until(ends, what),
         )
         if event:
             uid = meta.get("uid")
@@ -341,9 +379,9 @@ def annotate(
                     first_timestamp=now,
                     last_timestamp=now,
                 ),
-                _request_timeout=TIMEOUT,
+                _request_timeout=timeout_until(ends, what),
             )
-    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+    except (ApiException, ClusterError, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
         log.warning("could not annotate Canary %s/%s: %s", images.namespace, images.canary, exc)
         return False
     return True

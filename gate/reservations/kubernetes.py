@@ -206,16 +206,22 @@ def api_reason(exc: BaseException) -> str:
 
 
 def connect(
-    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool = False
+    *,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    in_cluster: bool = False,
+    retries: int | None = None,
 ) -> tuple[client.ApiClient, str]:
     """An API client for one cluster, and the cluster's name: the kubeconfig context's
     cluster, or `in-cluster` for the service account of the pod the gate runs in. Reads files
-    only (no API call); the caller closes the client."""
+    only (no API call); the caller closes the client. `retries` bounds urllib3's retries of
+    one call (None: urllib3's default of 3, so a call can take four times its timeout)."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    cfg = client.Configuration()
+    cfg.retries = retries
     if in_cluster:
-        cfg = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except ConfigException as exc:
@@ -233,9 +239,10 @@ def connect(
                 raise ClusterError(
                     f"kubeconfig {where} has no context {context!r} (its contexts: {known})"
                 )
-        api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, persist_config=False
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=cfg, persist_config=False
         )
+        api_client = client.ApiClient(cfg)
     except (ConfigException, OSError, TypeError, ValueError, AttributeError) as exc:
         raise ClusterError(f"cannot use kubeconfig {where}: {exc}") from None
     spec = (chosen or {}).get("context") or {}

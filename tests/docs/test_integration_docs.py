@@ -339,7 +339,10 @@ def test_flagger_canary_as_written(tmp_path: Path) -> None:
 
             def call(kind: str, payload: dict[str, Any]) -> int:
                 url = next(h["url"] for h in hooks if h["type"] == kind)
-                r = httpx.post(server.base + httpx.URL(url).path, json=payload, timeout=10)
+                # Flagger gives a hook 10 s; what the gate guarantees inside it (the cluster
+                # calls' shared 8 s) is test_flagger's. Here the flow is tested, on a machine
+                # other tests share: a first answer slowed past 10 s is no wrong answer.
+                r = httpx.post(server.base + httpx.URL(url).path, json=payload, timeout=60)
                 answers.append(r.json())
                 return r.status_code
 

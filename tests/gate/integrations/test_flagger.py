@@ -9,6 +9,7 @@ continue started a second gate), and a held canary is never rolled back by the r
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,46 @@ def test_an_unreachable_cluster_is_502_not_500(tmp_path: Path) -> None:
     api_client = connect(kubeconfig=str(cfg))[0]
     with pytest.raises(ClusterError, match="reading Canary serving/llama"):
         read_rollout(api_client, "serving", "llama", None)
+
+
+def test_a_cluster_that_never_answers_is_given_up_inside_flaggers_timeout(tmp_path: Path) -> None:
+    """A server that takes the connection and says nothing (a wedged API server). The official
+    client's urllib3 retries a timed-out GET three times (kubernetes/client/rest.py: pool_args
+    'retries' only when Configuration.retries is set; urllib3 defaults to Retry(3)), so one
+    5 s read took 20 s; the hook's client has none, and all its calls share HOOK_BUDGET_S, so
+    the read is one ClusterError (502) after the 5 s read timeout, inside Flagger's 10 s."""
+    import socket
+
+    from gate.core.errors import ClusterError
+    from gate.integrations.flagger import HOOK_BUDGET_S, TIMEOUT, read_rollout
+    from gate.reservations.kubernetes import connect
+
+    assert HOOK_BUDGET_S < 10  # docs/integrations/flagger.md: Flagger's default hook timeout
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)  # connections complete in the backlog; nothing is ever read or sent
+        cfg = write_kubeconfig(tmp_path / "kc", server=f"http://127.0.0.1:{mute.getsockname()[1]}")
+        api_client = connect(kubeconfig=str(cfg), retries=0)[0]
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="reading Canary serving/llama"):
+            read_rollout(api_client, "serving", "llama", None)
+        waited = time.monotonic() - started
+        api_client.close()
+    # one read, waited out once: not less (it did wait), and not a second 5 s (no retry)
+    assert TIMEOUT[1] - 0.5 <= waited < 2 * TIMEOUT[1], waited
+
+
+def test_the_hooks_calls_share_one_deadline(tmp_path: Path) -> None:
+    """Past the hook's deadline no call is made: a ClusterError that says the cluster took the
+    hook's budget (each call's timeout is what is left, never more than TIMEOUT)."""
+    from gate.core.errors import ClusterError
+    from gate.integrations.flagger import TIMEOUT, timeout_until
+
+    assert timeout_until(time.monotonic() + 60, "x") == TIMEOUT
+    connect_s, read_s = timeout_until(time.monotonic() + 1.0, "x")
+    assert connect_s <= 1.0 and read_s <= 1.0
+    with pytest.raises(ClusterError, match="reading Canary a/b: the cluster took all"):
+        timeout_until(time.monotonic() - 1, "reading Canary a/b")
 
 
 def test_the_same_revision_asked_again_is_the_same_gate_and_key_reruns(env: Env) -> None:
