@@ -19,6 +19,7 @@ from typing import Any
 
 from gate.core.errors import GateError, SpecError, TokenError
 from gate.core.settings import Settings
+from gate.core.threads import one_blas_thread
 from gate.core.vocabulary import EXIT_ERROR, EXIT_INTERRUPTED
 from gate.runs.console import ConsoleProgress, print_summary
 
@@ -211,6 +212,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    one_blas_thread()  # gate/core/threads.py: engines share the host's cores
     if args.command == "calibrate":
         from gate.calibrate import run_calibration, run_grid, run_shapes
 

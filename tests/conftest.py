@@ -13,6 +13,7 @@ from services import service_missing
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate.core.database import make_engine, make_sessionmaker, upgrade
+from gate.core.threads import one_blas_thread
 
 # The fast tier (`make check`): tests of the pure cores (no process, socket, database server or
 # browser), by where they live. A test there that runs many simulated gates is marked
@@ -27,6 +28,13 @@ CORE_PATHS = (
     "test_docs_settings.py",
 )
 NOT_CORE = ("slow", "serial", "timed_gate", "vllm", "simulation")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process (every xdist worker) judges with one BLAS thread, as `gate` does
+    (gate/core/threads.py): beside the real-vLLM tests, OpenBLAS's spinning threads made a 0.6 s
+    bootstrap test take 71 s."""
+    one_blas_thread()
 
 
 @pytest.hookimpl(tryfirst=True)
