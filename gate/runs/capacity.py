@@ -94,7 +94,7 @@ class CapacityScenario:
 
     async def run(self) -> CapacityResult:
         ctx, sc, entry = self.ctx, self.sc, self.entry
-        search = entry.search(ROLES)
+        search = entry.search(ROLES, boundary=1.0 - ctx.spec.policy.load.capacity_tolerance)
         planned_s = entry.max_steps() * entry.step_s
         limit_s = scenario_deadline_s(planned_s, ctx.limits)
         ctx.gate_phase(

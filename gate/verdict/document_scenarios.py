@@ -236,7 +236,7 @@ class CapacityEngineDoc(_Doc):
 
 class CapacityStepDoc(_Doc):
     rate: float = Field(description="the offered rate, requests/s, the same to both engines")
-    stage: str = Field(description="ramp, bisect or confirm")
+    stage: str = Field(description="ramp, bisect, decide or confirm")
     reference: CapacityEngineDoc
     candidate: CapacityEngineDoc
 

@@ -30,7 +30,12 @@ step warms a prefix cache for a later one.
   so a candidate that collapsed below the start rate is bracketed, not left open;
 - bisect: the engine whose bracket is widest (hi/lo) gets the geometric midpoint next, until
   every bracket is within ``1 + resolution``; the other engine is measured there too and its
-  bracket narrows when the rate falls inside it;
+  bracket narrows when the rate falls inside it. With the check's ``boundary`` (1 - its
+  tolerance; the gate always gives it), the reference's bracket is bisected first;
+- decide (with a boundary): while the check is undecided, a rate where one vote decides it
+  (:meth:`RateSearch._decisive`): the candidate a tolerance below the reference's knee. Its
+  own knee is where a step's vote is least sure (goodput there sits near the target), while a
+  loss beyond the tolerance makes it miss, and A/A makes it pass, by a tolerance's margin;
 - confirm: each engine's highest passing rate is measured ``repeats`` more times on new
   schedules; a rate whose measurements together miss lowers that engine's bracket (and
   bisection resumes if steps are left).
@@ -71,7 +76,10 @@ from loadgen.suite.workloads import DEFAULT_EXTRA, BuiltScenario, _check_request
 SLO_KEYS = ("ttft_ms", "itl_ms", "e2e_ms")
 """The objectives a capacity scenario may set: TTFT, mean ITL per request, end to end."""
 
-Stage = Literal["ramp", "bisect", "confirm"]
+Stage = Literal["ramp", "bisect", "decide", "confirm"]
+STRICT = 0.002
+"""How far a boundary probe sits past the boundary, relative: a miss (or pass) there puts the
+ratio strictly on one side of it, as the check's strict comparison needs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +125,9 @@ class Capacity:
 
     def max_steps(self) -> int:
         """The search's step budget: the whole ramp, both engines' bisections, the confirming
-        repeats of both, and one more bisection each after a confirming miss."""
+        repeats of both, and one more bisection each after a confirming miss. The probes at
+        the check's boundary (``decide``) come out of it: each lies inside a bracket and
+        narrows it as a bisection does."""
         bisect = self.bisect_steps()
         return len(self.ramp_rates()) + 2 * bisect + 2 * self.repeats + 2 * (1 + self.repeats)
 
@@ -160,7 +170,9 @@ class Capacity:
         reqs = _requests(len(offsets), self.prompt_tokens, self.max_tokens, self.extra, seed)
         return BuiltScenario(self.name, reqs, offsets_s=offsets)
 
-    def search(self, roles: Sequence[str]) -> RateSearch:
+    def search(self, roles: Sequence[str], boundary: float | None = None) -> RateSearch:
+        """The search over ``roles`` (with ``boundary``: the reference first, the candidate
+        second, and the check's floor 1 - tolerance, which the ``decide`` probes test)."""
         return RateSearch(
             roles=tuple(roles),
             target=self.goodput,
@@ -168,6 +180,7 @@ class Capacity:
             resolution=self.resolution,
             repeats=self.repeats,
             budget=self.max_steps(),
+            boundary=boundary,
         )
 
 
@@ -193,6 +206,7 @@ class RateSearch:
     resolution: float
     repeats: int
     budget: int
+    boundary: float | None = None  # the check's floor: roles are (reference, candidate)
     steps: list[Step] = field(default_factory=list)
     stopped: str = ""  # why the search ended, once it has
 
@@ -231,6 +245,12 @@ class RateSearch:
         if down is not None:
             return down, "ramp"
         open_ = [b for b in brackets if not self.resolved(b)]
+        if self.boundary is not None and open_ and open_[0] is brackets[0]:
+            open_ = open_[:1]  # the reference's knee first: the probes are placed by it
+        elif self.boundary is not None:
+            probe = self._decisive(brackets[0], brackets[1], self.boundary)
+            if probe is not None:
+                return probe, "decide"
         if open_:
             widest = max(open_, key=lambda b: b.width)
             assert widest.lo is not None and widest.hi is not None
@@ -246,6 +266,33 @@ class RateSearch:
             )
         else:
             self.stopped = "every engine's capacity was bracketed and confirmed"
+        return None
+
+    def _decisive(self, ref: Bracket, cand: Bracket, floor: float) -> float | None:
+        """A rate whose one vote would decide the check, while it is undecided: the ratio
+        interval [lo_c / hi_r, hi_c / lo_r] straddles ``floor``. The candidate at floor x hi_r
+        (a pass puts lo_c / hi_r at the floor: pass) or just under floor x lo_r (a miss puts
+        hi_c / lo_r under it: fail); else the reference just over hi_c / floor (a pass: fail)
+        or at lo_c / floor (a miss: pass). Only a rate inside that engine's bracket and not
+        measured yet: a vote outside it would say what the bracket says. So the candidate is
+        tested a tolerance away from the reference's knee, not at its own, where a step's
+        vote is the least sure (docs/statistics.md, "Capacity")."""
+        if None in (ref.lo, ref.hi, cand.lo, cand.hi):
+            return None
+        assert ref.lo is not None and ref.hi is not None
+        assert cand.lo is not None and cand.hi is not None
+        if cand.hi / ref.lo < floor or cand.lo / ref.hi >= floor:
+            return None  # decided
+        tried = {s.rate for s in self.steps}
+        for rate, b in (
+            (floor * ref.hi, cand),
+            (floor * ref.lo * (1 - STRICT), cand),
+            (cand.hi / floor * (1 + STRICT), ref),
+            (cand.lo / floor, ref),
+        ):
+            assert b.lo is not None and b.hi is not None
+            if b.lo * (1 + 1e-9) < rate < b.hi * (1 - 1e-9) and rate not in tried:
+                return rate
         return None
 
     @property

@@ -140,6 +140,64 @@ def test_a_confirming_miss_lowers_the_bracket_and_bisection_resumes() -> None:
     assert "bisect" in after or "budget" in search.stopped  # bisection resumed below the miss
 
 
+FLOOR = 0.92  # 1 - the default capacity_tolerance
+
+
+def interval(search: RateSearch) -> tuple[float, float]:
+    r, c = search.bracket("reference"), search.bracket("candidate")
+    assert None not in (r.lo, r.hi, c.lo, c.hi)
+    return c.lo / r.hi, c.hi / r.lo  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "decided"), [(50.0, "pass"), (42.5, "fail"), (47.5, "pass"), (44.0, "fail")]
+)
+def test_with_a_boundary_the_candidate_is_probed_a_tolerance_below_the_references_knee(
+    candidate: float, decided: str
+) -> None:
+    """The reference's bracket is bisected first; then, while the ratio interval straddles the
+    floor, the candidate is offered floor x hi_r (a pass there decides pass) or just under
+    floor x lo_r (a miss there decides fail), rates a tolerance away from its own knee when
+    the loss is zero or well past the tolerance. Every later vote keeps the decision: the
+    search's steps stay inside the brackets, where they only narrow them."""
+    search = entry().search(ROLES, boundary=FLOOR)
+    offered = drive(search, knee({"reference": 50.0, "candidate": candidate}))
+    stages = [s for _, s in offered]
+    first_bisect = stages.index("bisect")
+    ref_done = next(
+        i
+        for i in range(first_bisect, len(offered))
+        if search.resolved(bracket(search.measured("reference")[: i + 1], 0.95))
+    )
+    assert all(s == "bisect" for s in stages[first_bisect : ref_done + 1])
+    if candidate != 50.0:  # A/A: measured at the reference's rates, decided without a probe
+        assert "decide" in stages and stages.index("decide") > ref_done
+    r = search.bracket("reference")
+    assert r.lo is not None and r.hi is not None
+    probes = [rate for rate, s in offered if s == "decide"] or [FLOOR * r.hi]
+    assert probes[0] == pytest.approx(FLOOR * r.hi) or probes[0] == pytest.approx(
+        FLOOR * r.lo * (1 - 0.002)
+    )
+    low, high = interval(search)
+    assert (high < FLOOR) if decided == "fail" else (low >= FLOOR), (low, high, offered)
+    assert search.stopped == "every engine's capacity was bracketed and confirmed"
+    assert len(offered) <= entry().max_steps()
+
+
+def test_a_probe_is_offered_only_inside_a_bracket_and_once() -> None:
+    """Decided, or every decisive rate outside the brackets or tried: no probe."""
+    search = entry().search(ROLES, boundary=FLOOR)
+    for rate, ref, cand in [(40.0, 1.0, 1.0), (44.0, 1.0, 0.5), (50.0, 1.0, 0.5), (52.0, 0.5, 0.5)]:
+        search.record(rate, "ramp", {"reference": ref, "candidate": cand})
+    r, c = search.bracket("reference"), search.bracket("candidate")
+    assert (r.lo, r.hi, c.lo, c.hi) == (50.0, 52.0, 40.0, 44.0)
+    assert search._decisive(r, c, FLOOR) is None  # 44 / 50 = 0.88 < 0.92: fail, decided
+    wide = Bracket(40.0, 49.0)  # [40/52, 49/50] = [0.77, 0.98]: undecided
+    assert search._decisive(r, wide, FLOOR) == pytest.approx(FLOOR * 52.0)
+    search.record(FLOOR * 52.0, "decide", {"reference": 1.0, "candidate": 1.0})
+    assert search._decisive(r, wide, FLOOR) == pytest.approx(FLOOR * 50.0 * (1 - 0.002))
+
+
 def test_an_engine_that_never_misses_is_censored_at_max_rate() -> None:
     search = entry(max_rate=100.0).search(ROLES)
     offered = drive(search, knee({"reference": 1e9, "candidate": 30.0}))
