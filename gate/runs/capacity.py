@@ -35,6 +35,7 @@ from gate.verdict.document import CapacityDoc, CapacityEngineDoc, CapacityStepDo
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
 from loadgen.runner import run_paired
+from loadgen.suite.capacity import RATE_DIGITS
 
 
 def slo_of(entry: catalogue.Capacity) -> Slo:
@@ -119,7 +120,7 @@ class CapacityScenario:
             search.record(rate, stage, {role: got[role].goodput for role in ROLES})
             steps.append(
                 CapacityStepDoc(
-                    rate=round(rate, 6),
+                    rate=round(rate, RATE_DIGITS),
                     stage=stage,
                     reference=_doc(got["reference"]),
                     candidate=_doc(got["candidate"]),

@@ -32,10 +32,13 @@ step warms a prefix cache for a later one.
   every bracket is within ``1 + resolution``; the other engine is measured there too and its
   bracket narrows when the rate falls inside it. With the check's ``boundary`` (1 - its
   tolerance; the gate always gives it), the reference's bracket is bisected first;
-- decide (with a boundary): while the check is undecided, a rate where one vote decides it
-  (:meth:`RateSearch._decisive`): the candidate a tolerance below the reference's knee. Its
-  own knee is where a step's vote is least sure (goodput there sits near the target), while a
-  loss beyond the tolerance makes it miss, and A/A makes it pass, by a tolerance's margin;
+- decide (with a boundary): while the check is undecided, a rate where one vote of the
+  candidate decides it (:meth:`RateSearch._decisive`): a tolerance below the reference's
+  knee. Its own knee is where a step's vote is least sure (goodput there sits near the
+  target), while a loss well past the tolerance makes it miss there, and A/A makes it pass,
+  by about a tolerance's margin. The probes come before each bisection of the candidate's
+  bracket, so the two interleave until the check is decided or no probe rate is left inside
+  the candidate's bracket;
 - confirm: each engine's highest passing rate is measured ``repeats`` more times on new
   schedules; a rate whose measurements together miss lowers that engine's bracket (and
   bisection resumes if steps are left).
@@ -77,6 +80,8 @@ SLO_KEYS = ("ttft_ms", "itl_ms", "e2e_ms")
 """The objectives a capacity scenario may set: TTFT, mean ITL per request, end to end."""
 
 Stage = Literal["ramp", "bisect", "decide", "confirm"]
+RATE_DIGITS = 6
+"""A probe's rate is rounded to this many decimals, as the verdict document stores rates."""
 STRICT = 0.002
 """How far a boundary probe sits past the boundary, relative: a miss (or pass) there puts the
 ratio strictly on one side of it, as the check's strict comparison needs."""
@@ -126,8 +131,8 @@ class Capacity:
     def max_steps(self) -> int:
         """The search's step budget: the whole ramp, both engines' bisections, the confirming
         repeats of both, and one more bisection each after a confirming miss. The probes at
-        the check's boundary (``decide``) come out of it: each lies inside a bracket and
-        narrows it as a bisection does."""
+        the check's boundary (``decide``) come out of it: each lies inside the candidate's
+        bracket and narrows it, if less than a bisection would."""
         bisect = self.bisect_steps()
         return len(self.ramp_rates()) + 2 * bisect + 2 * self.repeats + 2 * (1 + self.repeats)
 
@@ -269,14 +274,14 @@ class RateSearch:
         return None
 
     def _decisive(self, ref: Bracket, cand: Bracket, floor: float) -> float | None:
-        """A rate whose one vote would decide the check, while it is undecided: the ratio
-        interval [lo_c / hi_r, hi_c / lo_r] straddles ``floor``. The candidate at floor x hi_r
-        (a pass puts lo_c / hi_r at the floor: pass) or just under floor x lo_r (a miss puts
-        hi_c / lo_r under it: fail); else the reference just over hi_c / floor (a pass: fail)
-        or at lo_c / floor (a miss: pass). Only a rate inside that engine's bracket and not
-        measured yet: a vote outside it would say what the bracket says. So the candidate is
-        tested a tolerance away from the reference's knee, not at its own, where a step's
-        vote is the least sure (docs/statistics.md, "Capacity")."""
+        """A rate where one vote of the candidate decides the check, while it is undecided
+        (the ratio interval [lo_c / hi_r, hi_c / lo_r] straddles ``floor``): just over
+        floor x hi_r (a pass puts lo_c / hi_r above the floor: pass), else just under
+        floor x lo_r (a miss puts hi_c / lo_r under it: fail); only inside the candidate's
+        bracket and where it was not measured yet (a vote outside it says what the bracket
+        says). So the candidate is tested a tolerance away from the reference's knee, not
+        at its own, where a step's vote is the least sure (docs/statistics.md, "Capacity").
+        Each rate is rounded as the document stores it, so the judge reads the same side."""
         if None in (ref.lo, ref.hi, cand.lo, cand.hi):
             return None
         assert ref.lo is not None and ref.hi is not None
@@ -284,14 +289,9 @@ class RateSearch:
         if cand.hi / ref.lo < floor or cand.lo / ref.hi >= floor:
             return None  # decided
         tried = {s.rate for s in self.steps}
-        for rate, b in (
-            (floor * ref.hi, cand),
-            (floor * ref.lo * (1 - STRICT), cand),
-            (cand.hi / floor * (1 + STRICT), ref),
-            (cand.lo / floor, ref),
-        ):
-            assert b.lo is not None and b.hi is not None
-            if b.lo * (1 + 1e-9) < rate < b.hi * (1 - 1e-9) and rate not in tried:
+        for rate in (floor * ref.hi * (1 + STRICT), floor * ref.lo * (1 - STRICT)):
+            rate = round(rate, RATE_DIGITS)
+            if cand.lo * (1 + 1e-9) < rate < cand.hi * (1 - 1e-9) and rate not in tried:
                 return rate
         return None
 
