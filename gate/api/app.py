@@ -22,7 +22,6 @@ from gate.http.deps import Ctx
 from gate.http.guards import FiniteJson, SessionGuard
 from gate.http.problems import AnswerLimit, ByteLimit, mistakes
 from gate.http.problems import problem as _problem
-from gate.integrations.flagger import load_client
 from gate.service.dispatch import InProcessDispatcher
 from gate.service.execution import open_factory
 from gate.service.reaper import Reaper
@@ -81,14 +80,12 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 def _lifespan(
     ctx: Ctx, start_workers: bool
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """At start: load the cluster client the Flagger hooks use, sweep this host's orphaned
-    engines, start the reaper, resubmit what was pending; at the end: stop them."""
+    """At start: sweep this host's orphaned engines, start the reaper, resubmit what was
+    pending; at the end: stop them."""
     settings = ctx.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.flagger_cluster:
-            load_client()  # before the first hook, not inside its 10 s
         if start_workers:
             sweep_orphans()  # engine processes a gate killed on this host left behind
             requeue = ctx.dispatcher if isinstance(ctx.dispatcher, CeleryDispatcher) else None

@@ -96,15 +96,6 @@ def pinned(image: str, image_id: str) -> str | None:
     return f"{image_repository(image)}@{m.group(1)}"
 
 
-def load_client() -> None:
-    """Import the official client now: its import takes a second on an idle machine and many on
-    a busy one, and the first hook after a restart must still answer inside Flagger's 10 s."""
-    from kubernetes import client as k
-    from kubernetes.client.exceptions import ApiException
-
-    del k, ApiException
-
-
 def hook_answer(
     hook: HookType,
     verdict: str | None,
