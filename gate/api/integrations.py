@@ -21,7 +21,6 @@ from gate.core.vocabulary import GateState
 from gate.http.deps import CtxDep, authorize, request_token
 from gate.integrations.callbacks import allowed
 from gate.integrations.flagger import (
-    HOOK_BUDGET_S,
     HookType,
     RolloutImages,
     annotate,
@@ -296,7 +295,7 @@ def flagger(
     answers 200 only on continue (403 with the reason while it runs or on hold: Flagger keeps
     the canary in Waiting and asks again each interval). confirm-promotion answers 200 only on
     that gate's continue; rollback 200 only on its hold; neither ever starts a gate."""
-    deadline = time.monotonic() + HOOK_BUDGET_S  # every cluster call of this hook ends by it
+    deadline = time.monotonic() + ctx.settings.flagger_budget_s  # every cluster call ends by it
     md = _flagger_metadata(hook)
     images = _rollout(ctx, hook, md, deadline)
     if images is not None and images.same_image and not any(md.get(k) for k in OVERRIDES):

@@ -168,6 +168,14 @@ class Settings(BaseSettings, Caps):
         "annotations (`llm-deploy-gate.io/*`) and a Warning Event on a hold, so a held rollout "
         "shows in `kubectl describe canary`. Needs patch on canaries and create on events.",
     )
+    flagger_budget_s: float = Field(
+        default=8.0,
+        gt=0.0,
+        le=300.0,
+        description="Seconds within which all the cluster calls of one Flagger hook end (a "
+        "slower cluster is a 502, which Flagger takes as no and asks again): keep it under "
+        "the hooks' `timeout` in the Canary (Flagger's default 10 s).",
+    )
     max_active_gates_per_token: int = Field(
         default=20,
         ge=1,

@@ -50,8 +50,8 @@ HookType = Literal["confirm-rollout", "confirm-promotion", "rollback"]
 WORKLOAD_KINDS = ("Deployment", "DaemonSet")  # Flagger's kinds with a pod template
 CANARY_GROUP, CANARY_VERSION, CANARY_PLURAL = "flagger.app", "v1beta1", "canaries"
 ANNOTATION_PREFIX = "llm-deploy-gate.io/"
-TIMEOUT = (3.0, 5.0)  # connect, read: one call's, on a client without retries
-HOOK_BUDGET_S = 8.0  # all the cluster calls of one hook: inside Flagger's 10 s hook timeout
+CONNECT_S = 3.0  # one call's connect timeout, on a client without retries
+HOOK_BUDGET_S = 8.0  # all the cluster calls of one hook (GATE_FLAGGER_BUDGET_S's default)
 _DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 
 
@@ -141,12 +141,12 @@ def hook_answer(
 
 
 def timeout_until(deadline: float, what: str) -> tuple[float, float]:
-    """One call's (connect, read) timeout: TIMEOUT, cut to what is left before `deadline`; a
-    ClusterError when nothing is."""
+    """One call's (connect, read) timeout: what is left before `deadline` (the connect at most
+    CONNECT_S); a ClusterError when nothing is."""
     left = deadline - time.monotonic()
     if left < 0.1:
-        raise ClusterError(f"{what}: the cluster took all of the hook's {HOOK_BUDGET_S:g} s")
-    return min(TIMEOUT[0], left), min(TIMEOUT[1], left)
+        raise ClusterError(f"{what}: the cluster took all of the hook's time")
+    return min(CONNECT_S, left), left
 
 
 def read_rollout(
@@ -159,8 +159,8 @@ def read_rollout(
 ) -> RolloutImages:
     """The Canary `namespace/name`, its target and its primary, read with the official client;
     a ClusterError naming the object on anything the gate cannot use. The reads end by
-    `deadline` (time.monotonic(); default HOOK_BUDGET_S from now), each within TIMEOUT, so a
-    slow API server is a ClusterError the hook answers with, not a hook Flagger gave up on."""
+    `deadline` (time.monotonic(); default HOOK_BUDGET_S from now), so a slow API server is a
+    ClusterError the hook answers with, not a hook Flagger gave up on."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
 

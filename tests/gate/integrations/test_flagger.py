@@ -354,15 +354,16 @@ def test_a_cluster_that_never_answers_is_given_up_inside_flaggers_timeout(tmp_pa
     """A server that takes the connection and says nothing (a wedged API server). The official
     client's urllib3 retries a timed-out GET three times (kubernetes/client/rest.py: pool_args
     'retries' only when Configuration.retries is set; urllib3 defaults to Retry(3)), so one
-    5 s read took 20 s; the hook's client has none, and all its calls share HOOK_BUDGET_S, so
-    the read is one ClusterError (502) after the 5 s read timeout, inside Flagger's 10 s."""
+    5 s read took 20 s; the hook's client has none, and its calls end by one deadline
+    (GATE_FLAGGER_BUDGET_S, 8 s), so the read is one ClusterError (502) inside Flagger's 10 s."""
     import socket
 
     from gate.core.errors import ClusterError
-    from gate.integrations.flagger import HOOK_BUDGET_S, TIMEOUT, read_rollout
+    from gate.integrations.flagger import HOOK_BUDGET_S, read_rollout
     from gate.reservations.kubernetes import connect
 
     assert HOOK_BUDGET_S < 10  # docs/integrations/flagger.md: Flagger's default hook timeout
+    assert Settings().flagger_budget_s == HOOK_BUDGET_S
     with socket.socket() as mute:
         mute.bind(("127.0.0.1", 0))
         mute.listen(8)  # connections complete in the backlog; nothing is ever read or sent
@@ -370,20 +371,21 @@ def test_a_cluster_that_never_answers_is_given_up_inside_flaggers_timeout(tmp_pa
         api_client = connect(kubeconfig=str(cfg), retries=0)[0]
         started = time.monotonic()
         with pytest.raises(ClusterError, match="reading Canary serving/llama"):
-            read_rollout(api_client, "serving", "llama", None)
+            read_rollout(api_client, "serving", "llama", None, deadline=started + 2.0)
         waited = time.monotonic() - started
         api_client.close()
-    # one read, waited out once: not less (it did wait), and not a second 5 s (no retry)
-    assert TIMEOUT[1] - 0.5 <= waited < 2 * TIMEOUT[1], waited
+    # one read, waited out until the deadline: not less, and not a retry's second wait
+    assert 1.5 <= waited < 4.0, waited
 
 
-def test_the_hooks_calls_share_one_deadline(tmp_path: Path) -> None:
-    """Past the hook's deadline no call is made: a ClusterError that says the cluster took the
-    hook's budget (each call's timeout is what is left, never more than TIMEOUT)."""
+def test_the_hooks_calls_share_one_deadline() -> None:
+    """Each call's timeout is what is left before the hook's deadline (the connect at most
+    CONNECT_S); past it no call is made: a ClusterError that says the cluster took the time."""
     from gate.core.errors import ClusterError
-    from gate.integrations.flagger import TIMEOUT, timeout_until
+    from gate.integrations.flagger import CONNECT_S, timeout_until
 
-    assert timeout_until(time.monotonic() + 60, "x") == TIMEOUT
+    connect_s, read_s = timeout_until(time.monotonic() + 60, "x")
+    assert connect_s == CONNECT_S and 59 < read_s <= 60
     connect_s, read_s = timeout_until(time.monotonic() + 1.0, "x")
     assert connect_s <= 1.0 and read_s <= 1.0
     with pytest.raises(ClusterError, match="reading Canary a/b: the cluster took all"):
