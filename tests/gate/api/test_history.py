@@ -11,6 +11,7 @@ import re
 import uuid
 from typing import Any
 
+import pytest
 from apitools import auth, poll_finished, sim_engine
 from fastapi.testclient import TestClient
 from history import seed_history
@@ -46,6 +47,10 @@ def run(client: TestClient, token: str, spec: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+# timed_gate: the first gate's latencies seed the history the last one is scored against; in
+# the parallel run beside real vLLM the first ran slower than the "slower" bed (CI: its TTFT
+# p99 372 ms against 98 ms), and the outlier the test asserts went the other way
+@pytest.mark.timed_gate
 def test_a_history_of_22_gates_flags_a_slower_test_bed(
     app_client: TestClient, tokens: dict[str, str]
 ) -> None:
