@@ -55,15 +55,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_up(url: str, timeout: float = 30.0) -> None:
+def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
+    """Until `url` answers; a server that exits or never answers is reported with the end of
+    its log (a port taken between `free_port` and its bind, an import error). The timeout is
+    generous: on a busy host the gate's imports alone can take tens of seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             httpx.get(url, timeout=1.0)
             return
         except httpx.HTTPError:
+            if proc.poll() is not None:
+                break
             time.sleep(0.1)
-    raise SystemExit(f"server at {url} did not start")
+    said = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    state = f"exited {proc.returncode}" if proc.poll() is not None else f"silent {timeout:g} s"
+    raise SystemExit(f"server at {url} did not start ({state}):\n{said}")
 
 
 def seed(data_dir: Path) -> tuple[str, str, str, dict[str, Any]]:
@@ -193,17 +200,18 @@ def main() -> int:
     gid, running_id, token, summary = seed(tmp)
     ours_port, peer_port = free_port(), free_port()
     env = {**os.environ, "GATE_DATA_DIR": str(tmp), "GATE_LOST_AFTER_S": "3600"}
+    logs = [tmp / "serve.log", tmp / "peer.log"]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "gate", "serve", "--port", str(ours_port)],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=logs[0].open("wb"),
         ),
         subprocess.Popen(
             [sys.executable, "-c", PEER, str(peer_port), json.dumps(summary)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=logs[1].open("wb"),
         ),
     ]
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -220,7 +228,8 @@ def main() -> int:
             "peer": (f"http://127.0.0.1:{peer_port}/v1/gates/{gid}/verdict", {}),
         }
         for name, (url, headers) in targets.items():
-            wait_up(url.rsplit("/v1", 1)[0] + "/v1/gates/x/verdict")
+            at = 1 if name == "peer" else 0
+            wait_up(url.rsplit("/v1", 1)[0] + "/v1/gates/x/verdict", procs[at], logs[at])
             r = httpx.get(url, headers=headers)
             want = "running" if name == "running" else "complete"
             assert r.status_code == 200 and r.json()["state"] == want, r.text

@@ -13,9 +13,12 @@ power, a few hundred MiB of memory as allocators round) is what the tolerance ab
     gpu.energy_per_token  energy over the load scenarios divided by the output tokens served
                           in them: from the energy counter where every read has one (NVML, DCGM:
                           the counter's rise), else the power integrated over time (trapezoids
-                          between reads: nvidia-smi has no counter). The ratio holds above
-                          1 + policy.gpu.energy_tolerance. Idle power counts too: an engine
-                          that is slower for the same tokens spends more energy on them.
+                          between reads: nvidia-smi has no counter); in each scenario over the
+                          same span for both engines (the later first read to the earlier
+                          last), so neither is charged idle power the other's span left out.
+                          The ratio holds above 1 + policy.gpu.energy_tolerance. Idle power
+                          counts too: an engine that is slower for the same tokens spends more
+                          energy on them.
     gpu.xid               XID errors (the driver's reports of GPU faults) on the candidate's
                           GPUs alone hold; on both engines' they are the test bed's (a warning
                           that the GPUs or the driver are unwell, no claim about the candidate).
@@ -30,9 +33,12 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from gate.analysis.checks import compared, rule_check
 from gate.analysis.policy import Policy
 from gate.analysis.types import Check
+from gate.core.vocabulary import Role
 
 GIB = 1024.0**3
 
@@ -56,25 +62,31 @@ class GpuSeries:
         known = [m for m in self.memory_bytes if m is not None]
         return max(known) if known else None
 
-    def energy(self) -> float | None:
-        """Joules spent over the scenario: the counter's rise, else power integrated. Reads
-        that failed (None) are bridged, not dropped: the counter's rise spans them, and power
-        is interpolated across them and held flat before its first and after its last
-        reading, so a side with a gap in its reads is not credited with less energy than the
-        other for the same span."""
+    def energy(self, span: tuple[float, float] | None = None) -> float | None:
+        """Joules spent over `span` (seconds into the scenario; default: from the first read
+        to the last): the counter's rise, else power integrated. Reads that failed (None) are
+        bridged, not dropped: the counter is interpolated across them, and power is
+        interpolated across them and held flat before its first and after its last reading,
+        so a side with a gap in its reads is not credited with less energy than the other for
+        the same span."""
         if len(self.t_s) < 2:
             return None
+        t0, t1 = span if span is not None else (self.t_s[0], self.t_s[-1])
         e = [(t, v) for t, v in zip(self.t_s, self.energy_j, strict=True) if v is not None]
         if self.energy_j[0] is not None and self.energy_j[-1] is not None:
             steps = [b - a for (_, a), (_, b) in itertools.pairwise(e)]
             if all(d >= 0 for d in steps):  # a counter that went back (a driver reload)
-                return float(e[-1][1]) - float(e[0][1])
+                ts, vs = [t for t, _ in e], [v for _, v in e]
+                return float(np.interp(t1, ts, vs) - np.interp(t0, ts, vs))
         p = [(t, w) for t, w in zip(self.t_s, self.power_w, strict=True) if w is not None]
         if len(p) < 2:
             return None
-        total = sum((a + b) / 2.0 * (tb - ta) for (ta, a), (tb, b) in itertools.pairwise(p))
-        total += p[0][1] * (p[0][0] - self.t_s[0]) + p[-1][1] * (self.t_s[-1] - p[-1][0])
-        return total
+        # power is piecewise linear between its reads and flat outside them: the trapezoids
+        # over the span's ends and every read inside it are its exact integral
+        pt, pw = [t for t, _ in p], [w for _, w in p]
+        grid = np.array([t0, *(t for t in pt if t0 < t < t1), t1])
+        watts = np.interp(grid, pt, pw)
+        return float(np.sum((watts[1:] + watts[:-1]) / 2.0 * np.diff(grid)))
 
 
 @dataclass(frozen=True)
@@ -136,17 +148,39 @@ def _ratio_rule(
     )
 
 
-def _per_token(series: Sequence[GpuSeries]) -> tuple[float | None, int]:
-    energies = [s.energy() for s in series]
-    if not series or any(e is None for e in energies):
-        return None, 0
-    tokens = sum(s.output_tokens for s in series)
-    return (sum(e for e in energies if e is not None) / tokens if tokens else None), tokens
+def _common_span(s: GpuScenario) -> tuple[float, float] | None:
+    """The instants both engines' GPUs were read over in a scenario: from the later first read
+    to the earlier last. Each side's reads are stamped when they were made (the sampler reads
+    the engines one after the other), so on a busy host one side's span can be seconds longer
+    than the other's: over its own span it would be charged that much more idle power."""
+    r, c = s.reference, s.candidate
+    if r is None or c is None or not r.t_s or not c.t_s:
+        return None
+    t0, t1 = max(r.t_s[0], c.t_s[0]), min(r.t_s[-1], c.t_s[-1])
+    return (t0, t1) if t1 > t0 else None
+
+
+def _per_token(both: Sequence[GpuScenario], role: Role) -> tuple[float | None, int]:
+    """One engine's energy per output token over the load scenarios, each over the span both
+    engines were read in (its own span where they share none)."""
+    total, tokens = 0.0, 0
+    for s in both:
+        series = s.reference if role == "reference" else s.candidate
+        if series is None:
+            continue
+        e = series.energy(_common_span(s))
+        if e is None:
+            return None, 0
+        total += e
+        tokens += series.output_tokens
+    if not tokens:
+        return None, tokens
+    return total / tokens, tokens
 
 
 def _energy_check(both: Sequence[GpuScenario], policy: Policy, notes: list[str]) -> list[Check]:
-    ref, ref_tokens = _per_token([s.reference for s in both if s.reference is not None])
-    cand, cand_tokens = _per_token([s.candidate for s in both if s.candidate is not None])
+    ref, ref_tokens = _per_token(both, "reference")
+    cand, cand_tokens = _per_token(both, "candidate")
     if ref is None or cand is None or ref <= 0:
         notes.append(
             "Energy per output token was not compared: a side has no energy counter or power "

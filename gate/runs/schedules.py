@@ -203,7 +203,7 @@ def plan_gate(spec: GateSpec, limits: Limits, files: WorkloadFiles | None = None
     schedules = {
         sc.name: Schedule.of(spec, sc, limits, files)
         for sc in spec.scenarios
-        if not (sc.is_probe or sc.is_capacity)  # a search has no fixed schedule
+        if sc.is_load  # a probe has no schedule, a search no fixed one
     }
     sizes: dict[str, int] = {}
     for name, sched in schedules.items():

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BeforeValidator,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -123,6 +124,23 @@ class GateSpec(StrictModel):
         correctness stage (`added_correctness`)."""
         added = self.added_correctness
         return [*self.scenarios, added] if added is not None else list(self.scenarios)
+
+    @field_validator("scenarios")
+    @classmethod
+    def _one_load_scenario(cls, scenarios: list[ScenarioSpec]) -> list[ScenarioSpec]:
+        """Latency is judged only on load scenarios, not on a capacity search's steps: a gate
+        that searches for capacity without one would hold on `latency.coverage` every time,
+        after the search; refused before it runs. (A gate of probes alone is allowed, as a
+        diagnostic of outputs: it holds on coverage too, and says so.)"""
+        capacity = [s.name for s in scenarios if s.is_capacity]
+        if capacity and not any(s.is_load for s in scenarios):
+            raise ValueError(
+                f"capacity scenario {capacity[0]!r} needs a load scenario beside it: latency "
+                "is compared only on load scenarios, so without one the gate holds on "
+                "latency.coverage every time; add one below both engines' capacity, e.g. "
+                "{name: steady, rate: 20, requests: 400}"
+            )
+        return scenarios
 
     @model_validator(mode="after")
     def _unique_scenarios(self) -> GateSpec:

@@ -154,6 +154,12 @@ class ScenarioSpec(StrictModel):
         no plan of looks; sized by its step budget (loadgen/suite/capacity.py)."""
         return self.suite == "capacity"
 
+    @property
+    def is_load(self) -> bool:
+        """A fixed schedule of paired requests whose latencies the judge compares: every
+        scenario but the probes and the capacity search."""
+        return not (self.is_probe or self.is_capacity)
+
 
 def scenario_cross_field_problems(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Rules that tie fields together, checked on the raw mapping so they are reported alongside

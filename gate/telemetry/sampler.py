@@ -70,8 +70,12 @@ class Sampler:
         return self.timelines
 
     def tick(self) -> None:
-        """One scrape of every source (the thread's body; tests call it directly)."""
-        at_s = (self._clock() - self._zero) / 1e9
+        """One scrape of every source (the thread's body; tests call it directly). Each role's
+        reads are stamped at the middle of the time they took, not at the tick's start: the
+        roles are read one after the other, and on a busy host one role's reads (a metrics
+        page, an `nvidia-smi` process) can take seconds, so the next role's values are that
+        much younger than the tick (an energy counter read 2 s late is 2 s of idle power
+        more)."""
         for role, srcs in self.sources.items():
             tl = self.timelines[role]
             if len(tl.t_s) >= self.max_points:
@@ -79,12 +83,14 @@ class Sampler:
                 continue
             samples: list[Sample] = []
             failed = False
+            began = self._clock()
             for src in srcs:
                 try:
                     samples.extend(src.read())
                 except Exception as exc:  # any failure of a source is a gap
                     failed = True
                     tl.note(f"{src.name}: {exc}"[:200])
+            at_s = ((began + self._clock()) / 2 - self._zero) / 1e9
             tl.add(at_s, samples, failed)
 
     def _run(self) -> None:

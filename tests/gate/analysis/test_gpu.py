@@ -172,3 +172,38 @@ def test_a_gpu_check_may_be_advisory_and_then_never_holds() -> None:
     assert memory.decision == "fail" and memory.advisory and not memory.holds
     with pytest.raises(ValidationError, match="advisory"):
         Policy(advisory=["gpu.temperature"])  # no such GPU check
+
+
+def late(s: GpuSeries, by_s: float, extra_idle_s: float, idle_w: float) -> GpuSeries:
+    """`s`'s engine read `by_s` later at every read, and once more `extra_idle_s` after its last
+    read, idle: what a busy host's sampler records for the engine it reads second."""
+    t = (*(t + by_s for t in s.t_s), s.t_s[-1] + by_s + extra_idle_s)
+    last = s.energy_j[-1]
+    energy = (
+        *(None if e is None else e + idle_w * by_s for e in s.energy_j),
+        None if last is None else last + idle_w * (by_s + extra_idle_s),
+    )
+    return GpuSeries(
+        t_s=t,
+        memory_bytes=(*s.memory_bytes, s.memory_bytes[-1]),
+        power_w=(*s.power_w, idle_w),
+        energy_j=energy,
+        output_tokens=s.output_tokens,
+    )
+
+
+@pytest.mark.parametrize("counter", [True, False])
+def test_energy_is_compared_over_the_span_both_engines_were_read(counter: bool) -> None:
+    """The sampler stamps each engine's reads when they were made (gate/telemetry/sampler.py):
+    on a busy host the candidate, read second, can be read seconds later and once more after
+    the load, idle. Over its own span it would be charged that idle power (here 3 s of 300 W
+    on 3,000 J: 30% more, a hold at the 10% tolerance); over the span both were read in it is
+    charged what the reference is."""
+    ref = series(counter=counter)
+    cand = late(series(counter=counter), by_s=0.5, extra_idle_s=2.5, idle_w=300.0)
+    check = by_id(ref, cand)["gpu.energy_per_token"]
+    assert check.decision == "pass", check.message
+    assert check.ratio == pytest.approx(1.0, abs=0.06)
+    # a candidate that really spends more is still held over the same span
+    hungry = late(series(power_w=345.0, counter=counter), 0.5, 2.5, 345.0)
+    assert by_id(ref, hungry)["gpu.energy_per_token"].decision == "fail"

@@ -53,15 +53,15 @@ def test_knobs_are_refused_by_field(scenario: dict[str, Any], path: str, words: 
 
 def test_the_search_is_sized_and_capped_before_it_runs() -> None:
     spec = parse_spec(
-        BASE | {"scenarios": [{"suite": "capacity", "max_rate": 5000, "step_s": 600}]}
+        BASE | {"scenarios": [STEADY, {"suite": "capacity", "max_rate": 5000, "step_s": 600}]}
     )
     found = [(p.path, p.message) for p in spec_limit_problems(spec, Limits())]
     said = " | ".join(f"{path}: {msg}" for path, msg in found)
-    assert "scenarios[0].max_rate: 5000 is above the cap" in said and "GATE_MAX_RATE" in said
-    assert "scenarios[0]: the capacity suite plans about" in said
+    assert "scenarios[1].max_rate: 5000 is above the cap" in said and "GATE_MAX_RATE" in said
+    assert "scenarios[1]: the capacity suite plans about" in said
     assert "seconds per scenario" in said
     # The defaults fit the default caps: a search of 23 steps of 5 s
-    default = parse_spec(BASE | {"scenarios": [{"suite": "capacity"}]})
+    default = parse_spec(BASE | {"scenarios": [STEADY, {"suite": "capacity"}]})
     assert spec_limit_problems(default, Limits()) == []
     entry = suite.get("capacity")
     assert isinstance(entry, suite.Capacity) and entry.max_steps() == 23
@@ -80,7 +80,7 @@ def _engine(goodput: float) -> dict[str, Any]:
 
 
 def test_the_stored_search_is_judged_again_as_the_run_judged_it() -> None:
-    spec = parse_spec(BASE | {"scenarios": [{"suite": "capacity", "name": "cap"}]})
+    spec = parse_spec(BASE | {"scenarios": [STEADY, {"suite": "capacity", "name": "cap"}]})
     steps = [(41.7, 1, 1), (42.8, 1, 0.7), (48.6, 1, 0.5), (50.0, 0.6, 0.4)]
     doc = CapacityDoc.model_validate(
         {
@@ -97,9 +97,23 @@ def test_the_stored_search_is_judged_again_as_the_run_judged_it() -> None:
         }
     )
     again = CapacityDoc.model_validate(doc.to_json())  # as stored and read back
-    found = judge_inputs({"cap": spec.scenarios[0]}, [], {}, None, 8, capacity=[again])
+    found = judge_inputs({"cap": spec.scenarios[1]}, [], {}, None, 8, capacity=[again])
     verdict = judge_gate(found, spec.policy)
     check = next(c for c in verdict.checks if c.id == "cap.capacity")
     assert check.decision == "fail" and check in verdict.reasons
     # A search of a scenario the spec no longer names is not judged
     assert judge_inputs({}, [], {}, None, 8, capacity=[again]).capacity == ()
+
+
+def test_a_search_without_a_load_scenario_is_refused_before_it_runs() -> None:
+    """Latency is compared only on load scenarios (gate/analysis/judge.py adds
+    `latency.coverage`, never advisory, when none was): a capacity search alone would hold
+    on it every time after minutes of search, so the spec is refused naming `scenarios`.
+    A gate of probes alone stays allowed (a diagnostic of outputs)."""
+    with pytest.raises(SpecError) as err:
+        parse_spec(BASE | {"scenarios": [{"suite": "capacity", "name": "cap"}]})
+    found = [(p.path, p.message) for p in err.value.all_problems]
+    assert len(found) == 1 and found[0][0] == "scenarios", found
+    assert "'cap' needs a load scenario" in found[0][1] and "latency.coverage" in found[0][1]
+    probes = parse_spec(BASE | {"scenarios": [{"suite": "correctness"}]})
+    assert [s.is_load for s in probes.scenarios] == [False]

@@ -43,7 +43,7 @@ class Flaky:
 
 
 def test_a_failed_read_is_a_gap_and_the_bounds_hold() -> None:
-    clock = iter(range(0, 10**12, 250_000_000))  # 0.25 s a tick
+    clock = iter(range(0, 10**12, 250_000_000))  # 0.25 s a reading of the clock
     sampler = Sampler(
         {"reference": [Flaky()]},
         interval_s=0.25,
@@ -54,7 +54,8 @@ def test_a_failed_read_is_a_gap_and_the_bounds_hold() -> None:
     for _ in range(8):
         sampler.tick()
     tl = sampler.timelines["reference"]
-    assert tl.t_s == [0.0, 0.25, 0.5, 0.75, 1.0]
+    # stamped at the middle of each tick's reads: the clock read before (0) and after (0.25)
+    assert tl.t_s == [0.125, 0.625, 1.125, 1.625, 2.125]
     assert tl.series["requests_waiting"] == [1.0, None, 3.0, None, 5.0]
     assert tl.gaps == 2 and tl.config == {"block_size": "16"}
     assert "flaky: no answer" in tl.notes
@@ -87,3 +88,31 @@ def test_an_answer_past_the_byte_bound_is_refused(pool: SimPool) -> None:
     src.max_bytes = 1 << 20
     assert any(s.metric == "requests_running" for s in src.read())
     src.close()
+
+
+class Slow:
+    """A source whose read takes `took_s` on the test's clock (an nvidia-smi on a busy host)."""
+
+    name = "slow"
+
+    def __init__(self, clock: list[float], took_s: float) -> None:
+        self.clock, self.took_s = clock, took_s
+
+    def read(self) -> Sequence[Sample]:
+        self.clock[0] += self.took_s
+        return [Sample("requests_waiting", self.clock[0])]
+
+
+def test_each_role_is_stamped_when_it_was_read() -> None:
+    """Roles are read one after the other: a candidate read after the reference's 2 s of reads
+    is stamped 2 s later, not at the tick's start (gate/analysis/gpu.py integrates energy
+    between these stamps)."""
+    now = [10.0]
+    sampler = Sampler(
+        {"reference": [Slow(now, 2.0)], "candidate": [Slow(now, 0.2)]},
+        zero_ns=0,
+        clock_ns=lambda: int(now[0] * 1e9),
+    )
+    sampler.tick()
+    ref, cand = sampler.timelines["reference"], sampler.timelines["candidate"]
+    assert ref.t_s == [pytest.approx(11.0)] and cand.t_s == [pytest.approx(12.1)]
