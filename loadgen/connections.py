@@ -142,10 +142,13 @@ class Connection(asyncio.BufferedProtocol):
     def _write(self, exchange: StreamTap, data: bytes) -> None:
         if self.closed or self.exchange is not exchange or self.transport is None:
             return  # aborted while armed: the exchange has failed already
-        self.transport.write(data)
-        # asyncio writes to the socket at once when its buffer is empty, so this is the
-        # instant the request reached the kernel.
+        # Stamped just before the write, which asyncio makes at once when its buffer is empty:
+        # the instant the request reached the kernel. Not after it: the socket call lets go of
+        # the GIL, and on a busy host another thread of the gate (the telemetry sampler) can
+        # keep it for tens of milliseconds, in which a fast engine answers; a stamp taken
+        # then made TTFTs below zero (seen with real vLLM on two busy cores).
         exchange.sent_ns = exchange._last_rx_ns = time.monotonic_ns()
+        self.transport.write(data)
 
     def abort(self) -> None:
         self.reusable = False

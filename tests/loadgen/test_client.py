@@ -539,3 +539,48 @@ def test_every_request_to_an_engine_asks_for_an_uncompressed_answer() -> None:
     assert any(what.startswith("GET") for what, _ in server.seen)
     for what, headers in server.seen:
         assert headers.get("accept-encoding") == "identity", (what, headers)
+
+
+class LateWrites:
+    """A transport whose writes return `late_s` after the bytes left, as when another thread
+    holds the GIL the socket call let go of."""
+
+    def __init__(self, transport: Any, late_s: float) -> None:
+        self._transport, self._late_s = transport, late_s
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+        time.sleep(self._late_s)  # the GIL held elsewhere; the server's thread answers
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def test_the_send_stamp_is_not_delayed_by_a_thread_holding_the_gil(
+    threaded_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket write lets go of the GIL; on a busy host another thread of the gate (the
+    telemetry sampler) can keep it for tens of milliseconds before the loop's thread runs
+    again, and a fast engine answers meanwhile. Here each write returns 60 ms late while the
+    server (its own thread) answers: the send stamp is still taken before the server saw the
+    request, and no TTFT is below zero (loadgen/connections.py `_write`; real vLLM on two busy
+    cores gave a TTFT p50 of -0.8 ms with the stamp taken after the write)."""
+    from loadgen import connections
+
+    made = connections.Connection.connection_made
+
+    def late_writes(self: Any, transport: Any) -> None:
+        made(self, LateWrites(transport, 0.06))
+
+    monkeypatch.setattr(connections.Connection, "connection_made", late_writes)
+
+    async def main() -> RequestRecord:
+        target = Target("t", threaded_server.url)
+        spec = RequestSpec(7, PROMPT, 2, {})
+        async with make_client(target, 1, lean=True) as client:
+            return await send_request(client, target, spec, time.monotonic_ns())
+
+    record = asyncio.run(main())
+    assert record.ok, record.error_message
+    assert record.sent_ns <= threaded_server.server.received[0].at_ns
+    assert record.first_token_ns is not None and record.first_token_ns >= record.sent_ns
