@@ -24,10 +24,14 @@ from gate.calibrate_engines import (
     REQUESTS,
     SCENARIO_S,
     STALL_S,
+    VLLM_CAPACITY_STEADY,
+    VLLM_CASES,
+    VLLM_REQUESTS,
     _arrays,
     _stored,
     sim_gpus,
     spec_for,
+    vllm_spec_for,
 )
 from gate.cli import main
 from gate.core.settings import Settings
@@ -38,6 +42,17 @@ from simengine.cli import parse_args
 # timed_gate: the gates' samples are checked for the sim's tail, stall and creep, which a busy
 # machine blurs.
 pytestmark = pytest.mark.timed_gate
+
+
+def test_every_vllm_case_is_a_valid_spec() -> None:
+    """`gate calibrate --engines vllm`: the capacity cases search beside a short steady
+    scenario (a search alone is refused), the others are the steady scenario alone."""
+    for case in VLLM_CASES:
+        parsed = parse_spec(vllm_spec_for(case, 0, seed=1), case.name)
+        assert any(sc.suite == "capacity" for sc in parsed.scenarios) == case.capacity
+        steady = VLLM_CAPACITY_STEADY if case.capacity else VLLM_REQUESTS
+        assert parsed.scenarios[0].requests == steady
+    assert {c.name for c in VLLM_CASES if c.capacity} == {"A/A capacity", "one slot capacity"}
 
 
 def test_every_engine_case_is_a_valid_spec_with_fresh_seeds_per_gate() -> None:
