@@ -53,3 +53,31 @@ def test_a_step_only_one_engine_logs_does_not_move_the_shared_phases() -> None:
 
 def test_without_the_other_engine_the_order_is_the_engines_own() -> None:
     assert phase_durations(VLLM)["port_open"] == pytest.approx(50.1 - 49.6)
+
+
+def test_the_engine_up_first_is_not_held_for_waiting_on_the_other() -> None:
+    """The gate warms both engines up together once both list their model, and marks
+    `warmup_done` and `ready` on both at its end (gate/runs/engine_pair.py `warm_up`). The
+    candidate up 5 s before the reference waited 5 s for it: an A/A gate of real vLLM on a
+    busy host held on startup.phase.warmup_done (6.4 s against 1.2 s). That wait is taken
+    out of its warm-up phase and its ready time; a candidate up 5 s *after* the reference is
+    still held for it."""
+    early = {k: (v - 5.0 if 0.3 < v < 53 else v) for k, v in VLLM.items()}  # up 5 s sooner
+    facts = {f.role: f for f in engine_facts({"reference": doc(VLLM), "candidate": doc(early)})}
+    assert facts["candidate"].phases["warmup_done"] == pytest.approx(53.6 - 50.4)
+    assert facts["reference"].phases["warmup_done"] == pytest.approx(53.6 - 50.4)
+    assert facts["candidate"].ready_s == pytest.approx(53.6 - 5.0)
+    assert facts["reference"].ready_s == pytest.approx(53.6)
+    checks = {c.id: c for c in startup_checks(list(facts.values()), Policy(), [])}
+    assert all(c.decision == "pass" for c in checks.values()), checks
+
+    # up 30 s later (its config took 30 s longer): the warm-up waited for it
+    late = {k: (v + 30.0 if 0.3 < v < 53 else v) for k, v in VLLM.items()}
+    late["warmup_done"] = late["ready"] = 83.6
+    ref = {**VLLM, "warmup_done": 83.6, "ready": 83.6}
+    slow = engine_facts({"reference": doc(ref), "candidate": doc(late)})
+    by_role = {f.role: f for f in slow}
+    assert by_role["reference"].ready_s == pytest.approx(83.6 - 30.0)  # its wait taken out
+    assert by_role["candidate"].ready_s == pytest.approx(83.6)
+    held = {c.id: c for c in startup_checks(slow, Policy(), [])}
+    assert held["startup.phase.config_resolved"].decision == "fail"
