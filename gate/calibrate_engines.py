@@ -231,22 +231,17 @@ VLLM_CASES: tuple[EngineCase, ...] = (
 # The capacity search on real vLLM (measured here, docs/calibration.md "Capacity on real
 # vLLM"): eight slots of this tiny model kept a 1 s TTFT for 95% of a step at 32/s, the
 # highest rate tried by hand, so the search goes to 64/s to bracket them; one slot kept it to
-# about 8/s. The search starts at 2/s and doubles, bisects to 10% with 4 s steps, and does
-# not repeat (every step is two vLLM servers and the gate on two cores). The steady scenario beside it (which the spec needs: latency is
-# compared only there) is 40 requests at 2/s, its latency left undecided.
+# about 8/s. The sim's search otherwise, from 2/s doubling, to 10%, no repeats (every step is
+# two vLLM servers and the gate on two cores). The steady scenario beside it (the spec needs
+# one: latency is compared only there) is 40 requests at 2/s, its latency left undecided.
 VLLM_CAPACITY_SCENARIO: dict[str, Any] = {
-    "suite": "capacity",
-    "name": "capacity",
+    **CAPACITY_SCENARIO,
     "slo": {"ttft_ms": 1000},
-    "goodput": 0.95,
     "start_rate": 2,
     "max_rate": 64,
     "growth": 2,
     "resolution": 0.1,
-    "step_s": 4,
     "repeats": 0,
-    "prompt_tokens": 32,
-    "max_tokens": 16,
 }
 VLLM_CAPACITY_STEADY = 40
 
