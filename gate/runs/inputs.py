@@ -197,14 +197,16 @@ def paired_waits(engines: Mapping[Role, EngineSeen] | None) -> dict[Role, float]
         if eng is None or "warmup_done" not in eng.phases:
             return {}
         done = eng.phases["warmup_done"]
+        listed = eng.phases.get("model_listed")  # the gate's last check before the warm-up
         own = [
             at
             for name, at in eng.phases.items()
             if name not in (*GATE_PHASES, "stopped", "crashed") and at <= done
         ]
-        if not own:
+        if listed is None and not own:
             return {}
-        before[role] = max(own)
+        # not a line the engine logged during the warm-up itself
+        before[role] = listed if listed is not None else max(own)
     both = max(before.values())
     return {role: max(0.0, both - at) for role, at in before.items()}
 

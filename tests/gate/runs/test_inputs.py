@@ -70,6 +70,11 @@ def test_the_engine_up_first_is_not_held_for_waiting_on_the_other() -> None:
     assert facts["reference"].ready_s == pytest.approx(53.6)
     checks = {c.id: c for c in startup_checks(list(facts.values()), Policy(), [])}
     assert all(c.decision == "pass" for c in checks.values()), checks
+    # a line the engine logs during the warm-up itself does not move where its wait ended
+    logged = engine_facts({"reference": doc(VLLM), "candidate": doc({**early, "warmed_up": 52.0})})
+    assert {f.role: f.ready_s for f in logged} == pytest.approx(
+        {"reference": 53.6, "candidate": 53.6 - 5.0}
+    )
 
     # up 30 s later (its config took 30 s longer): the warm-up waited for it
     late = {k: (v + 30.0 if 0.3 < v < 53 else v) for k, v in VLLM.items()}
