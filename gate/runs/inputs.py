@@ -196,17 +196,16 @@ def paired_waits(engines: Mapping[Role, EngineSeen] | None) -> dict[Role, float]
         eng = (engines or {}).get(role)
         if eng is None or "warmup_done" not in eng.phases:
             return {}
-        done = eng.phases["warmup_done"]
-        listed = eng.phases.get("model_listed")  # the gate's last check before the warm-up
-        own = [
-            at
-            for name, at in eng.phases.items()
-            if name not in (*GATE_PHASES, "stopped", "crashed") and at <= done
-        ]
-        if listed is None and not own:
-            return {}
-        # not a line the engine logged during the warm-up itself
-        before[role] = listed if listed is not None else max(own)
+        # the gate's last check before the warm-up, not a line the engine logged during it;
+        # without it (an engine described otherwise), its last own phase before the warm-up
+        at = eng.phases.get("model_listed")
+        if at is None:
+            done = eng.phases["warmup_done"]
+            own = [t for n, t in eng.phases.items() if n not in GATE_PHASES and t <= done]
+            if not own:
+                return {}
+            at = max(own)
+        before[role] = at
     both = max(before.values())
     return {role: max(0.0, both - at) for role, at in before.items()}
 
