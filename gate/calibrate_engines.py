@@ -38,6 +38,7 @@ from gate.core.settings import Settings
 from gate.models import SampleSet
 from gate.runs.runner import run_gate
 from gate.spec import parse_spec
+from gate.verdict.document import CapacityDoc
 
 SIM = [sys.executable, "-m", "simengine", "--port", "{port}", "--model", "{model}"]
 BASE_FLAGS = ("--ttft-ms", "40", "--itl-ms", "12")
@@ -258,6 +259,8 @@ class EngineGate:
     capacity: tuple[str, tuple[float, float]] | None = (
         None  # the capacity check: decision, interval
     )
+    # the gate host's CPUs busy: the most at a step bounding a knee, the most at any step
+    host_cpu: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -280,7 +283,12 @@ class EngineCaseResult:
             "wall_s": [round(g.wall_s, 1) for g in self.gates],
             "warnings": dict(sorted(Counter(w for g in self.gates for w in g.warnings).items())),
             "capacity": [
-                {"decision": g.capacity[0], "ratio_interval": [round(x, 4) for x in g.capacity[1]]}
+                {
+                    "decision": g.capacity[0],
+                    "ratio_interval": [round(x, 4) for x in g.capacity[1]],
+                    "knee_host_cpu": g.host_cpu[0],
+                    "max_host_cpu": g.host_cpu[1],
+                }
                 for g in self.gates
                 if g.capacity is not None
             ],
@@ -473,8 +481,26 @@ def run_engine_gate(
     cap = by_id.get("capacity.capacity")
     capacity = (cap["decision"], tuple(cap["interval"])) if cap and cap["interval"] else None
     return EngineGate(
-        held, requests if held else None, reasons, b_held, b_requests, wall_s, warnings, capacity
+        held,
+        requests if held else None,
+        reasons,
+        b_held,
+        b_requests,
+        wall_s,
+        warnings,
+        capacity,
+        _host_cpu(doc),
     )
+
+
+def _host_cpu(doc: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The first capacity search's host CPU shares (EngineGate.host_cpu)."""
+    if not doc.get("capacity"):
+        return None, None
+    cap = CapacityDoc.model_validate(doc["capacity"][0])
+    knee = cap.search().knee_cpu()
+    seen = [s.host_cpu for s in cap.steps if s.host_cpu is not None]
+    return (knee[0] if knee else None), (max(seen) if seen else None)
 
 
 def calibrate_engines(
@@ -498,9 +524,15 @@ def calibrate_engines(
                 verdict = "hold" if gate.held else "continue"
                 why = f" ({', '.join(gate.reasons[:3])})" if gate.reasons else ""
                 at = f" at {gate.requests} requests per arm" if gate.requests else ""
+                cap = ""
+                if gate.capacity is not None:
+                    lo, hi = gate.capacity[1]
+                    knee = gate.host_cpu[0]
+                    cpu = f", host CPUs {knee:.0%} at the knees" if knee is not None else ""
+                    cap = f"; capacity {gate.capacity[0]} [{lo:.3f}, {hi:.3f}]{cpu}"
                 progress(
                     f"engines: {case.name} gate {k + 1}/{runs}: {verdict}{at}{why} "
-                    f"in {gate.wall_s:.0f} s"
+                    f"in {gate.wall_s:.0f} s{cap}"
                 )
         results.append(EngineCaseResult(case.name, tuple(gates)))
     return results

@@ -19,6 +19,15 @@ is below 1 - t (the candidate serves less, beyond the tolerance, whatever the re
 pass when the whole interval is at or above 1 - t; otherwise undecided, which holds only when
 the scenario's `require_decided` is set (a warning otherwise, like an undecided latency check:
 the search could not tell, at its resolution, whether the loss is within tolerance).
+
+Compute the engines competed for. The ratio compares the engines only when each had its own
+compute. Each step carries the share of the gate host's CPUs that was busy while it ran
+(gate/telemetry/host_cpu.py). When a step that bounds either engine's knee (a rate at its
+bracket's lo or hi: the steps the interval is made of) ran above `policy.load.capacity_host_cpu`,
+the CPUs, not the engines, may have set the knees: engines that share the host (processes
+without GPUs) take CPU from each other where it matters most, and a load generator short of
+CPU sends late. The check is then undecided whatever the interval says, and says so (on a two
+-core host identical CPU vLLM servers measured ratios down to 0.39: docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ class CapacityStep:
     rate: float
     stage: str
     engines: Mapping[str, EngineStep]
+    host_cpu: float | None = None  # share of the gate host's CPUs busy during the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +77,42 @@ class CapacitySearch:
     stopped: str = ""
     slo: str = ""
     require_decided: bool = False
+    shares_host: bool = False  # both engines are processes on the gate's host without GPUs
 
     def bracket(self, role: str) -> Bracket:
         measured = [(s.rate, s.engines[role].goodput) for s in self.steps if role in s.engines]
         return bracket(measured, self.target)
+
+    def knee_cpu(self) -> tuple[float, float] | None:
+        """(the highest host CPU share among the steps that bound either engine's knee, the
+        rate of that step), or None when none of them was measured."""
+        edges = {r for role in ("reference", "candidate") for r in _edges(self.bracket(role))}
+        seen = [
+            (s.host_cpu, s.rate) for s in self.steps if s.rate in edges and s.host_cpu is not None
+        ]
+        return max(seen) if seen else None
+
+
+def _edges(b: Bracket) -> tuple[float, ...]:
+    return tuple(r for r in (b.lo, b.hi) if r is not None)
+
+
+def _contended(search: CapacitySearch, limit: float) -> str | None:
+    """Why the knees may be the host's, not the engines' (module docstring), or None."""
+    worst = search.knee_cpu()
+    if worst is None or worst[0] <= limit:
+        return None
+    who = (
+        "both engines run on it without GPUs and competed for its CPUs with each other and "
+        "the load generator"
+        if search.shares_host
+        else "the load generator may not have sent the schedule on time"
+    )
+    return (
+        f" Not comparable: the gate host's CPUs were {worst[0]:.0%} busy at {worst[1]:.3g} "
+        f"req/s, a step that bounds a knee (limit {limit:.0%}, `policy.load.capacity_host_cpu`):"
+        f" {who}. Give each engine its own GPUs or CPUs to measure capacity."
+    )
 
 
 def ratio_interval(reference: Bracket, candidate: Bracket) -> tuple[float, float]:
@@ -115,7 +157,10 @@ def capacity_check(search: CapacitySearch, policy: Policy) -> Check:
         f"{search.resolution:.0%}; {search.stopped or 'search ended'})."
     )
     decision: Decision
-    if high < floor:
+    contended = _contended(search, policy.load.capacity_host_cpu)
+    if contended is not None:
+        decision, why = "undecided", contended
+    elif high < floor:
         decision, why = "fail", f" The candidate sustains less than {floor:.0%} of it."
     elif low >= floor:
         decision, why = "pass", f" At least {floor:.0%} of the reference's, as allowed."

@@ -44,6 +44,19 @@ class LoadPolicy(BaseModel):
             "it (docs/calibration.md)."
         ),
     )
+    capacity_host_cpu: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "A capacity check is undecided, with the reason, when the gate host's CPUs were "
+            "busier than this share at a step that bounds either engine's knee: engines that "
+            "share those CPUs (processes without GPUs) or a load generator short of CPU "
+            'measure the host, not the engines (docs/statistics.md, "Capacity"). Sim '
+            "searches on two cores ran at 15-30% busy; two CPU vLLM servers at their knees "
+            "near 100%."
+        ),
+    )
     shed_fast_ms: float = Field(
         default=1000.0,
         gt=0.0,

@@ -44,14 +44,47 @@ def _chart(cap: CapacityDoc, pick: Pick, what: str, unit: str, target: float | N
     )
 
 
+def _cpu_chart(cap: CapacityDoc) -> Markup | None:
+    """The gate host's CPUs busy at each rate, against the judge's limit
+    (gate/analysis/capacity.py): where the line crosses it, the knees may be the host's."""
+    values: dict[float, list[float]] = {}
+    for step in cap.steps:
+        if step.host_cpu is not None:
+            values.setdefault(step.rate, []).append(step.host_cpu)
+    if not values:
+        return None
+    rates = sorted(values)
+    x = np.asarray(rates, np.float64)
+    y = np.asarray([float(np.mean(values[r])) for r in rates], np.float64)
+    lines = [Line("gate host", MUTED, x, y)]
+    if (limit := cap.host_cpu_limit) is not None:
+        edge = np.array([0.0, max(rates)])
+        lines.append(
+            Line(f"limit {limit:.0%}", COLORS["candidate"], edge, np.array([limit] * 2), True)
+        )
+    who = "both engines and the load generator" if cap.shares_host else "the load generator"
+    return Markup(
+        line_chart(
+            lines,
+            f"{cap.name}: gate host CPU busy against offered rate",
+            "offered rate (requests/s)",
+            "share of the host's CPUs busy",
+            kind="knee",
+            desc=f"share of the gate host's CPUs busy during each step ({who} ran there)",
+        )
+    )
+
+
 def knee_charts(cap: CapacityDoc) -> list[Markup]:
-    return [
+    charts = [
         _chart(
             cap, lambda e: e.goodput, "goodput", "share of requests meeting the SLO", cap.target
         ),
         _chart(cap, lambda e: e.ttft_p50_ms, "TTFT p50", "ms", None),
         _chart(cap, lambda e: e.itl_p50_ms, "ITL p50", "ms", None),
     ]
+    cpu = _cpu_chart(cap)
+    return charts if cpu is None else [*charts, cpu]
 
 
 def _row(step: Any) -> dict[str, Any]:
@@ -64,6 +97,7 @@ def _row(step: Any) -> dict[str, Any]:
         "stage": step.stage,
         "reference": side(step.reference),
         "candidate": side(step.candidate),
+        "host_cpu": f"{step.host_cpu:.0%}" if step.host_cpu is not None else "–",
     }
 
 
@@ -81,6 +115,7 @@ def capacity_sections(doc: VerdictDocument) -> list[dict[str, Any]]:
                     f"{cap.stopped or 'search ended'}"
                 ),
                 "aborted": cap.aborted,
+                "shares_host": cap.shares_host,
                 "charts": knee_charts(cap),
                 "steps": [_row(s) for s in sorted(cap.steps, key=lambda s: s.rate)],
             }

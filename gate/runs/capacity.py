@@ -7,7 +7,9 @@ has finished or at its cut, `2 x step_s` plus the largest SLO after its start: a
 in flight then is counted as not good (it had waited at least a whole step). Steps run one
 after another on the engines the gate launched, a crash stops the search, and the whole
 search is bounded by the scenario deadline reckoned from its planned seconds (the step budget
-x `step_s`, gate/core/limits.py), so a search never outlasts what the caps allowed.
+x `step_s`, gate/core/limits.py), so a search never outlasts what the caps allowed. Each step
+records how busy the gate host's CPUs were while it ran (gate/telemetry/host_cpu.py): the
+judge will not compare knees the host's CPUs may have set (gate/analysis/capacity.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,7 +32,9 @@ from gate.runs.engine_pair import Engines
 from gate.runs.load_phases import request_log
 from gate.runs.scenarios import planned_words
 from gate.runs.schedules import scenario_seed
+from gate.runs.testbed import visible_gpus
 from gate.spec import ScenarioSpec
+from gate.telemetry.host_cpu import HostCpu, busy_share
 from gate.verdict.document import CapacityDoc, CapacityEngineDoc, CapacityStepDoc
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
@@ -86,6 +90,15 @@ class CapacityScenario:
     ctx: RunContext
     engines: Engines
     sc: ScenarioSpec
+    cpu: HostCpu = field(default_factory=HostCpu)
+
+    def shares_host(self) -> bool:
+        """Both engines are processes on this host and it has no GPU: its CPUs are their
+        compute, and the load generator's (a reservation from the local inventory names GPUs
+        the engines cannot use here)."""
+        spec = self.ctx.spec
+        local = all(spec.engine(role).runtime == "process" for role in ROLES)
+        return local and not visible_gpus()[0]
 
     @property
     def entry(self) -> catalogue.Capacity:
@@ -111,6 +124,7 @@ class CapacityScenario:
             rate, stage = nxt
             repeat = sum(1 for s in search.steps if s.rate == rate)
             step = self._step(rate, len(steps), repeat)
+            before = self.cpu.read()
             try:
                 got = await asyncio.wait_for(step, timeout=max(left, 0.0))
             except TimeoutError:
@@ -124,9 +138,10 @@ class CapacityScenario:
                     stage=stage,
                     reference=_doc(got["reference"]),
                     candidate=_doc(got["candidate"]),
+                    host_cpu=_share(busy_share(before, self.cpu.read())),
                 )
             )
-            ctx.gate_phase(f"capacity:{sc.name}", _step_words(rate, stage, got))
+            ctx.gate_phase(f"capacity:{sc.name}", _step_words(rate, stage, got, steps[-1].host_cpu))
             ctx.progress.request_done(sc.name, len(steps), entry.max_steps())
             self.engines.check_crashes()
             if self.engines.crashes:
@@ -142,6 +157,8 @@ class CapacityScenario:
             stopped=search.stopped or (overran or ""),
             duration_s=round(time.monotonic() - t0, 3),
             aborted=overran is not None or bool(self.engines.crashes),
+            shares_host=self.shares_host(),
+            host_cpu_limit=ctx.spec.policy.load.capacity_host_cpu,
             steps=steps,
         )
         return CapacityResult(doc, overran)
@@ -180,9 +197,16 @@ class CapacityScenario:
         }
 
 
-def _step_words(rate: float, stage: str, got: Mapping[str, EngineStep]) -> str:
+def _share(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _step_words(
+    rate: float, stage: str, got: Mapping[str, EngineStep], host_cpu: float | None
+) -> str:
     sides = ", ".join(f"{role} {got[role].goodput:.1%}" for role in ROLES)
-    return f"{stage} at {rate:.3g} req/s: goodput {sides}"
+    cpu = f"; host CPUs {host_cpu:.0%} busy" if host_cpu is not None else ""
+    return f"{stage} at {rate:.3g} req/s: goodput {sides}{cpu}"
 
 
 async def run_capacity(

@@ -239,6 +239,10 @@ class CapacityStepDoc(_Doc):
     stage: str = Field(description="ramp, bisect, decide or confirm")
     reference: CapacityEngineDoc
     candidate: CapacityEngineDoc
+    host_cpu: float | None = Field(
+        None,
+        description="share of the gate host's CPUs busy during the step (None: not measured)",
+    )
 
 
 class CapacityDoc(_Doc):
@@ -252,6 +256,12 @@ class CapacityDoc(_Doc):
     stopped: str = Field("", description="why the search ended")
     duration_s: float
     aborted: bool = False
+    shares_host: bool = Field(
+        False, description="both engines ran as processes on the gate's host without GPUs"
+    )
+    host_cpu_limit: float | None = Field(
+        None, description="policy.load.capacity_host_cpu when the gate ran (the report's line)"
+    )
     steps: list[CapacityStepDoc]
 
     def search(self) -> CapacitySearch:
@@ -262,7 +272,10 @@ class CapacityDoc(_Doc):
 
         steps = [
             CapacityStep(
-                s.rate, s.stage, {"reference": side(s.reference), "candidate": side(s.candidate)}
+                s.rate,
+                s.stage,
+                {"reference": side(s.reference), "candidate": side(s.candidate)},
+                s.host_cpu,
             )
             for s in self.steps
         ]
@@ -274,4 +287,5 @@ class CapacityDoc(_Doc):
             self.stopped,
             self.slo,
             self.require_decided,
+            self.shares_host,
         )

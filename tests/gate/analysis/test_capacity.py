@@ -89,3 +89,59 @@ def test_the_judge_holds_on_capacity_alone() -> None:
     v = judge([], [], Policy(), capacities=[s])
     assert v.decision == "hold"
     assert "cap.capacity" in [c.id for c in v.reasons]
+
+
+# The guard against knees the host's CPUs set (gate/analysis/capacity.py, "Compute the engines
+# competed for"): on a two-core host identical CPU vLLM servers measured ratios of 0.39-0.65
+# (docs/calibration/capacity-vllm.json), so a search whose knee steps ran on saturated CPUs
+# must not decide, whichever way its interval points.
+
+
+def busy(s: CapacityStep, cpu: float) -> CapacityStep:
+    return CapacityStep(s.rate, s.stage, s.engines, cpu)
+
+
+LOSS = [step(41.7, 1, 1), step(42.8, 1, 0.7), step(48.6, 1, 0.5), step(50.0, 0.6, 0.4)]
+
+
+def test_a_fail_whose_knee_steps_ran_on_saturated_cpus_is_undecided_and_says_why() -> None:
+    steps = [busy(s, 0.97) if s.rate == 42.8 else busy(s, 0.4) for s in LOSS]
+    s = search(steps, shares_host=True)
+    assert s.knee_cpu() == (0.97, 42.8)
+    c = capacity_check(s, Policy())
+    assert c.decision == "undecided" and not c.required and not c.holds
+    assert "97% busy at 42.8 req/s" in c.message and "competed for its CPUs" in c.message
+    assert c.interval == pytest.approx((41.7 / 50.0, 42.8 / 48.6))  # the evidence is kept
+    # a scenario that requires a decision holds on it: nothing was shown either way
+    assert capacity_check(search(steps, shares_host=True, require_decided=True), Policy()).holds
+
+
+def test_a_pass_on_saturated_knees_is_undecided_too() -> None:
+    steps = [busy(step(48.6, 1, 1), 0.95), busy(step(50.0, 0.5, 0.4), 0.99)]
+    c = capacity_check(search(steps), Policy())
+    assert c.decision == "undecided"
+    # engines elsewhere (not sharing the host): the load generator is what is named
+    assert "load generator may not have sent the schedule on time" in c.message
+
+
+def test_only_the_steps_that_bound_a_knee_count() -> None:
+    # A saturated step far above both knees (the ramp's overshoot) bounds no bracket: the
+    # brackets are reference [48.6, 50], candidate [41.7, 42.8]; 60/s is above both his.
+    steps = [*(busy(s, 0.5) for s in LOSS), busy(step(60.0, 0.1, 0.1), 1.0)]
+    s = search(steps, shares_host=True)
+    assert s.knee_cpu() == (0.5, 50.0)  # the busiest edge step, ties to the higher rate
+    assert capacity_check(s, Policy()).decision == "fail"
+
+
+def test_the_limit_is_the_policys_and_inclusive() -> None:
+    steps = [busy(s, 0.9) for s in LOSS]
+    assert capacity_check(search(steps), Policy()).decision == "fail"  # 0.9 is not above 0.9
+    strict = Policy.model_validate({"load": {"capacity_host_cpu": 0.85}})
+    assert capacity_check(search(steps), strict).decision == "undecided"
+    with pytest.raises(ValueError, match="capacity_host_cpu"):
+        Policy.model_validate({"load": {"capacity_host_cpu": 1.5}})
+
+
+def test_steps_without_a_cpu_reading_leave_the_decision_to_the_interval() -> None:
+    assert search(LOSS).knee_cpu() is None
+    assert capacity_check(search(LOSS), Policy()).decision == "fail"

@@ -82,6 +82,12 @@ def test_a_candidate_with_15_percent_less_capacity_is_held_naming_capacity(
     assert first["reference"]["goodput"] == first["candidate"]["goodput"] == 1.0
     assert first["candidate"]["ttft_p50_ms"] < 1.5 * first["reference"]["ttft_p50_ms"]
     # The report draws the knee: goodput, TTFT and ITL against offered rate
+    # Both sims are processes on this host: the search says so and measured its CPUs at every
+    # step; sim engines spend little CPU (15-50% of two cores), so the guard left it decided.
+    assert search["shares_host"] is True and search["host_cpu_limit"] == 0.9
+    assert all(0.0 <= s["host_cpu"] <= 1.0 for s in search["steps"])
+    # The report draws the knee: goodput, TTFT and ITL against offered rate, and the host's CPUs
     html = Path(doc["report"]).read_text(encoding="utf-8")
-    assert html.count('data-chart="knee"') == 3
+    assert html.count('data-chart="knee"') == 4
     assert "goodput against offered rate" in html and "Capacity" in html
+    assert "gate host CPU busy against offered rate" in html and "limit 90%" in html
