@@ -259,8 +259,14 @@ class EngineGate:
     capacity: tuple[str, tuple[float, float]] | None = (
         None  # the capacity check: decision, interval
     )
-    # the gate host's CPUs busy: the most at a step bounding a knee, the most at any step
-    host_cpu: tuple[float | None, float | None] = (None, None)
+    # the capacity search's steps as the host's CPUs saw them: (rate, busy share, stall share,
+    # whether the step bounds a knee), in the order they ran
+    cpu_steps: tuple[tuple[float, float | None, float | None, bool], ...] = ()
+
+    def knee_cpu(self, pick: int) -> float | None:
+        """The most busy (pick 1) or stalled (pick 2) share among steps that bound a knee."""
+        seen = [s[pick] for s in self.cpu_steps if s[3] and s[pick] is not None]
+        return max(seen) if seen else None  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -286,8 +292,9 @@ class EngineCaseResult:
                 {
                     "decision": g.capacity[0],
                     "ratio_interval": [round(x, 4) for x in g.capacity[1]],
-                    "knee_host_cpu": g.host_cpu[0],
-                    "max_host_cpu": g.host_cpu[1],
+                    "knee_host_cpu": g.knee_cpu(1),
+                    "knee_cpu_stall": g.knee_cpu(2),
+                    "steps": [list(step) for step in g.cpu_steps],
                 }
                 for g in self.gates
                 if g.capacity is not None
@@ -489,18 +496,17 @@ def run_engine_gate(
         wall_s,
         warnings,
         capacity,
-        _host_cpu(doc),
+        _cpu_steps(doc),
     )
 
 
-def _host_cpu(doc: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The first capacity search's host CPU shares (EngineGate.host_cpu)."""
+def _cpu_steps(doc: dict[str, Any]) -> tuple[tuple[float, float | None, float | None, bool], ...]:
+    """The first capacity search's steps as EngineGate.cpu_steps keeps them."""
     if not doc.get("capacity"):
-        return None, None
+        return ()
     cap = CapacityDoc.model_validate(doc["capacity"][0])
-    knee = cap.search().knee_cpu()
-    seen = [s.host_cpu for s in cap.steps if s.host_cpu is not None]
-    return (knee[0] if knee else None), (max(seen) if seen else None)
+    edges = cap.search().knee_rates()
+    return tuple((s.rate, s.host_cpu, s.cpu_stall, s.rate in edges) for s in cap.steps)
 
 
 def calibrate_engines(
@@ -527,8 +533,9 @@ def calibrate_engines(
                 cap = ""
                 if gate.capacity is not None:
                     lo, hi = gate.capacity[1]
-                    knee = gate.host_cpu[0]
-                    cpu = f", host CPUs {knee:.0%} at the knees" if knee is not None else ""
+                    busy, stall = gate.knee_cpu(1), gate.knee_cpu(2)
+                    cpu = f", host CPUs {busy:.0%} busy at the knees" if busy is not None else ""
+                    cpu += f", {stall:.0%} stalled" if stall is not None else ""
                     cap = f"; capacity {gate.capacity[0]} [{lo:.3f}, {hi:.3f}]{cpu}"
                 progress(
                     f"engines: {case.name} gate {k + 1}/{runs}: {verdict}{at}{why} "

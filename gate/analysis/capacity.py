@@ -21,13 +21,18 @@ the scenario's `require_decided` is set (a warning otherwise, like an undecided 
 the search could not tell, at its resolution, whether the loss is within tolerance).
 
 Compute the engines competed for. The ratio compares the engines only when each had its own
-compute. Each step carries the share of the gate host's CPUs that was busy while it ran
-(gate/telemetry/host_cpu.py). When a step that bounds either engine's knee (a rate at its
-bracket's lo or hi: the steps the interval is made of) ran above `policy.load.capacity_host_cpu`,
-the CPUs, not the engines, may have set the knees: engines that share the host (processes
-without GPUs) take CPU from each other where it matters most, and a load generator short of
-CPU sends late. The check is then undecided whatever the interval says, and says so (on a two
--core host identical CPU vLLM servers measured ratios down to 0.39: docs/calibration.md).
+compute. Each step carries two readings of the gate host's CPUs while it ran
+(gate/telemetry/host_cpu.py): the share of the time in which some task waited for a CPU (Linux
+PSI, `cpu_stall`) and the share of the CPUs that was busy (`host_cpu`). When a step that
+bounds either engine's knee (a rate at its bracket's lo or hi: the steps the interval is made
+of) stalled more than `policy.load.capacity_cpu_stall` (or, where the kernel gives no PSI,
+was busier than `policy.load.capacity_host_cpu`), the CPUs, not the engines, may have set the
+knees: engines that share the host (processes without GPUs) take CPU from each other where it
+matters most, and a load generator short of CPU sends late. The check is then undecided
+whatever the interval says, and says so (on a two-core host identical CPU vLLM servers
+measured ratios from 0.39 to 1.68, their knee steps stalled 88-96% of the time; the sim's
+searches 8-9%: docs/calibration.md). Stall is the better reading: an engine that spins its own
+cores (OpenMP threads waiting for work) is busy without making anyone wait.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class CapacityStep:
     stage: str
     engines: Mapping[str, EngineStep]
     host_cpu: float | None = None  # share of the gate host's CPUs busy during the step
+    cpu_stall: float | None = None  # share of the step's time some task waited for a CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,24 +89,41 @@ class CapacitySearch:
         measured = [(s.rate, s.engines[role].goodput) for s in self.steps if role in s.engines]
         return bracket(measured, self.target)
 
-    def knee_cpu(self) -> tuple[float, float] | None:
-        """(the highest host CPU share among the steps that bound either engine's knee, the
-        rate of that step), or None when none of them was measured."""
-        edges = {r for role in ("reference", "candidate") for r in _edges(self.bracket(role))}
-        seen = [
-            (s.host_cpu, s.rate) for s in self.steps if s.rate in edges and s.host_cpu is not None
-        ]
-        return max(seen) if seen else None
+    def knee_rates(self) -> frozenset[float]:
+        """The rates at either engine's bracket's lo or hi: the steps the interval is made of."""
+        return frozenset(
+            r for role in ("reference", "candidate") for r in _edges(self.bracket(role))
+        )
+
+    def knee_cpu(self) -> tuple[str, float, float] | None:
+        """The worst CPU reading among the steps that bound either engine's knee: ("stall",
+        share, rate) when any of them has a stall reading, else ("busy", share, rate), else
+        None (nothing measured)."""
+        edges = [s for s in self.steps if s.rate in self.knee_rates()]
+        stalls = [(s.cpu_stall, s.rate) for s in edges if s.cpu_stall is not None]
+        if stalls:
+            return ("stall", *max(stalls))
+        busy = [(s.host_cpu, s.rate) for s in edges if s.host_cpu is not None]
+        return ("busy", *max(busy)) if busy else None
 
 
 def _edges(b: Bracket) -> tuple[float, ...]:
     return tuple(r for r in (b.lo, b.hi) if r is not None)
 
 
-def _contended(search: CapacitySearch, limit: float) -> str | None:
+def _contended(search: CapacitySearch, policy: Policy) -> str | None:
     """Why the knees may be the host's, not the engines' (module docstring), or None."""
     worst = search.knee_cpu()
-    if worst is None or worst[0] <= limit:
+    if worst is None:
+        return None
+    kind, share, rate = worst
+    if kind == "stall":
+        limit, knob = policy.load.capacity_cpu_stall, "capacity_cpu_stall"
+        seen = f"tasks waited for the gate host's CPUs {share:.0%} of the time"
+    else:
+        limit, knob = policy.load.capacity_host_cpu, "capacity_host_cpu"
+        seen = f"the gate host's CPUs were {share:.0%} busy (no CPU pressure readings)"
+    if share <= limit:
         return None
     who = (
         "both engines run on it without GPUs and competed for its CPUs with each other and "
@@ -109,9 +132,9 @@ def _contended(search: CapacitySearch, limit: float) -> str | None:
         else "the load generator may not have sent the schedule on time"
     )
     return (
-        f" Not comparable: the gate host's CPUs were {worst[0]:.0%} busy at {worst[1]:.3g} "
-        f"req/s, a step that bounds a knee (limit {limit:.0%}, `policy.load.capacity_host_cpu`):"
-        f" {who}. Give each engine its own GPUs or CPUs to measure capacity."
+        f" Not comparable: {seen} at {rate:.3g} req/s, a step that bounds a knee (limit "
+        f"{limit:.0%}, `policy.load.{knob}`): {who}. Give each engine its own GPUs or CPUs "
+        "to measure capacity."
     )
 
 
@@ -157,7 +180,7 @@ def capacity_check(search: CapacitySearch, policy: Policy) -> Check:
         f"{search.resolution:.0%}; {search.stopped or 'search ended'})."
     )
     decision: Decision
-    contended = _contended(search, policy.load.capacity_host_cpu)
+    contended = _contended(search, policy)
     if contended is not None:
         decision, why = "undecided", contended
     elif high < floor:

@@ -12,9 +12,15 @@ from markupsafe import Markup
 
 from gate.core.vocabulary import ROLES
 from gate.reports.charts import COLORS, MUTED, Line, line_chart
-from gate.verdict.document import CapacityDoc, CapacityEngineDoc, VerdictDocument
+from gate.verdict.document import (
+    CapacityDoc,
+    CapacityEngineDoc,
+    CapacityStepDoc,
+    VerdictDocument,
+)
 
 Pick = Callable[[CapacityEngineDoc], float | None]
+StepPick = Callable[[CapacityStepDoc], float | None]
 
 
 def _by_rate(cap: CapacityDoc, role: str, pick: Pick) -> tuple[np.ndarray, np.ndarray]:
@@ -44,33 +50,46 @@ def _chart(cap: CapacityDoc, pick: Pick, what: str, unit: str, target: float | N
     )
 
 
-def _cpu_chart(cap: CapacityDoc) -> Markup | None:
-    """The gate host's CPUs busy at each rate, against the judge's limit
-    (gate/analysis/capacity.py): where the line crosses it, the knees may be the host's."""
+def _cpu_line(cap: CapacityDoc, name: str, color: str, pick: StepPick) -> Line | None:
     values: dict[float, list[float]] = {}
     for step in cap.steps:
-        if step.host_cpu is not None:
-            values.setdefault(step.rate, []).append(step.host_cpu)
+        if (v := pick(step)) is not None:
+            values.setdefault(step.rate, []).append(v)
     if not values:
         return None
     rates = sorted(values)
-    x = np.asarray(rates, np.float64)
-    y = np.asarray([float(np.mean(values[r])) for r in rates], np.float64)
-    lines = [Line("gate host", MUTED, x, y)]
-    if (limit := cap.host_cpu_limit) is not None:
-        edge = np.array([0.0, max(rates)])
-        lines.append(
-            Line(f"limit {limit:.0%}", COLORS["candidate"], edge, np.array([limit] * 2), True)
+    y = [float(np.mean(values[r])) for r in rates]
+    return Line(name, color, np.asarray(rates, np.float64), np.asarray(y, np.float64))
+
+
+def _cpu_chart(cap: CapacityDoc) -> Markup | None:
+    """The gate host's CPUs at each rate: the share of time some task waited for one (the
+    judge's reading, against its limit: gate/analysis/capacity.py) and the share busy."""
+    lines = [
+        line
+        for line in (
+            _cpu_line(cap, "waited for a CPU", COLORS["candidate"], lambda s: s.cpu_stall),
+            _cpu_line(cap, "CPUs busy", MUTED, lambda s: s.host_cpu),
         )
+        if line is not None
+    ]
+    if not lines:
+        return None
+    if (limit := cap.cpu_stall_limit) is not None:
+        edge = np.array([0.0, max(s.rate for s in cap.steps)])
+        lines.append(Line(f"limit {limit:.0%}", MUTED, edge, np.array([limit] * 2), True))
     who = "both engines and the load generator" if cap.shares_host else "the load generator"
     return Markup(
         line_chart(
             lines,
-            f"{cap.name}: gate host CPU busy against offered rate",
+            f"{cap.name}: the gate host's CPUs against offered rate",
             "offered rate (requests/s)",
-            "share of the host's CPUs busy",
+            "share of the step",
             kind="knee",
-            desc=f"share of the gate host's CPUs busy during each step ({who} ran there)",
+            desc=(
+                "share of each step's time in which some task waited for a CPU, and share of "
+                f"the CPUs busy, on the gate's host ({who} ran there)"
+            ),
         )
     )
 
@@ -97,7 +116,12 @@ def _row(step: Any) -> dict[str, Any]:
         "stage": step.stage,
         "reference": side(step.reference),
         "candidate": side(step.candidate),
-        "host_cpu": f"{step.host_cpu:.0%}" if step.host_cpu is not None else "–",
+        "host_cpu": " · ".join(
+            f"{v:.0%} {what}"
+            for v, what in ((step.cpu_stall, "waited"), (step.host_cpu, "busy"))
+            if v is not None
+        )
+        or "–",
     }
 
 

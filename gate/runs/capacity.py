@@ -34,7 +34,7 @@ from gate.runs.scenarios import planned_words
 from gate.runs.schedules import scenario_seed
 from gate.runs.testbed import visible_gpus
 from gate.spec import ScenarioSpec
-from gate.telemetry.host_cpu import HostCpu, busy_share
+from gate.telemetry.host_cpu import HostCpu, busy_share, stall_share
 from gate.verdict.document import CapacityDoc, CapacityEngineDoc, CapacityStepDoc
 from loadgen import suite as catalogue
 from loadgen.records import RequestRecord
@@ -138,7 +138,8 @@ class CapacityScenario:
                     stage=stage,
                     reference=_doc(got["reference"]),
                     candidate=_doc(got["candidate"]),
-                    host_cpu=_share(busy_share(before, self.cpu.read())),
+                    host_cpu=_share(busy_share(before, after := self.cpu.read())),
+                    cpu_stall=_share(stall_share(before, after)),
                 )
             )
             ctx.gate_phase(f"capacity:{sc.name}", _step_words(rate, stage, got, steps[-1].host_cpu))
@@ -158,7 +159,7 @@ class CapacityScenario:
             duration_s=round(time.monotonic() - t0, 3),
             aborted=overran is not None or bool(self.engines.crashes),
             shares_host=self.shares_host(),
-            host_cpu_limit=ctx.spec.policy.load.capacity_host_cpu,
+            cpu_stall_limit=ctx.spec.policy.load.capacity_cpu_stall,
             steps=steps,
         )
         return CapacityResult(doc, overran)

@@ -1,4 +1,5 @@
-"""How busy the gate host's CPUs were over an interval, from the kernel's own counters.
+"""How busy the gate host's CPUs were over an interval, and how long its tasks waited for one,
+from the kernel's own counters.
 
 Why: a capacity search (gate/runs/capacity.py) compares the highest rate each engine sustains.
 That comparison assumes each engine has its own compute. Engines started as processes on the
@@ -6,21 +7,26 @@ gate's host without GPUs (a CPU build of vLLM, llama.cpp) share its CPUs with ea
 with the load generator: near a knee one engine takes the CPU the other needs, and identical
 servers measured capacities up to twice apart on a two-core host (docs/calibration.md,
 "Capacity on real vLLM"). The gate cannot give them separate CPUs after the fact, but it can
-measure whether the CPUs were the limit: the judge (gate/analysis/capacity.py) calls a search
-whose knee steps ran on saturated CPUs undecided, and says why.
+measure whether tasks queued for the CPUs: the judge (gate/analysis/capacity.py) calls a search
+whose knee steps ran under CPU contention undecided, and says why.
 
-What is read, the first that applies:
+Two measures, each over the same interval:
 
-1. cgroup v2 with a CPU quota (`/sys/fs/cgroup/cpu.max` other than `max`): the cgroup's
-   `usage_usec` (`cpu.stat`) against wall time x its CPUs (quota / period, at most the CPUs it
-   may run on). In a container the quota is what its processes may use, whatever the host's
-   counters say.
-2. `/proc/stat`'s per-CPU lines of the CPUs this process may run on (`sched_getaffinity`):
-   busy = user + nice + system + irq + softirq + steal (the hypervisor's steal is time these
-   CPUs were not ours), of busy + idle + iowait (guest time is already inside user and nice,
-   proc(5)). Units are clock ticks; only the share is used.
+* **Stall** (pressure stall information, PSI: Documentation/accounting/psi.rst in the Linux
+  tree): the share of wall time in which at least one runnable task of the gate's cgroup (its
+  `cpu.pressure`, cgroup v2), else of the whole host (`/proc/pressure/cpu`), waited for a CPU
+  (the `some` line's `total`, microseconds). This is contention itself: an engine that keeps
+  its own cores busy, with no more runnable threads than cores, stalls nobody; two engines on
+  the same cores stall each other. Kernels since 4.20 have it, unless built or booted without.
+* **Busy**: the share of the CPUs this process may use that was busy. With a cgroup v2 CPU
+  quota (`cpu.max` other than `max`, the tightest of the gate's cgroup and its parents), the
+  cgroup's `usage_usec` against wall time x its CPUs (quota / period, at most those it may run
+  on); else `/proc/stat`'s per-CPU lines of the CPUs in `sched_getaffinity`: busy = user +
+  nice + system + irq + softirq + steal (the hypervisor's steal was not ours), of busy + idle
+  + iowait (guest time is inside user and nice, proc(5)). Where /proc/stat numbers CPUs its
+  own way (LXCFS), its aggregate line.
 
-Anything else (not Linux, unreadable files) reads as None: no measurement, no guard.
+What cannot be read is None (not Linux, no PSI, unreadable files): no measurement, no guard.
 """
 
 from __future__ import annotations
@@ -31,7 +37,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuReading", "HostCpu", "busy_share", "parse_cgroup_max", "parse_proc_stat"]
+__all__ = [
+    "CpuReading",
+    "HostCpu",
+    "busy_share",
+    "own_cgroup",
+    "parse_cgroup_max",
+    "parse_pressure",
+    "parse_proc_stat",
+    "stall_share",
+]
 
 # /proc/stat's columns after the name (proc(5)): user nice system idle iowait irq softirq steal
 _BUSY = (0, 1, 2, 5, 6, 7)
@@ -40,18 +55,23 @@ _IDLE = (3, 4)
 
 @dataclass(frozen=True, slots=True)
 class CpuReading:
-    """Cumulative busy and available CPU time at one instant, in one unit (ticks or
-    seconds): only differences between two readings of the same source mean anything."""
+    """The counters at one instant (`clock`, seconds): `busy` and `total` in the unit of
+    `source` ("proc": clock ticks of both; "cgroup": seconds used, and `total` the CPUs the
+    quota allows, a rate), `stall` the PSI `some` total in seconds (None: no PSI). Only the
+    differences between two readings mean anything."""
 
-    busy: float
-    total: float
-    source: str
+    clock: float
+    busy: float | None = None
+    total: float | None = None
+    source: str = ""
+    stall: float | None = None
 
 
 def parse_proc_stat(text: str, cpus: Collection[int] | None = None) -> tuple[float, float]:
-    """(busy, total) ticks summed over the per-CPU lines of `cpus` (all when None), or the
-    aggregate `cpu` line when the text has no per-CPU lines. Raises ValueError when nothing
-    matches: a caller must not read an empty share as an idle host."""
+    """(busy, total) ticks summed over the per-CPU lines of `cpus` (all when None); the
+    aggregate `cpu` line when there are no per-CPU lines, or when they do not number the CPUs
+    as `cpus` does (LXCFS renumbers a container's CPUs from 0). Raises ValueError when there
+    is no line at all: a caller must not read an empty share as an idle host."""
     aggregate: tuple[float, float] | None = None
     per_cpu: list[tuple[int, float, float]] = []
     for line in text.splitlines():
@@ -66,14 +86,12 @@ def parse_proc_stat(text: str, cpus: Collection[int] | None = None) -> tuple[flo
             aggregate = (b, t)
         else:
             per_cpu.append((int(name[3:]), b, t))
-    if not per_cpu:
-        if aggregate is None:
-            raise ValueError("/proc/stat has no cpu line")
-        return aggregate
     mine = [(b, t) for n, b, t in per_cpu if cpus is None or n in cpus]
-    if not mine:
-        raise ValueError("no CPU line of /proc/stat is one this process may run on")
-    return sum(b for b, _ in mine), sum(t for _, t in mine)
+    if per_cpu and (cpus is None or len(mine) == len(cpus)):
+        return sum(b for b, _ in mine), sum(t for _, t in mine)
+    if aggregate is None:
+        raise ValueError("/proc/stat has no line for the CPUs this process may run on")
+    return aggregate
 
 
 def parse_cgroup_max(text: str) -> float | None:
@@ -86,6 +104,27 @@ def parse_cgroup_max(text: str) -> float | None:
     return float(parts[0]) / period
 
 
+def parse_pressure(text: str) -> float:
+    """The `some` line's total of a PSI file, in seconds."""
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "some":
+            for field in rest.split():
+                key, _, value = field.partition("=")
+                if key == "total":
+                    return float(value) / 1e6
+    raise ValueError("no 'some ... total=' in the pressure file")
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """This process's cgroup v2 path ("0::/a/b" -> "a/b"; "" for the root), or None when it
+    has no v2 cgroup (cgroup v1 only)."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip().strip("/")
+    return None
+
+
 def _usage_s(stat_text: str) -> float:
     for line in stat_text.splitlines():
         key, _, value = line.partition(" ")
@@ -94,48 +133,114 @@ def _usage_s(stat_text: str) -> float:
     raise ValueError("cpu.stat has no usage_usec")
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 class HostCpu:
-    """Reads the host's CPU counters (module docstring); `read()` never raises."""
+    """Reads the counters (module docstring); `read()` never raises."""
 
     def __init__(
         self,
-        proc: Path = Path("/proc/stat"),
-        cgroup: Path = Path("/sys/fs/cgroup"),
+        proc: Path = Path("/proc"),
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.proc, self.cgroup, self.clock = proc, cgroup, clock
+        self.proc, self.root, self.clock = proc, cgroup_root, clock
         try:
             self.cpus: frozenset[int] | None = frozenset(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # not Linux
             self.cpus = None
+        rel = own_cgroup(_read(proc / "self" / "cgroup") or "")
+        self.cgroup = None if rel is None else cgroup_root / rel if rel else cgroup_root
 
-    def _quota(self) -> float | None:
-        try:
-            quota = parse_cgroup_max((self.cgroup / "cpu.max").read_text())
-        except (OSError, ValueError, IndexError):
-            return None
-        if quota is None:
-            return None
-        return min(quota, float(len(self.cpus))) if self.cpus else quota
+    def _chain(self) -> list[Path]:
+        """The gate's cgroup and its parents up to the root."""
+        if self.cgroup is None:
+            return []
+        chain, here = [self.cgroup], self.cgroup
+        while here != self.root and self.root in here.parents:
+            here = here.parent
+            chain.append(here)
+        return chain
 
-    def read(self) -> CpuReading | None:
+    def _quota(self) -> tuple[float, Path] | None:
+        """The tightest quota over the chain, in CPUs, and the cgroup whose usage to read."""
+        quotas = []
+        for cg in self._chain():
+            text = _read(cg / "cpu.max")
+            try:
+                q = parse_cgroup_max(text) if text is not None else None
+            except (ValueError, IndexError):
+                q = None
+            if q is not None:
+                quotas.append(q)
+        if not quotas or self.cgroup is None:
+            return None
+        quota = min(quotas)
+        return (min(quota, float(len(self.cpus))) if self.cpus else quota), self.cgroup
+
+    def _busy(self) -> tuple[float, float, str] | None:
         try:
             quota = self._quota()
             if quota is not None:
-                used = _usage_s((self.cgroup / "cpu.stat").read_text())
-                return CpuReading(used, self.clock() * quota, "cgroup")
-            busy, total = parse_proc_stat(self.proc.read_text(), self.cpus)
-            return CpuReading(busy, total, "proc")
-        except (OSError, ValueError):
+                stat = _read(quota[1] / "cpu.stat")
+                if stat is not None:
+                    return _usage_s(stat), quota[0], "cgroup"
+            text = _read(self.proc / "stat")
+            if text is None:
+                return None
+            busy, total = parse_proc_stat(text, self.cpus)
+            return busy, total, "proc"
+        except ValueError:
             return None
+
+    def _stall(self) -> float | None:
+        for path in (
+            *([self.cgroup / "cpu.pressure"] if self.cgroup is not None else []),
+            self.proc / "pressure" / "cpu",
+        ):
+            text = _read(path)
+            if text is not None:
+                try:
+                    return parse_pressure(text)
+                except ValueError:
+                    continue
+        return None
+
+    def read(self) -> CpuReading:
+        busy = self._busy()
+        clock = self.clock()
+        if busy is None:
+            return CpuReading(clock, stall=self._stall())
+        return CpuReading(clock, busy[0], busy[1], busy[2], self._stall())
 
 
 def busy_share(before: CpuReading | None, after: CpuReading | None) -> float | None:
     """The share of the available CPU time that was busy between two readings (0 to 1), or
     None when either is missing, they come from different sources, or no time passed."""
-    if before is None or after is None or before.source != after.source:
+    if before is None or after is None or before.source != after.source or not after.source:
         return None
-    total = after.total - before.total
-    if total <= 0:
+    assert before.busy is not None and after.busy is not None
+    assert before.total is not None and after.total is not None
+    if after.source == "cgroup":  # seconds used against the quota's CPUs x the time between
+        available = (after.clock - before.clock) * after.total
+    else:
+        available = after.total - before.total
+    if available <= 0:
         return None
-    return min(max((after.busy - before.busy) / total, 0.0), 1.0)
+    return min(max((after.busy - before.busy) / available, 0.0), 1.0)
+
+
+def stall_share(before: CpuReading | None, after: CpuReading | None) -> float | None:
+    """The share of the wall time between two readings in which some task waited for a CPU
+    (0 to 1), or None without PSI on both."""
+    if before is None or after is None or before.stall is None or after.stall is None:
+        return None
+    elapsed = after.clock - before.clock
+    if elapsed <= 0:
+        return None
+    return min(max((after.stall - before.stall) / elapsed, 0.0), 1.0)

@@ -243,6 +243,13 @@ class CapacityStepDoc(_Doc):
         None,
         description="share of the gate host's CPUs busy during the step (None: not measured)",
     )
+    cpu_stall: float | None = Field(
+        None,
+        description=(
+            "share of the step's wall time in which some task of the gate's cgroup (else the "
+            "host) waited for a CPU: Linux PSI (None: not measured)"
+        ),
+    )
 
 
 class CapacityDoc(_Doc):
@@ -259,8 +266,8 @@ class CapacityDoc(_Doc):
     shares_host: bool = Field(
         False, description="both engines ran as processes on the gate's host without GPUs"
     )
-    host_cpu_limit: float | None = Field(
-        None, description="policy.load.capacity_host_cpu when the gate ran (the report's line)"
+    cpu_stall_limit: float | None = Field(
+        None, description="policy.load.capacity_cpu_stall when the gate ran (the report's line)"
     )
     steps: list[CapacityStepDoc]
 
@@ -276,6 +283,7 @@ class CapacityDoc(_Doc):
                 s.stage,
                 {"reference": side(s.reference), "candidate": side(s.candidate)},
                 s.host_cpu,
+                s.cpu_stall,
             )
             for s in self.steps
         ]

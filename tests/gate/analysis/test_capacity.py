@@ -92,54 +92,75 @@ def test_the_judge_holds_on_capacity_alone() -> None:
 
 
 # The guard against knees the host's CPUs set (gate/analysis/capacity.py, "Compute the engines
-# competed for"): on a two-core host identical CPU vLLM servers measured ratios of 0.39-0.65
-# (docs/calibration/capacity-vllm.json), so a search whose knee steps ran on saturated CPUs
+# competed for"): on a two-core host identical CPU vLLM servers measured ratios of 0.39-1.68
+# (docs/calibration/capacity-vllm.json), so a search whose knee steps ran under CPU contention
 # must not decide, whichever way its interval points.
 
 
-def busy(s: CapacityStep, cpu: float) -> CapacityStep:
-    return CapacityStep(s.rate, s.stage, s.engines, cpu)
+def busy(s: CapacityStep, stall: float | None, cpu: float | None = 0.5) -> CapacityStep:
+    return CapacityStep(s.rate, s.stage, s.engines, cpu, stall)
 
 
 LOSS = [step(41.7, 1, 1), step(42.8, 1, 0.7), step(48.6, 1, 0.5), step(50.0, 0.6, 0.4)]
 
 
-def test_a_fail_whose_knee_steps_ran_on_saturated_cpus_is_undecided_and_says_why() -> None:
-    steps = [busy(s, 0.97) if s.rate == 42.8 else busy(s, 0.4) for s in LOSS]
+def test_a_fail_whose_knee_steps_stalled_is_undecided_and_says_why() -> None:
+    steps = [busy(s, 0.9) if s.rate == 42.8 else busy(s, 0.1) for s in LOSS]
     s = search(steps, shares_host=True)
-    assert s.knee_cpu() == (0.97, 42.8)
+    assert s.knee_cpu() == ("stall", 0.9, 42.8)
     c = capacity_check(s, Policy())
     assert c.decision == "undecided" and not c.required and not c.holds
-    assert "97% busy at 42.8 req/s" in c.message and "competed for its CPUs" in c.message
+    assert "waited for the gate host's CPUs 90% of the time at 42.8 req/s" in c.message
+    assert "competed for its CPUs" in c.message and "capacity_cpu_stall" in c.message
     assert c.interval == pytest.approx((41.7 / 50.0, 42.8 / 48.6))  # the evidence is kept
     # a scenario that requires a decision holds on it: nothing was shown either way
     assert capacity_check(search(steps, shares_host=True, require_decided=True), Policy()).holds
 
 
-def test_a_pass_on_saturated_knees_is_undecided_too() -> None:
-    steps = [busy(step(48.6, 1, 1), 0.95), busy(step(50.0, 0.5, 0.4), 0.99)]
+def test_a_pass_on_stalled_knees_is_undecided_too() -> None:
+    steps = [busy(step(48.6, 1, 1), 0.6), busy(step(50.0, 0.5, 0.4), 0.7)]
     c = capacity_check(search(steps), Policy())
     assert c.decision == "undecided"
     # engines elsewhere (not sharing the host): the load generator is what is named
     assert "load generator may not have sent the schedule on time" in c.message
 
 
+def test_busy_cpus_that_stall_nobody_leave_the_decision_to_the_interval() -> None:
+    # An engine that spins its own cores (OpenMP threads waiting for work) keeps them busy
+    # without making anyone wait: with a stall reading, busy is not read.
+    steps = [busy(s, 0.05, cpu=1.0) for s in LOSS]
+    assert capacity_check(search(steps), Policy()).decision == "fail"
+
+
+def test_without_stall_readings_busy_cpus_are_the_guard() -> None:
+    steps = [busy(s, None, cpu=0.99) for s in LOSS]
+    assert search(steps).knee_cpu() == ("busy", 0.99, 50.0)
+    c = capacity_check(search(steps), Policy())
+    assert c.decision == "undecided" and "99% busy (no CPU pressure readings)" in c.message
+    assert capacity_check(search([busy(s, None, cpu=0.9) for s in LOSS]), Policy()).decision == (
+        "fail"
+    )
+
+
 def test_only_the_steps_that_bound_a_knee_count() -> None:
-    # A saturated step far above both knees (the ramp's overshoot) bounds no bracket: the
+    # A stalled step far above both knees (the ramp's overshoot) bounds no bracket: the
     # brackets are reference [48.6, 50], candidate [41.7, 42.8]; 60/s is above both his.
-    steps = [*(busy(s, 0.5) for s in LOSS), busy(step(60.0, 0.1, 0.1), 1.0)]
+    steps = [*(busy(s, 0.2) for s in LOSS), busy(step(60.0, 0.1, 0.1), 1.0)]
     s = search(steps, shares_host=True)
-    assert s.knee_cpu() == (0.5, 50.0)  # the busiest edge step, ties to the higher rate
+    assert s.knee_rates() == {41.7, 42.8, 48.6, 50.0}
+    assert s.knee_cpu() == ("stall", 0.2, 50.0)  # the worst edge step, ties to the higher rate
     assert capacity_check(s, Policy()).decision == "fail"
 
 
-def test_the_limit_is_the_policys_and_inclusive() -> None:
-    steps = [busy(s, 0.9) for s in LOSS]
-    assert capacity_check(search(steps), Policy()).decision == "fail"  # 0.9 is not above 0.9
-    strict = Policy.model_validate({"load": {"capacity_host_cpu": 0.85}})
+def test_the_limits_are_the_policys_and_inclusive() -> None:
+    steps = [busy(s, 0.5) for s in LOSS]
+    assert capacity_check(search(steps), Policy()).decision == "fail"  # 0.5 is not above 0.5
+    strict = Policy.model_validate({"load": {"capacity_cpu_stall": 0.4}})
     assert capacity_check(search(steps), strict).decision == "undecided"
-    with pytest.raises(ValueError, match="capacity_host_cpu"):
-        Policy.model_validate({"load": {"capacity_host_cpu": 1.5}})
+    off = Policy.model_validate({"load": {"capacity_cpu_stall": 1.0}})
+    assert capacity_check(search([busy(s, 1.0) for s in LOSS]), off).decision == "fail"
+    with pytest.raises(ValueError, match="capacity_cpu_stall"):
+        Policy.model_validate({"load": {"capacity_cpu_stall": 1.5}})
 
 
 def test_steps_without_a_cpu_reading_leave_the_decision_to_the_interval() -> None:

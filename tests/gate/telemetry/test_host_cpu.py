@@ -1,10 +1,11 @@
-"""The gate host's CPU share (gate/telemetry/host_cpu.py): /proc/stat's columns as proc(5)
-defines them, the CPUs this process may run on, a cgroup v2 quota before the host's counters,
-and None (no guard) rather than a made-up idle host when nothing can be read."""
+"""The gate host's CPU counters (gate/telemetry/host_cpu.py): /proc/stat's columns as proc(5)
+defines them, the CPUs this process may run on, a cgroup v2 quota (the tightest up the
+gate's cgroup's parents) before the host's counters, PSI's `some` total as
+Documentation/accounting/psi.rst gives it, and None (no guard) rather than a made-up idle host
+when nothing can be read."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from gate.telemetry.host_cpu import (
     CpuReading,
     HostCpu,
     busy_share,
+    own_cgroup,
     parse_cgroup_max,
+    parse_pressure,
     parse_proc_stat,
+    stall_share,
 )
 
 # A /proc/stat of a two-CPU host (format: proc(5), "/proc/stat": user nice system idle iowait
@@ -26,6 +30,10 @@ intr 12345 0 0
 ctxt 999
 btime 1700000000
 """
+# /proc/pressure/cpu (psi.rst: "some avg10=... total=<microseconds>"; "full" since 5.13)
+PRESSURE = """some avg10=26.23 avg60=34.81 avg300=42.92 total=5526378928
+full avg10=0.00 avg60=0.00 avg300=0.00 total=0
+"""
 
 
 def test_busy_counts_steal_and_irqs_and_total_adds_idle_and_iowait() -> None:
@@ -35,63 +43,91 @@ def test_busy_counts_steal_and_irqs_and_total_adds_idle_and_iowait() -> None:
     assert parse_proc_stat(STAT, None) == (460.0, 1000.0)
 
 
-def test_only_the_cpus_this_process_may_run_on() -> None:
+def test_only_the_cpus_this_process_may_run_on_else_the_aggregate() -> None:
     assert parse_proc_stat(STAT, {1}) == (180.0, 500.0)
-    with pytest.raises(ValueError, match="may run on"):
-        parse_proc_stat(STAT, {7})
+    # CPUs numbered otherwise (LXCFS renumbers a container's from 0): the aggregate line
+    assert parse_proc_stat(STAT, {6, 7}) == (460.0, 1000.0)
+    with pytest.raises(ValueError, match="no line"):
+        parse_proc_stat("cpu3 1 1 1 1\n", {7})
 
 
 def test_old_kernels_without_irq_or_steal_columns_and_the_aggregate_alone() -> None:
     assert parse_proc_stat("cpu0 10 0 10 80 0\n", None) == (20.0, 100.0)
     assert parse_proc_stat("cpu  10 0 10 80 0 0 0 0\n", {0}) == (20.0, 100.0)
-    with pytest.raises(ValueError, match="no cpu line"):
+    with pytest.raises(ValueError, match="no line"):
         parse_proc_stat("intr 1\n", None)
 
 
-def test_a_cgroup_quota_is_read_as_cpus() -> None:
+def test_quota_pressure_and_cgroup_path_parsing() -> None:
     assert parse_cgroup_max("150000 100000\n") == 1.5
     assert parse_cgroup_max("max 100000\n") is None
     assert parse_cgroup_max("") is None
+    assert parse_pressure(PRESSURE) == pytest.approx(5526.378928)
+    with pytest.raises(ValueError, match="some"):
+        parse_pressure("full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert own_cgroup("0::/system.slice/gate.service\n") == "system.slice/gate.service"
+    assert own_cgroup("12:cpu,cpuacct:/x\n0::/\n") == ""
+    assert own_cgroup("4:memory:/x\n1:cpu:/\n") is None  # cgroup v1 only
 
 
-def fake_host(tmp: Path, stat: str, cpu_max: str | None, usage_usec: int = 0) -> HostCpu:
-    (tmp / "stat").write_text(stat)
-    cg = tmp / "cgroup"
-    cg.mkdir(exist_ok=True)
-    if cpu_max is not None:
-        (cg / "cpu.max").write_text(cpu_max)
-        (cg / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 1\nsystem_usec 1\n")
-    return HostCpu(tmp / "stat", cg, clock=lambda: 10.0)
+def fake_host(tmp: Path, cgroup: str, clock: list[float]) -> tuple[HostCpu, Path]:
+    proc = tmp / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "pressure").mkdir()
+    (proc / "stat").write_text(STAT)
+    (proc / "pressure" / "cpu").write_text(PRESSURE)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    root = tmp / "cg"
+    root.mkdir()
+    return HostCpu(proc, root, clock=lambda: clock[0]), root
 
 
-def test_a_quota_is_preferred_to_the_hosts_counters(tmp_path: Path) -> None:
-    host = fake_host(tmp_path, STAT, "100000 100000", usage_usec=4_000_000)
-    got = host.read()
-    assert got is not None and got.source == "cgroup"
-    # 4 s used; 10 s of the clock at one CPU (a quota of one CPU, at most the CPUs it may use)
-    assert (got.busy, got.total) == (4.0, 10.0 * min(1.0, len(os.sched_getaffinity(0))))
+def test_the_tightest_quota_up_the_chain_is_read_before_the_hosts_counters(
+    tmp_path: Path,
+) -> None:
+    clock = [10.0]
+    host, root = fake_host(tmp_path, "0::/pods/gate\n", clock)
+    own = root / "pods" / "gate"
+    own.mkdir(parents=True)
+    (own / "cpu.max").write_text("max 100000\n")
+    (root / "pods" / "cpu.max").write_text("50000 100000\n")  # half a CPU, on the parent
+    (own / "cpu.stat").write_text("usage_usec 4000000\nuser_usec 1\nsystem_usec 1\n")
+    (own / "cpu.pressure").write_text("some avg10=0 avg60=0 avg300=0 total=2000000\n")
+    first = host.read()
+    assert (first.source, first.busy, first.total, first.stall) == ("cgroup", 4.0, 0.5, 2.0)
+    clock[0] = 12.0
+    (own / "cpu.stat").write_text("usage_usec 4900000\n")
+    (own / "cpu.pressure").write_text("some avg10=0 avg60=0 avg300=0 total=2500000\n")
+    second = host.read()
+    assert busy_share(first, second) == pytest.approx(0.9 / (2.0 * 0.5))  # 0.9 s of 1 CPU-s
+    assert stall_share(first, second) == pytest.approx(0.25)  # the cgroup's own pressure
 
 
-def test_no_quota_reads_proc_stat_and_unreadable_reads_none(tmp_path: Path) -> None:
-    host = fake_host(tmp_path, STAT, "max 100000")
+def test_without_a_quota_proc_stat_and_the_hosts_pressure(tmp_path: Path) -> None:
+    host, _ = fake_host(tmp_path, "4:memory:/x\n", [1.0])  # cgroup v1: no v2 path
     host.cpus = frozenset({0})
-    assert host.read() == CpuReading(280.0, 500.0, "proc")
-    broken = HostCpu(tmp_path / "missing", tmp_path / "nothing")
-    assert broken.read() is None
+    got = host.read()
+    assert (got.source, got.busy, got.total) == ("proc", 280.0, 500.0)
+    assert got.stall == pytest.approx(5526.378928)
+    nothing = HostCpu(tmp_path / "missing", tmp_path / "nothing").read()
+    assert nothing.source == "" and nothing.busy is None and nothing.stall is None
+    assert busy_share(nothing, nothing) is None and stall_share(nothing, nothing) is None
 
 
-def test_the_share_between_two_readings() -> None:
-    a, b = CpuReading(100, 1000, "proc"), CpuReading(190, 1100, "proc")
+def test_the_shares_between_two_readings() -> None:
+    a, b = CpuReading(1.0, 100, 1000, "proc", 3.0), CpuReading(3.0, 190, 1100, "proc", 3.5)
     assert busy_share(a, b) == pytest.approx(0.9)
-    assert busy_share(a, None) is None and busy_share(None, b) is None
-    assert busy_share(a, CpuReading(190, 1100, "cgroup")) is None  # units differ
-    assert busy_share(a, a) is None  # no time passed
-    assert busy_share(a, CpuReading(300, 1100, "proc")) == 1.0  # clamped (a quota overrun)
+    assert stall_share(a, b) == pytest.approx(0.25)
+    assert busy_share(a, None) is None and stall_share(None, b) is None
+    assert busy_share(a, CpuReading(3.0, 190, 1.0, "cgroup")) is None  # units differ
+    assert busy_share(a, a) is None and stall_share(a, a) is None  # no time passed
+    assert busy_share(a, CpuReading(3.0, 300, 1100, "proc")) == 1.0  # clamped
 
 
 def test_this_host_is_read() -> None:
     # Linux (CI's machine): a real reading whose counters do not go backwards.
     host = HostCpu()
     first, second = host.read(), host.read()
-    assert first is not None and second is not None
+    assert first.busy is not None and second.busy is not None
+    assert first.total is not None and second.total is not None
     assert second.busy >= first.busy and second.total >= first.total
