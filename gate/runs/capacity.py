@@ -32,7 +32,6 @@ from gate.runs.engine_pair import Engines
 from gate.runs.load_phases import request_log
 from gate.runs.scenarios import planned_words
 from gate.runs.schedules import scenario_seed
-from gate.runs.testbed import visible_gpus
 from gate.spec import ScenarioSpec
 from gate.telemetry.host_cpu import HostCpu, busy_share, stall_share
 from gate.verdict.document import CapacityDoc, CapacityEngineDoc, CapacityStepDoc
@@ -92,14 +91,6 @@ class CapacityScenario:
     sc: ScenarioSpec
     cpu: HostCpu = field(default_factory=HostCpu)
 
-    def shares_host(self) -> bool:
-        """Both engines are processes on this host and it has no GPU: its CPUs are their
-        compute, and the load generator's (a reservation from the local inventory names GPUs
-        the engines cannot use here)."""
-        spec = self.ctx.spec
-        local = all(spec.engine(role).runtime == "process" for role in ROLES)
-        return local and not visible_gpus()[0]
-
     @property
     def entry(self) -> catalogue.Capacity:
         entry = catalogue.get("capacity", **self.sc.settings)
@@ -158,7 +149,7 @@ class CapacityScenario:
             stopped=search.stopped or (overran or ""),
             duration_s=round(time.monotonic() - t0, 3),
             aborted=overran is not None or bool(self.engines.crashes),
-            shares_host=self.shares_host(),
+            shares_host=self.engines.share_host_cpus(),
             cpu_stall_limit=ctx.spec.policy.load.capacity_cpu_stall,
             steps=steps,
         )

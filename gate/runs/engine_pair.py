@@ -2,6 +2,14 @@
 watched for crashes while load runs, torn down whatever happened, and described for the
 verdict document.
 
+Two engines that share the gate host's CPUs (both processes here, and no GPU on the host:
+`share_host_cpus`) are started one after the other, the reference first: started together they
+compete for the CPUs through every startup step (a CPU vLLM compiles and profiles for tens of
+seconds), and a step one engine ran while the other held the cores differs by seconds between
+identical servers (an A/A held on `startup.phase.engine_initialized`, 3.5 s against 0.4 s, on
+two cores). In turn, each engine's phases are its own; the first one's wait for the second is
+taken out by `gate/runs/inputs.py` like any wait for the paired warm-up.
+
 An engine's kind (gate/spec/kinds.py, `ENGINE_KINDS`) says how it runs, its runtime; a launcher
 here is a function from the spec's engine to an `Engine` (gate/engines) for each runtime:
 `process` (a local command, a preset, worker groups), `endpoint` (an attached URL), `kubernetes`
@@ -28,7 +36,7 @@ from gate.runs.context import RunContext
 from gate.runs.gpu_telemetry import engine_gpus
 from gate.runs.inputs import EngineEvidence
 from gate.runs.schedules import LazyRequests
-from gate.runs.testbed import describe_testbed
+from gate.runs.testbed import describe_testbed, visible_gpus
 from gate.spec import EngineSpec, Runtime
 from gate.telemetry.gpu_sources import Chosen, choose_sources
 from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
@@ -134,6 +142,7 @@ class Engines:
     capabilities: dict[Role, Capabilities] = field(default_factory=dict)
     versions: dict[Role, tuple[str | None, str | None]] = field(default_factory=dict)
     telemetry: Chosen | None = None  # the GPU sources, chosen at the first load scenario
+    _shares_host: bool | None = None  # share_host_cpus, once asked
 
     def gpu_sources(self) -> Chosen:
         """Each engine's GPU source (gate/telemetry/gpu_sources.py), chosen once per gate."""
@@ -143,11 +152,28 @@ class Engines:
             self.telemetry = choose_sources(gpus, s.gpu_telemetry, s.dcgm_url)
         return self.telemetry
 
+    def share_host_cpus(self) -> bool:
+        """Both engines are processes on this host and it has no GPU: its CPUs are their
+        compute, and the load generator's (a reservation from the local inventory names GPUs
+        they cannot use here). Asked once per gate."""
+        if self._shares_host is None:
+            local = all(self.ctx.spec.engine(r).runtime == "process" for r in ROLES)
+            self._shares_host = local and not visible_gpus()[0]
+        return self._shares_host
+
     async def launch(self) -> None:
-        """Build both, then start both at once; the first failure in role order is raised."""
+        """Build both, then start both at once, or one after the other when they share this
+        host's CPUs (module docstring); the first failure in role order is raised."""
         for role in ROLES:
             es = self.ctx.spec.engine(role)
             self.built[role] = LAUNCHERS[es.runtime](self, role, es, self.placement)
+        if await asyncio.to_thread(self.share_host_cpus):
+            self.ctx.gate_phase(
+                "launching", "one engine after the other: both share this host's CPUs"
+            )
+            for role in ROLES:
+                await self.built[role].start()
+            return
         tasks = [asyncio.create_task(self.built[r].start()) for r in ROLES]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
