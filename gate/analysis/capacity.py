@@ -30,7 +30,7 @@ was busier than `policy.load.capacity_host_cpu`), the CPUs, not the engines, may
 knees: engines that share the host (processes without GPUs) take CPU from each other where it
 matters most, and a load generator short of CPU sends late. The check is then undecided
 whatever the interval says, and says so (on a two-core host identical CPU vLLM servers
-measured ratios from 0.39 to 1.68, their knee steps stalled 88-96% of the time; the sim's
+measured ratios from 0.39 to 1.68, their knee steps stalled 80-96% of the time; the sim's
 searches 8-9%: docs/calibration.md). Stall is the better reading: an engine that spins its own
 cores (OpenMP threads waiting for work) is busy without making anyone wait.
 """
