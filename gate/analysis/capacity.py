@@ -99,7 +99,8 @@ class CapacitySearch:
         """The worst CPU reading among the steps that bound either engine's knee: ("stall",
         share, rate) when any of them has a stall reading, else ("busy", share, rate), else
         None (nothing measured)."""
-        edges = [s for s in self.steps if s.rate in self.knee_rates()]
+        rates = self.knee_rates()
+        edges = [s for s in self.steps if s.rate in rates]
         stalls = [(s.cpu_stall, s.rate) for s in edges if s.cpu_stall is not None]
         if stalls:
             return ("stall", *max(stalls))
@@ -129,7 +130,8 @@ def _contended(search: CapacitySearch, policy: Policy) -> str | None:
         "both engines run on it without GPUs and competed for its CPUs with each other and "
         "the load generator"
         if search.shares_host
-        else "the load generator may not have sent the schedule on time"
+        else "the load generator may not have sent the schedule on time, and anything else "
+        "running there (an engine too) competed for them"
     )
     return (
         f" Not comparable: {seen} at {rate:.3g} req/s, a step that bounds a knee (limit "

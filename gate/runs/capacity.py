@@ -8,8 +8,9 @@ in flight then is counted as not good (it had waited at least a whole step). Ste
 after another on the engines the gate launched, a crash stops the search, and the whole
 search is bounded by the scenario deadline reckoned from its planned seconds (the step budget
 x `step_s`, gate/core/limits.py), so a search never outlasts what the caps allowed. Each step
-records how busy the gate host's CPUs were while it ran (gate/telemetry/host_cpu.py): the
-judge will not compare knees the host's CPUs may have set (gate/analysis/capacity.py).
+records how long tasks waited for the gate host's CPUs while it ran, and how busy those were
+(gate/telemetry/host_cpu.py): the judge will not compare knees that contention for the CPUs
+may have set (gate/analysis/capacity.py).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class CapacityScenario:
                     cpu_stall=_share(stall_share(before, after)),
                 )
             )
-            ctx.gate_phase(f"capacity:{sc.name}", _step_words(rate, stage, got, steps[-1].host_cpu))
+            ctx.gate_phase(f"capacity:{sc.name}", _step_words(steps[-1]))
             ctx.progress.request_done(sc.name, len(steps), entry.max_steps())
             self.engines.check_crashes()
             if self.engines.crashes:
@@ -193,12 +194,15 @@ def _share(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def _step_words(
-    rate: float, stage: str, got: Mapping[str, EngineStep], host_cpu: float | None
-) -> str:
-    sides = ", ".join(f"{role} {got[role].goodput:.1%}" for role in ROLES)
-    cpu = f"; host CPUs {host_cpu:.0%} busy" if host_cpu is not None else ""
-    return f"{stage} at {rate:.3g} req/s: goodput {sides}{cpu}"
+def _step_words(step: CapacityStepDoc) -> str:
+    sides = f"reference {step.reference.goodput:.1%}, candidate {step.candidate.goodput:.1%}"
+    cpu = [
+        f"{v:.0%} {what}"
+        for v, what in ((step.cpu_stall, "waited for a CPU"), (step.host_cpu, "CPUs busy"))
+        if v is not None
+    ]
+    host = f"; host: {', '.join(cpu)}" if cpu else ""
+    return f"{step.stage} at {step.rate:.3g} req/s: goodput {sides}{host}"
 
 
 async def run_capacity(

@@ -121,8 +121,9 @@ def test_a_pass_on_stalled_knees_is_undecided_too() -> None:
     steps = [busy(step(48.6, 1, 1), 0.6), busy(step(50.0, 0.5, 0.4), 0.7)]
     c = capacity_check(search(steps), Policy())
     assert c.decision == "undecided"
-    # engines elsewhere (not sharing the host): the load generator is what is named
+    # engines not known to share the host: the load generator is what is named first
     assert "load generator may not have sent the schedule on time" in c.message
+    assert "competed for its CPUs with each other" not in c.message
 
 
 def test_busy_cpus_that_stall_nobody_leave_the_decision_to_the_interval() -> None:
