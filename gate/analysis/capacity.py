@@ -29,7 +29,10 @@ of) stalled more than `policy.load.capacity_cpu_stall` (or, where the kernel giv
 was busier than `policy.load.capacity_host_cpu`), the CPUs, not the engines, may have set the
 knees: engines that share the host (processes without GPUs) take CPU from each other where it
 matters most, and a load generator short of CPU sends late. The check is then undecided
-whatever the interval says, and says so (on a two-core host identical CPU vLLM servers
+whatever the interval says, says so, and holds, as an unhealthy test bed does (errors.py's
+`gate.environment`): the comparison the spec asked for could not be made, and a continue would
+let a capacity loss through unseen (an operator who accepts that lists the check in
+`policy.advisory`) (on a two-core host identical CPU vLLM servers
 measured ratios from 0.39 to 1.68, their knee steps stalled 80-96% of the time; the sim's
 searches 8-9%: docs/calibration.md). Stall is the better reading: an engine that spins its own
 cores (OpenMP threads waiting for work) is busy without making anyone wait.
@@ -209,7 +212,7 @@ def capacity_check(search: CapacitySearch, policy: Policy) -> Check:
         threshold=floor,
         samples=(len(search.steps), len(search.steps)),
     )
-    if decision == "undecided" and not search.require_decided:
+    if decision == "undecided" and not search.require_decided and contended is None:
         return replace(check, required=False)
     return check
 

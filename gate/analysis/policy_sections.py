@@ -49,7 +49,7 @@ class LoadPolicy(BaseModel):
         gt=0.0,
         le=1.0,
         description=(
-            "A capacity check is undecided, with the reason, when at a step that bounds "
+            "A capacity check is undecided and holds, with the reason, when at a step that bounds "
             "either engine's knee some task of the gate's host waited for a CPU more than this "
             "share of the time (Linux PSI): engines that share those CPUs (processes without "
             "GPUs) or a load generator short of CPU measure the host, not the engines "

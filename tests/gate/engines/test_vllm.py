@@ -119,19 +119,17 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
     bed: Path, tmp_path: Path
 ) -> None:
     """... and, in the same gate, the workloads of examples/workloads/vllm-cpu.yaml (a trace
-    and multi-turn sessions, about 25 s more: check_workloads), and the capacity search of
-    `gate calibrate --engines vllm` (about 70 s more: check_capacity)."""
+    and multi-turn sessions, about 25 s more: check_workloads)."""
     doc = run(
         tmp_path,
         engine(bed, "--max-num-seqs", "8"),
         engine(bed, "--max-num-seqs", "8"),
         workload_dir=ROOT,
-        scenarios=[STEADY, *workload_scenarios(), VLLM_CAPACITY_SCENARIO],
+        scenarios=[STEADY, *workload_scenarios()],
         # the workload scenarios are too short for the paired latency checks: undecided
         policy={"short_scenarios": "allow"},
     )
     check_workloads(doc, tmp_path / "g.db")
-    check_capacity(doc)
     assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
     checks = decisions(doc)
     assert checks["steady.ttft.p50"] != "fail" and checks["steady.itl.p50"] != "fail"
@@ -211,7 +209,10 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     whose counters never move (vLLM records no lookup with caching off:
     vllm/v1/core/kv_cache_manager.py get_computed_blocks returns before
     record_prefix_cache_stats), holds on the prefix-cache check, its cache_config_info saying
-    enable_prefix_caching False. Caching plays no part in steady: its prompts share nothing."""
+    enable_prefix_caching False. Caching plays no part in steady: its prompts share nothing.
+
+    Then the capacity search of `gate calibrate --engines vllm` (about 70 s more:
+    check_capacity)."""
     shared = {
         "name": "shared",
         "rate": 2.0,
@@ -228,7 +229,7 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
         policy={"short_scenarios": "allow"},  # shared's 8 s: its latency undecided
         # twice the A/A's rate: half its wall time, and the one slot busier (a saturated test
         # bed holds on gate.environment, which this test accepts: it never claims a pass)
-        scenarios=[{**STEADY, "rate": 2 * VLLM_RATE}, shared],
+        scenarios=[{**STEADY, "rate": 2 * VLLM_RATE}, shared, VLLM_CAPACITY_SCENARIO],
     )
     checks = decisions(doc)
     for q in ("p90", "tail"):
@@ -247,6 +248,7 @@ def test_one_sequence_slot_against_eight_is_never_shown_within_tolerance(
     assert hits and max(hits) > 0
     caching = {role: telemetry[role]["config"]["prefix_caching"] for role in ROLES}
     assert caching == {"reference": "True", "candidate": "False"}, caching
+    check_capacity(doc)
 
 
 def test_other_weights_hold_on_divergence_through_gate_serve_and_a_template(
@@ -411,27 +413,26 @@ def check_workloads(doc: dict[str, Any], db: Path) -> None:
 
 
 def check_capacity(doc: dict[str, Any]) -> None:
-    """The capacity search on two identical vLLM servers. Both are processes on a host with no
-    GPU, so they share its CPUs with the gate: on two cores tasks waited for a CPU 80-96% of
-    the time at the knees, where identical servers measured ratios of 0.39-1.68
-    (docs/calibration.md, "Capacity on real vLLM"), and the check must then say it cannot
-    compare them (gate/analysis/capacity.py) rather than fail, or pass, on the host's
-    contention. On a host with CPU to spare it is judged, and identical servers must not
-    fail."""
+    """The capacity search on vLLM servers of eight slots and one. Both are processes on a host
+    with no GPU, so they share its CPUs with the gate: on two cores tasks waited for a CPU
+    80-96% of the time at the knees, where identical servers measured ratios of 0.39-2.0 and
+    one slot against eight 0.21-1.08 (docs/calibration.md, "Capacity on real vLLM"). The check
+    must then say it cannot compare them (gate/analysis/capacity.py) and hold, as an unhealthy
+    test bed does, rather than fail or pass on the host's contention. On a host with CPU to
+    spare it is judged on its interval."""
     [cap_doc] = doc["capacity"]
     assert cap_doc["shares_host"] is True
     steps = cap_doc["steps"]
     assert len(steps) >= 4 and steps[0]["stage"] == "ramp"
     assert all(0.0 <= s["host_cpu"] <= 1.0 for s in steps), steps
     knee = CapacityDoc.model_validate(cap_doc).search().knee_cpu()
-    assert knee is not None and knee[0] == (
-        "stall" if Path("/proc/pressure/cpu").exists() else "busy"
-    )
+    psi = Path("/proc/pressure/cpu").exists()
+    assert knee is not None and knee[0] == ("stall" if psi else "busy")
     limits = {"stall": cap_doc["cpu_stall_limit"], "busy": Policy().load.capacity_host_cpu}
     check = next(c for c in doc["checks"] if c["id"] == "capacity.capacity")
     if knee[1] > limits[knee[0]]:
-        assert check["decision"] == "undecided" and not check["required"], check
+        assert check["decision"] == "undecided" and check["required"], check
         assert "Not comparable" in check["message"] and "competed for its CPUs" in check["message"]
-        assert "capacity.capacity" in {n["check"] for n in doc["not_shown"]}
+        assert "capacity.capacity" in {r["check"] for r in doc["reasons"]}
     else:
-        assert check["decision"] != "fail", check
+        assert "Not comparable" not in check["message"], check
