@@ -32,9 +32,9 @@ matters most, and a load generator short of CPU sends late. The check is then un
 whatever the interval says, says so, and holds, as an unhealthy test bed does (errors.py's
 `gate.environment`): the comparison the spec asked for could not be made, and a continue would
 let a capacity loss through unseen (an operator who accepts that lists the check in
-`policy.advisory`) (on a two-core host identical CPU vLLM servers
-measured ratios from 0.39 to 1.68, their knee steps stalled 80-96% of the time; the sim's
-searches 8-9%: docs/calibration.md). Stall is the better reading: an engine that spins its own
+`policy.advisory`). On a two-core host identical CPU vLLM servers measured ratios from 0.39
+to 2.0, their knee steps stalled 71-96% of the time; the sim's searches 5-10%
+(docs/calibration.md). Stall is the better reading: an engine that spins its own
 cores (OpenMP threads waiting for work) is busy without making anyone wait.
 """
 

@@ -54,7 +54,7 @@ class LoadPolicy(BaseModel):
             "share of the time (Linux PSI): engines that share those CPUs (processes without "
             "GPUs) or a load generator short of CPU measure the host, not the engines "
             '(docs/statistics.md, "Capacity"). Measured on two cores: two CPU vLLM servers '
-            "stalled 80-96% at their knees, sim engines 8-9%. 1.0 turns it off."
+            "stalled 71-96% at their knees, sim engines 5-10%. 1.0 turns it off."
         ),
     )
     capacity_host_cpu: float = Field(

@@ -415,7 +415,7 @@ def check_workloads(doc: dict[str, Any], db: Path) -> None:
 def check_capacity(doc: dict[str, Any]) -> None:
     """The capacity search on vLLM servers of eight slots and one. Both are processes on a host
     with no GPU, so they share its CPUs with the gate: on two cores tasks waited for a CPU
-    80-96% of the time at the knees, where identical servers measured ratios of 0.39-2.0 and
+    71-96% of the time at the knees, where identical servers measured ratios of 0.39-2.0 and
     one slot against eight 0.21-1.08 (docs/calibration.md, "Capacity on real vLLM"). The check
     must then say it cannot compare them (gate/analysis/capacity.py) and hold, as an unhealthy
     test bed does, rather than fail or pass on the host's contention. On a host with CPU to
