@@ -77,7 +77,10 @@ def test_identical_engines_run_to_the_planned_size(tmp_path: Path, tag: str) -> 
         scenarios=[STEADY | {"rate": 80, "requests": 250}],
     )
     steady = doc["scenarios"][0]
-    assert steady["early_stop"] is None and steady["looks"] >= 3
+    # Looks are due every 50 requests, but one still running when the next is due absorbs it
+    # (gate/runs/early_stop.py `_maybe_look`): how many run depends on the host (CI, busy:
+    # 2). What is guaranteed is the look at the planned size, and that none stopped it.
+    assert steady["early_stop"] is None and steady["looks"] >= 1
     assert checks(doc)["steady.errors"]["samples"] == [242, 242]
     assert not any(c["decision"] == "fail" for c in doc["checks"])
 
