@@ -23,17 +23,21 @@ Pick = Callable[[CapacityEngineDoc], float | None]
 StepPick = Callable[[CapacityStepDoc], float | None]
 
 
-def _by_rate(cap: CapacityDoc, role: str, pick: Pick) -> tuple[np.ndarray, np.ndarray]:
-    """Each offered rate once (repeats averaged), in rising order."""
+def _mean_by_rate(cap: CapacityDoc, pick: StepPick) -> tuple[np.ndarray, np.ndarray]:
+    """Each offered rate once (repeats averaged), in rising order; steps without a value
+    left out."""
     values: dict[float, list[float]] = {}
     for step in cap.steps:
-        v = pick(step.reference if role == "reference" else step.candidate)
-        if v is not None:
+        if (v := pick(step)) is not None:
             values.setdefault(step.rate, []).append(v)
     rates = sorted(values)
     return np.asarray(rates, np.float64), np.asarray(
         [float(np.mean(values[r])) for r in rates], np.float64
     )
+
+
+def _by_rate(cap: CapacityDoc, role: str, pick: Pick) -> tuple[np.ndarray, np.ndarray]:
+    return _mean_by_rate(cap, lambda s: pick(s.reference if role == "reference" else s.candidate))
 
 
 def _chart(cap: CapacityDoc, pick: Pick, what: str, unit: str, target: float | None) -> Markup:
@@ -51,15 +55,8 @@ def _chart(cap: CapacityDoc, pick: Pick, what: str, unit: str, target: float | N
 
 
 def _cpu_line(cap: CapacityDoc, name: str, color: str, pick: StepPick) -> Line | None:
-    values: dict[float, list[float]] = {}
-    for step in cap.steps:
-        if (v := pick(step)) is not None:
-            values.setdefault(step.rate, []).append(v)
-    if not values:
-        return None
-    rates = sorted(values)
-    y = [float(np.mean(values[r])) for r in rates]
-    return Line(name, color, np.asarray(rates, np.float64), np.asarray(y, np.float64))
+    x, y = _mean_by_rate(cap, pick)
+    return Line(name, color, x, y) if x.size else None
 
 
 def _cpu_chart(cap: CapacityDoc) -> Markup | None:
