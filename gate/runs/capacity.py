@@ -114,8 +114,7 @@ class CapacityScenario:
         while (nxt := search.next()) is not None:
             left = limit_s - (time.monotonic() - t0)
             rate, stage = nxt
-            repeat = sum(1 for s in search.steps if s.rate == rate)
-            step = self._step(rate, len(steps), repeat)
+            step = self._step(rate, len(steps))
             before = self.cpu.read()
             try:
                 got = await asyncio.wait_for(step, timeout=max(left, 0.0))
@@ -156,16 +155,16 @@ class CapacityScenario:
         )
         return CapacityResult(doc, overran)
 
-    async def _step(self, rate: float, index: int, repeat: int) -> Mapping[str, EngineStep]:
-        """One paired step at `rate` (module docstring), under the crash watch. Its gaps are
-        the scenario's pattern number `repeat` (0 for a rate's first measurement), rescaled to
-        the step: every rate's first step draws the same sequence of gaps (common random
-        numbers: both engines' knees found on one traffic shape), and only a repeat, which
-        confirms a knee, draws a new one. Its prompts are new at every step (`index`), so no
-        step warms an engine's prefix cache for a later one."""
+    async def _step(self, rate: float, index: int) -> Mapping[str, EngineStep]:
+        """One paired step at `rate` (module docstring). Its gaps are the scenario's one
+        pattern, rescaled to the step: every step of the search, a repeat included, draws the
+        same sequence of gaps (common random numbers: both engines' knees are found on one
+        traffic shape, and a repeat measures the engines and the host again, not the luck of
+        another shape; docs/statistics.md, "Capacity"). Its prompts are new at every step
+        (`index`), so no step warms an engine's prefix cache for a later one."""
         entry = self.entry
         seed = scenario_seed(self.ctx.spec, self.sc) * 1_000
-        built = entry.step(rate, seed + index, pattern=seed + 500 + repeat)
+        built = entry.search_step(rate, seed, index)
         assert built.offsets_s is not None
         stop = asyncio.Event()
         watcher = asyncio.create_task(self.engines.watch(stop))

@@ -18,11 +18,15 @@ The search, unlike a sweep over fixed rates, brackets the knee and bisects it, e
 paired run of one seeded schedule at one rate to both engines at the same instants. A step
 sends exactly ``rate`` x ``step_s`` requests (the arrival process conditioned on its count,
 :func:`loadgen.schedule.spread_offsets`): over a few seconds a Poisson count's own spread
-(22% at 40/s for 2 s) would otherwise decide the step, not the engine. A rate's first step
-draws the scenario's first sequence of gaps, rescaled to fill the step (the first gaps are
-the same draws at every rate: common random numbers), so both knees are found on nearly one
-traffic shape; a repeat at a rate draws a new sequence. Prompts are new at every step, so no
-step warms a prefix cache for a later one.
+(22% at 40/s for 2 s) would otherwise decide the step, not the engine. Every step, a repeat
+included, draws the scenario's one sequence of gaps, rescaled to fill the step (the first gaps
+are the same draws at every rate: common random numbers), so both knees are found on one
+traffic shape. Over a step of seconds the shape's bursts weigh as much as the rate: one
+identical engine kept 95% of a 250 ms SLO at 48.6/s on one shape and 81% on another
+(docs/statistics.md, "Capacity"), so a knee measured on two shapes for one engine and one for
+the other compares the shapes, not the engines. A repeat measures the engines and the host
+again on that shape. Prompts are new at every step, so no step warms a prefix cache for a
+later one.
 
 - ramp: ``start_rate`` x ``growth``^k (the last step at ``max_rate``) until every engine has
   missed the target once, or ``max_rate`` was reached; an engine that missed already at the
@@ -39,8 +43,8 @@ step warms a prefix cache for a later one.
   by about a tolerance's margin. The probes come before each bisection of the candidate's
   bracket, so the two interleave until the check is decided or no probe rate is left inside
   the candidate's bracket;
-- confirm: each engine's highest passing rate is measured ``repeats`` more times on new
-  schedules; a rate whose measurements together miss lowers that engine's bracket (and
+- confirm: each engine's highest passing rate is measured ``repeats`` more times (the same
+  gaps, new prompts); a rate whose measurements together miss lowers that engine's bracket (and
   bisection resumes if steps are left).
 
 An engine's bracket (:func:`loadgen.brackets.bracket`) is read from every step so far, each
@@ -174,6 +178,12 @@ class Capacity:
         offsets = spread_offsets(self.arrival, self.step_requests(rate), self.step_s, seed=gaps)
         reqs = _requests(len(offsets), self.prompt_tokens, self.max_tokens, self.extra, seed)
         return BuiltScenario(self.name, reqs, offsets_s=offsets)
+
+    def search_step(self, rate: float, seed: int, index: int) -> BuiltScenario:
+        """Step ``index`` of a search seeded ``seed``: new prompts (``seed + index``) on the
+        search's one pattern of gaps (``seed + 500``), whatever the stage, so every step of
+        the search, a confirming repeat included, has one traffic shape (module docstring)."""
+        return self.step(rate, seed + index, pattern=seed + 500)
 
     def search(self, roles: Sequence[str], boundary: float | None = None) -> RateSearch:
         """The search over ``roles`` (with ``boundary``: the reference first, the candidate

@@ -297,6 +297,17 @@ def test_a_step_is_seeded_lasts_step_s_and_sends_exactly_its_count() -> None:
     assert x.offsets_s is not None and y.offsets_s is not None
     assert list(x.offsets_s) == list(y.offsets_s)
     assert not {r.prompt for r in x.requests} & {r.prompt for r in y.requests}
+    # a search's steps: one pattern of gaps for every step, a repeat at a rate included (the
+    # same offsets, new prompts), and at another rate the same draws rescaled
+    first, again = e.search_step(40.0, seed=7_000, index=3), e.search_step(40.0, 7_000, 9)
+    assert first.offsets_s is not None and again.offsets_s is not None
+    assert list(first.offsets_s) == list(again.offsets_s)
+    assert not {r.prompt for r in first.requests} & {r.prompt for r in again.requests}
+    slower = e.search_step(20.0, seed=7_000, index=4).offsets_s
+    assert slower is not None
+    pairs = zip(first.offsets_s[1:6], slower[1:6], strict=True)
+    ratios = {round(float(a / b), 9) for a, b in pairs}
+    assert len(ratios) == 1 and ratios != {1.0}
     # the budget is exact arithmetic on those counts
     assert e.plan().requests == sum(e.step_requests(r) for r in e.ramp_rates()) + (
         e.max_steps() - len(e.ramp_rates())

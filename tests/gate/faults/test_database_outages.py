@@ -266,6 +266,11 @@ def test_an_outage_shorter_than_the_lease_loses_nothing(
     )
 
 
+# timed_gate: an 8 s lease renewed by the gate's event loop. Beside the real-vLLM tests the
+# parallel run's processes are niced and vLLM's threads take the cores, and in one CI run
+# (ef59e7f) the loop woke past its renewal's stop-by time before the outage began: the lease
+# was lost to the host, not to the database. After the parallel run the loop gets its CPU.
+@pytest.mark.timed_gate
 def test_an_outage_longer_than_the_lease_stops_the_gate_before_anyone_gets_its_gpus(
     postgres: Postgres, tmp_path: Path, tag: str, find_processes: Finder, receiver: Receiver
 ) -> None:
