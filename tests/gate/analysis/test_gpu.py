@@ -4,6 +4,7 @@ errors on the candidate alone, on both, on neither; and what is said when a side
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -207,3 +208,32 @@ def test_energy_is_compared_over_the_span_both_engines_were_read(counter: bool) 
     # a candidate that really spends more is still held over the same span
     hungry = late(series(power_w=345.0, counter=counter), 0.5, 2.5, 345.0)
     assert by_id(ref, hungry)["gpu.energy_per_token"].decision == "fail"
+
+
+@pytest.mark.parametrize("reads", [4, 5])
+def test_energy_from_too_few_power_reads_is_said_not_judged(reads: int) -> None:
+    """Without a counter, energy is power integrated between reads. A side read only a few
+    times over the span both were read in (a stand-in nvidia-smi, a process per read, on a
+    host whose cores real vLLM held: an A/A ratio of 0.58 in one CI run) is left out with a
+    note naming the side, its reads and the way to more; with MIN_POWER_READS (5) it is
+    judged. A counter's rise needs no more than its ends."""
+    ref = series(counter=False)
+    # the candidate ramps up within the span: 100 W, then 300 W; read `reads` times
+    t = tuple(float(x) for x in np.linspace(0.0, 10.0, reads))
+    watts = tuple(100.0 if x < 3.0 else 300.0 for x in t)
+    cand = GpuSeries(t, tuple(20 * GIB for _ in t), watts, tuple(None for _ in t), 0, None, 1000)
+    notes: list[str] = []
+    checks = gpu_checks([GpuScenario("steady", ref, cand)], Policy(), notes)
+    ids = {c.id for c in checks}
+    if reads < 5:
+        assert "gpu.energy_per_token" not in ids and "gpu.memory" in ids
+        [said] = [n for n in notes if n.startswith("Energy per output token was not compared")]
+        assert f"the candidate's GPU power was read {reads} time(s)" in said
+        assert "steady" in said and "interval_s" in said
+    else:
+        assert "gpu.energy_per_token" in ids, notes
+    # the same sparse reads with a counter are a rise between two of them: judged
+    counted = GpuSeries(
+        t, cand.memory_bytes, watts, tuple(1e6 + 250.0 * x for x in t), 0, None, 1000
+    )
+    assert "gpu.energy_per_token" in by_id(ref, counted)

@@ -42,6 +42,9 @@ SHORT_OK = {"short_scenarios": "allow"}
 COMPARABLE = STEADY | {"rate": 20, "requests": 168}
 
 
+# timed_gate: TTFT 20 ms against 30 ms on a host whose own noise is of that order when the
+# parallel run shares it with real vLLM (CI at 3fc915a continued on it there).
+@pytest.mark.timed_gate
 def test_a_regression_stops_the_scenario_early_and_holds(tmp_path: Path, tag: str) -> None:
     doc = run(
         tmp_path,
