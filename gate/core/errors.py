@@ -105,6 +105,11 @@ class EngineError(GateError):
         super().__init__(f"{role} engine {message}")
 
 
+class PortTaken(EngineError):
+    """The engine's port answered from another process's socket, not the engine's: something
+    else bound it between the pick and the engine's bind (the engine is relaunched elsewhere)."""
+
+
 class EngineUnreachable(EngineError):
     """Nothing answers at the engine's address."""
 

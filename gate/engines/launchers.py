@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from gate.access.network import check_allowed, check_always
-from gate.core.errors import EngineError, UrlRefused
+from gate.core.errors import EngineError, PortTaken, UrlRefused
 from gate.engines import keeper, orphans
 from gate.engines.describe import engine_doc
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, PhaseLog
@@ -66,6 +66,42 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_listeners(port: int, proc: Path = Path("/proc")) -> set[int] | None:
+    """The pids holding a listening TCP socket on `port` (any address), read from
+    /proc/net/tcp and tcp6 (state 0A) and each process's fds; None where those tables are not
+    there (not Linux). A process whose fds cannot be read is not among them."""
+    inodes: set[str] = set()
+    tables = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not tables:
+        return None
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    pids.add(int(entry.name))
+                    break
+    return pids
 
 
 def render_argv(template: list[str], values: dict[str, str]) -> list[str]:
@@ -180,12 +216,13 @@ class ProcessEngine:
             except EngineError as exc:
                 if attempt == PORT_ATTEMPTS or exc.phase != "port_open":
                     raise
-                if not _port_taken(self.log_path, log_start):
+                if not isinstance(exc, PortTaken) and not _port_taken(self.log_path, log_start):
                     raise
                 old = self.port
                 self._reap()
                 # the relaunch logs its startup again: its steps are its own, not the first's
-                for phase in LOG_PHASES:
+                # (nor what another process's answers on the old port marked)
+                for phase in (*LOG_PHASES, *PROCESS_PHASES[2:]):
                     self.phases.reached.pop(phase, None)
                 self.port = free_port(self.host)
                 self.base_url = f"http://{self.host}:{self.port}"
@@ -250,6 +287,30 @@ class ProcessEngine:
             # waits for the watcher to end without swallowing a cancel of this task itself
             await asyncio.wait([watching])
         watcher.drain()
+        await asyncio.to_thread(self._own_port)
+
+    def _own_port(self) -> None:
+        """Raise PortTaken when what answered on the engine's port is another process's
+        socket. The port is picked free and bound by the engine later; in between another
+        program can bind it, and if that one answers (another gate's engine: a CI run's
+        group-engine gate found its decode worker "ready" on a neighbour's sim while its own
+        had died of "address already in use", and its router waited 300 s for it), readiness
+        alone would take it for the engine. No claim where the listener cannot be read."""
+        if self._proc is None or sys.platform != "linux":
+            return
+        holders = port_listeners(self.port)
+        if not holders:
+            return
+        ours = {self._proc.pid, *keeper.descendants(self._proc.pid)}
+        if holders & ours:
+            return
+        raise PortTaken(
+            self.role,
+            "port_open",
+            f"port {self.port} answered from another process (pid "
+            f"{', '.join(str(p) for p in sorted(holders))}), not this engine's: something else "
+            "bound it first",
+        )
 
     def _why_dead(self) -> str | None:
         if self._proc is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from gate.core.errors import EngineError, EngineUnreachable, ReadinessTimeout
-from gate.engines.launchers import EndpointEngine, ProcessEngine, free_port, render_argv
+from gate.engines import keeper
+from gate.engines.launchers import (
+    EndpointEngine,
+    ProcessEngine,
+    free_port,
+    port_listeners,
+    render_argv,
+)
 from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, Clock, PhaseLog
 from gate.engines.logphases import LOG_PHASES
 from gate.reservations.allocator import EnginePlacement
@@ -271,6 +279,47 @@ def test_taken_port_is_retried_on_a_fresh_one(tmp_path: Path) -> None:
     assert eng.port != taken
     assert "port_retry" in eng.phases.reached
     assert list(eng.phases.reached)[-1] == "model_listed"
+
+
+def test_a_port_answered_by_another_engine_is_not_taken_for_this_one(tmp_path: Path) -> None:
+    """Another engine binds the picked port first and answers on it (a CI run: a group
+    engine's decode worker died of "address already in use" while a neighbour's sim answered
+    its readiness probes, and its router waited 300 s). The listener's pid is not the
+    engine's, so it is relaunched on a fresh port and serves from its own process."""
+    squatter = _engine(tmp_path / "squatter", [*SIM, "--load-s", "0"])
+    # the engine starts slower than the squatter answers: its readiness sees the squatter
+    eng = _engine(tmp_path, [*SIM, "--load-s", "1"])
+
+    async def go() -> None:
+        await squatter.start()
+        try:
+            eng.port, eng.base_url = squatter.port, squatter.base_url
+            await eng.start()
+            try:
+                holders = await asyncio.to_thread(port_listeners, eng.port)
+                assert eng._proc is not None and holders is not None
+                assert holders & {eng._proc.pid, *keeper.descendants(eng._proc.pid)}
+            finally:
+                await eng.stop()
+        finally:
+            await squatter.stop()
+
+    asyncio.run(go())
+    assert eng.port != squatter.port
+    assert "port_retry" in eng.phases.reached
+    assert list(eng.phases.reached)[-1] == "model_listed"
+
+
+def test_port_listeners_reads_the_listening_socket_and_its_process() -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert port_listeners(port) == set()  # bound, not listening
+        s.listen()
+        assert port_listeners(port) == {os.getpid()}
+    assert port_listeners(port, Path("/nonexistent")) is None
 
 
 def test_presets_render_argv_without_a_shell() -> None:
