@@ -126,8 +126,13 @@ def test_identical_vllm_servers_continue_and_say_where_startup_went(
         engine(bed, "--max-num-seqs", "8"),
         workload_dir=ROOT,
         scenarios=[STEADY, *workload_scenarios()],
-        # the workload scenarios are too short for the paired latency checks: undecided
-        policy={"short_scenarios": "allow"},
+        # the workload scenarios are too short for the paired latency checks: undecided.
+        # Each startup phase gets 6 s of slack, not 2: the servers start one after the other,
+        # but beside CI's parallel run (at nice 10, its sims and workers on both cores) the
+        # second server's engine_initialized once took 3.6 s against the first's 0.4 s
+        # (CI at ec58a07; it passed in the two runs before). That is this host's CPU, not
+        # vLLM: the startup rule has no guard for a contended host as capacity has.
+        policy={"short_scenarios": "allow", "startup_phase_slack_s": 6.0},
     )
     check_workloads(doc, tmp_path / "g.db")
     assert doc["verdict"] == "continue", (doc["summary"], doc["reasons"])
