@@ -295,11 +295,10 @@ class ProcessEngine:
         program can bind it, and if that one answers (another gate's engine: a CI run's
         group-engine gate found its decode worker "ready" on a neighbour's sim while its own
         had died of "address already in use", and its router waited 300 s for it), readiness
-        alone would take it for the engine. No claim where the listener cannot be read."""
-        if self._proc is None or sys.platform != "linux":
-            return
-        holders = port_listeners(self.port)
-        if not holders:
+        alone would take it for the engine. No claim where the listener cannot be read (not
+        Linux: port_listeners finds nothing)."""
+        holders = port_listeners(self.port) if self._proc is not None else None
+        if not holders or self._proc is None:
             return
         ours = {self._proc.pid, *keeper.descendants(self._proc.pid)}
         if holders & ours:
