@@ -19,12 +19,23 @@ phases tested. It fails on evidence, passes when the candidate's mean is within 
 and is inconclusive (a hold) when the mean is above the allowance but a few launches cannot
 show it. With one launch on one side and several on the other, the rule compares the single
 value with the other side's median.
+
+Engines launched as processes on the gate's host share its CPUs with whatever else runs there.
+When other work kept at least `startup_host_busy` of them busy during a launch
+(`EngineFacts.launch_host_busy`), that launch's durations are partly the other work's: a rule
+the candidate fails during such a launch is no evidence against it, and a rule it passes
+against such a reference launch is no evidence for it (the allowance grew with the reference's
+wait). Either becomes undecided and not required: a continue lists it as not shown, with the
+share. A failure against a contended reference stands (the candidate was slower than a
+slowed reference), as does a pass by a contended candidate. The engines' own CPU time is not
+"other work": a candidate that burns every core while it starts is not excused by it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from scipy.stats import t as student_t
@@ -144,13 +155,48 @@ def _phase_check(
     )
 
 
+def _contended(check: Check, ref: EngineFacts, cand: EngineFacts, limit: float) -> Check:
+    """The check as the launches' host contention lets it stand (module docstring)."""
+    busy_c, busy_r = cand.launch_host_busy, ref.launch_host_busy
+    if check.decision == "fail" and busy_c is not None and busy_c >= limit:
+        why = (
+            f"other work kept {busy_c:.0%} of the gate host's CPUs busy during the candidate's "
+            f"launch (startup_host_busy {limit:.0%}), so its slower start is not shown to be "
+            "its own"
+        )
+    elif check.decision == "pass" and busy_r is not None and busy_r >= limit:
+        why = (
+            f"other work kept {busy_r:.0%} of the gate host's CPUs busy during the reference's "
+            f"launch (startup_host_busy {limit:.0%}), so the allowance set from it does not "
+            "show the candidate starts as fast"
+        )
+    else:
+        return check
+    return replace(
+        check,
+        decision="undecided",
+        required=False,
+        message=f"{check.message} Not shown: {why}; launched on a quieter host it would be.",
+    )
+
+
 def startup_checks(engines: Sequence[EngineFacts], policy: Policy, notes: list[str]) -> list[Check]:
-    """Launch-to-ready, then every phase both engines report."""
+    """Launch-to-ready, then every phase both engines report; each rule as the launches' host
+    contention lets it stand (`_contended`)."""
     ref, cand = _pair(engines)
     if ref is None or cand is None:
         missing = "reference" if ref is None else "candidate"
         notes.append(f"Startup not compared: no facts about the {missing} engine.")
         return []
+    return [
+        _contended(c, ref, cand, policy.startup_host_busy)
+        for c in _startup_rules(ref, cand, policy, notes)
+    ]
+
+
+def _startup_rules(
+    ref: EngineFacts, cand: EngineFacts, policy: Policy, notes: list[str]
+) -> list[Check]:
     checks: list[Check] = []
     ready = _ready_check(ref, cand, policy)
     if ready is None:

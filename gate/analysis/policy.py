@@ -386,6 +386,21 @@ class Policy(BaseModel):
             "their jitter is too."
         ),
     )
+    startup_host_busy: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Engines run as processes on the gate's host share its CPUs with whatever else "
+            "runs there (a CI runner's other jobs). When work other than the gate's engines "
+            "kept at least this share of the host's CPUs busy during an engine's launch "
+            "(kernel counters, less the engines' own CPU time: gate/telemetry/host_cpu.py), "
+            "that launch's duration is not the engine's alone: a startup rule the candidate "
+            "fails during such a launch, or passes against such a reference launch, is "
+            "reported as not shown instead of deciding. Not measured for Kubernetes or "
+            "attached engines."
+        ),
+    )
     load: LoadPolicy = Field(
         default_factory=LoadPolicy, description="Peak, overload and recovery tolerances."
     )

@@ -172,6 +172,9 @@ class EngineFacts:
     phases: duration in seconds of each startup phase ("weights_loaded", "cuda_graphs", ...),
         one float for a single launch or a sequence with one value per launch when the gate
         launched each engine several times (then the phases are compared with a test).
+    launch_host_busy: the share of the gate host's CPUs that work other than the gate's
+        engines kept busy during this engine's launch (0 to 1); None when not measured (not a
+        process on the gate's host, or no counters). Startup rules read it (engines.py).
     """
 
     role: Role
@@ -181,10 +184,14 @@ class EngineFacts:
     restarts: int = 0
     oom: bool = False
     phases: Mapping[str, float | Sequence[float]] = field(default_factory=dict)
+    launch_host_busy: float | None = None
 
     def __post_init__(self) -> None:
         if self.restarts < 0:
             raise ValueError(f"restarts must be >= 0, got {self.restarts}")
+        busy = self.launch_host_busy
+        if busy is not None and not (math.isfinite(busy) and 0.0 <= busy <= 1.0):
+            raise ValueError(f"launch_host_busy must be a share in [0, 1], got {busy!r}")
         clean: dict[str, float | tuple[float, ...]] = {}
         for name, value in self.phases.items():
             if isinstance(value, int | float):

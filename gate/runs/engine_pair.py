@@ -10,6 +10,12 @@ identical servers (an A/A held on `startup.phase.engine_initialized`, 3.5 s agai
 two cores). In turn, each engine's phases are its own; the first one's wait for the second is
 taken out by `gate/runs/inputs.py` like any wait for the paired warm-up.
 
+Starting in turn keeps the two engines from slowing each other, not other work on the host
+from slowing either (a CI runner's other jobs). Over each process engine's launch the gate
+reads how busy the host's CPUs were with work other than its engines
+(gate/telemetry/host_cpu.py, `others_busy_share`); the startup rules read that share
+(gate/analysis/engines.py) and say "not shown" where it, not the engine, could explain them.
+
 An engine's kind (gate/spec/kinds.py, `ENGINE_KINDS`) says how it runs, its runtime; a launcher
 here is a function from the spec's engine to an `Engine` (gate/engines) for each runtime:
 `process` (a local command, a preset, worker groups), `endpoint` (an attached URL), `kubernetes`
@@ -39,6 +45,7 @@ from gate.runs.schedules import LazyRequests
 from gate.runs.testbed import describe_testbed, visible_gpus
 from gate.spec import EngineSpec, Runtime
 from gate.telemetry.gpu_sources import Chosen, choose_sources
+from gate.telemetry.host_cpu import CpuReading, HostCpu, others_busy_share, tree_cpu_s
 from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
 from loadgen.capabilities import Capabilities, ask_version, discover
 from loadgen.client import Target
@@ -142,7 +149,9 @@ class Engines:
     capabilities: dict[Role, Capabilities] = field(default_factory=dict)
     versions: dict[Role, tuple[str | None, str | None]] = field(default_factory=dict)
     telemetry: Chosen | None = None  # the GPU sources, chosen at the first load scenario
+    launch_busy: dict[Role, float | None] = field(default_factory=dict)  # others' CPU share
     _shares_host: bool | None = None  # share_host_cpus, once asked
+    _host_cpu: HostCpu | None = None
 
     def gpu_sources(self) -> Chosen:
         """Each engine's GPU source (gate/telemetry/gpu_sources.py), chosen once per gate."""
@@ -172,9 +181,9 @@ class Engines:
                 "launching", "one engine after the other: both share this host's CPUs"
             )
             for role in ROLES:
-                await self.built[role].start()
+                await self._start(role)
             return
-        tasks = [asyncio.create_task(self.built[r].start()) for r in ROLES]
+        tasks = [asyncio.create_task(self._start(r)) for r in ROLES]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -184,6 +193,31 @@ class Engines:
         for t in tasks:  # the first failure in role order names the engine that blocked
             if t.done() and not t.cancelled() and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
+
+    async def _start(self, role: Role) -> None:
+        """Start one engine; for a process on this host, measure how busy other work kept the
+        host's CPUs meanwhile (module docstring)."""
+        if self.ctx.spec.engine(role).runtime != "process":
+            await self.built[role].start()
+            return
+        before = await asyncio.to_thread(self._cpu_mark)
+        await self.built[role].start()
+        after = await asyncio.to_thread(self._cpu_mark)
+        own = max(after[1] - before[1], 0.0)
+        self.launch_busy[role] = others_busy_share(before[0], after[0], own)
+
+    def _cpu_mark(self) -> tuple[CpuReading, float]:
+        """The host's CPU counters and the CPU seconds the engines' processes used so far."""
+        if self._host_cpu is None:
+            self._host_cpu = HostCpu()
+        own = 0.0
+        for eng in self.built.values():
+            members = getattr(eng, "processes", None)  # a worker group engine's processes
+            for proc in members.values() if isinstance(members, dict) else [eng]:
+                pid = getattr(proc, "pid", None)
+                if isinstance(pid, int):
+                    own += tree_cpu_s(pid) or 0.0
+        return self._host_cpu.read(), own
 
     def targets(self, api: str) -> list[Target]:
         return [
@@ -297,6 +331,7 @@ class Engines:
                 ready_s=ready_s(eng),
                 crash=self._crash(role),
                 capabilities=caps.to_dict() if caps is not None else None,
+                launch_host_busy=self.launch_busy.get(role),
             )
         return out
 
@@ -319,7 +354,11 @@ class Engines:
             if eng is None:
                 out[role] = unlaunched_doc(es.runtime, es.url, placement)
             else:
+                busy = self.launch_busy.get(role)
                 out[role] = eng.describe(placement, crash).model_copy(
-                    update={"capabilities": self.capabilities_doc(role)}
+                    update={
+                        "capabilities": self.capabilities_doc(role),
+                        "launch_host_busy": round(busy, 3) if busy is not None else None,
+                    }
                 )
         return out

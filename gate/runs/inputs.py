@@ -103,7 +103,8 @@ class CrashSeen(Protocol):
 
 
 class EngineSeen(Protocol):
-    """What the judge compares of an engine: its phases, its ready time and a crash."""
+    """What the judge compares of an engine: its phases, its ready time, a crash, and how busy
+    other work kept the gate host's CPUs during its launch."""
 
     @property
     def phases(self) -> Mapping[str, float]: ...
@@ -111,6 +112,8 @@ class EngineSeen(Protocol):
     def ready_s(self) -> float | None: ...
     @property
     def crash(self) -> CrashSeen | None: ...
+    @property
+    def launch_host_busy(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,13 @@ class EngineEvidence:
     ready_s: float | None
     crash: CrashSeen | None = None
     capabilities: Mapping[str, Any] | None = None
+    launch_host_busy: float | None = None
 
     @classmethod
     def stored(cls, doc: EngineDoc) -> EngineEvidence:
         """The engine as the stored verdict document describes it."""
         caps = doc.capabilities.model_dump() if doc.capabilities is not None else None
-        return cls(doc.phases, doc.ready_s, doc.crash, caps)
+        return cls(doc.phases, doc.ready_s, doc.crash, caps, doc.launch_host_busy)
 
 
 def stored_engines(engines: Mapping[Role, EngineDoc] | None) -> dict[Role, EngineEvidence]:
@@ -238,6 +242,7 @@ def engine_facts(engines: Mapping[Role, EngineSeen] | None) -> list[EngineFacts]
                 crashed=crash is not None,
                 crash_detail=crash_detail(crash) if crash is not None else None,
                 phases=phases,
+                launch_host_busy=eng.launch_host_busy if eng is not None else None,
             )
         )
     return facts

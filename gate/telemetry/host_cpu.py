@@ -26,6 +26,14 @@ Two measures, each over the same interval:
   + iowait (guest time is inside user and nice, proc(5)). Where /proc/stat numbers CPUs its
   own way (LXCFS), its aggregate line.
 
+A third measure serves startup (gate/analysis/engines.py): **others' busy share**, the share of
+the CPUs that work other than the gate's engines kept busy over an engine's launch. The busy
+CPU time above, less the CPU time of the engines' own process trees (`tree_cpu_s`: utime +
+stime + cutime + cstime of each live process below the engine's pid, /proc/PID/stat fields
+14-17, proc(5); a reaped child's time is in its parent's cutime and cstime), over the CPU time
+available. An engine that burns every core while it compiles is not "others": its own slowness
+stays its own.
+
 What cannot be read is None (not Linux, no PSI, unreadable files): no measurement, no guard.
 """
 
@@ -41,16 +49,25 @@ __all__ = [
     "CpuReading",
     "HostCpu",
     "busy_share",
+    "others_busy_share",
     "own_cgroup",
     "parse_cgroup_max",
     "parse_pressure",
     "parse_proc_stat",
     "stall_share",
+    "tree_cpu_s",
 ]
 
 # /proc/stat's columns after the name (proc(5)): user nice system idle iowait irq softirq steal
 _BUSY = (0, 1, 2, 5, 6, 7)
 _IDLE = (3, 4)
+# /proc/PID/stat's fields after the command's closing parenthesis start at field 3 (state):
+# utime, stime, cutime, cstime are fields 14-17, so 11-14 here; ppid (field 4) is 1.
+_PID_CPU = slice(11, 15)
+try:
+    CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK"))
+except (AttributeError, ValueError, OSError):  # not POSIX
+    CLOCK_TICKS = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,3 +261,60 @@ def stall_share(before: CpuReading | None, after: CpuReading | None) -> float | 
     if elapsed <= 0:
         return None
     return min(max((after.stall - before.stall) / elapsed, 0.0), 1.0)
+
+
+def parse_pid_stat(text: str) -> tuple[int, float]:
+    """(ppid, utime + stime + cutime + cstime in clock ticks) from one /proc/PID/stat line.
+    The command name may hold spaces and parentheses: fields are read after the last ')'."""
+    fields = text[text.rfind(")") + 2 :].split()
+    if len(fields) < _PID_CPU.stop:
+        raise ValueError("a /proc/PID/stat line too short for its CPU times")
+    return int(fields[1]), sum(float(x) for x in fields[_PID_CPU])
+
+
+def tree_cpu_s(root: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds used so far by `root` and every live process below it (module docstring);
+    None when `root` cannot be read (gone, or not Linux)."""
+    table: dict[int, tuple[int, float]] = {}
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        text = _read(proc / entry / "stat")
+        if text is None:
+            continue
+        try:
+            table[int(entry)] = parse_pid_stat(text)
+        except ValueError:
+            continue
+    if root not in table:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    ticks, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        ticks += table[pid][1]
+        todo.extend(children.get(pid, []))
+    return ticks / CLOCK_TICKS
+
+
+def others_busy_share(
+    before: CpuReading | None, after: CpuReading | None, own_s: float
+) -> float | None:
+    """The share of the available CPU time between two readings that was busy with work other
+    than `own_s` CPU seconds (the engines' own), 0 to 1; None as `busy_share`."""
+    share = busy_share(before, after)
+    if share is None:
+        return None
+    assert before is not None and after is not None and after.total is not None
+    assert before.total is not None
+    if after.source == "cgroup":
+        available = (after.clock - before.clock) * after.total
+    else:
+        available = (after.total - before.total) / CLOCK_TICKS
+    return min(max(share - own_s / available, 0.0), 1.0)

@@ -116,6 +116,13 @@ class EngineDoc(_Doc):
         default_factory=dict, description="phase -> seconds into the gate it was reached"
     )
     ready_s: float | None = Field(None, description="launch to ready; null for attached ones")
+    launch_host_busy: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="the share of the gate host's CPUs that other work than the gate's engines "
+        "kept busy during this engine's launch; null: not measured (not a process here)",
+    )
     crash: CrashDoc | None = None
     log: str | None = Field(None, description="the engine's log file (process engines)")
     log_tail: list[str] = Field(default_factory=list)

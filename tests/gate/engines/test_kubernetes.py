@@ -308,8 +308,8 @@ def test_a_failure_seen_in_the_first_poll_still_marks_what_that_poll_showed(
     ("stages", "health", "phase", "says", "timeout"),
     [
         (["unschedulable"], 200, "pods_scheduled", "0/4 nodes are available", 0.3),
-        (["pending", "creating"], 200, "image_pulled", "ContainerCreating", 1.0),
-        (["pending", "creating", "running"], 503, "healthy", "/health answered 503", 1.5),
+        (["pending", "creating"], 200, "image_pulled", "ContainerCreating", 5.0),
+        (["pending", "creating", "running"], 503, "healthy", "/health answered 503", 6.0),
     ],
 )
 def test_readiness_timeout_names_the_phase_it_stuck_in(
@@ -738,7 +738,7 @@ def test_a_group_stuck_unschedulable_is_a_timeout_naming_it_and_everything_goes(
                 pod["status"] = to_json(STAGES["unschedulable"][0](IMAGE))
 
     store.on_list.setdefault("pods", []).append(stuck)
-    eng = pd_engine(fake, http.url, readiness_timeout_s=1.0)
+    eng = pd_engine(fake, http.url, readiness_timeout_s=6.0)
 
     async def go() -> None:
         try:

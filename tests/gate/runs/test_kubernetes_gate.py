@@ -512,14 +512,14 @@ def test_a_pull_that_never_finishes_is_a_readiness_timeout_naming_the_phase(
         ["pending", "creating", "running"],
         by_role={"candidate": ["pending", "creating"]},  # ContainerCreating for ever
     )
-    out = gate(tmp_path, kube_spec(c, readiness_timeout_s=3))
+    out = gate(tmp_path, kube_spec(c, readiness_timeout_s=6))
     doc = out.document
 
     assert (out.verdict, out.exit_code, doc["state"]) == ("hold", 2, "error"), doc
     (reason,) = doc["reasons"]
     assert reason["check"] == "gate.readiness_timeout"
     assert (
-        "candidate engine was not ready after 3s: stuck in phase image_pulled" in reason["message"]
+        "candidate engine was not ready after 6s: stuck in phase image_pulled" in reason["message"]
     )
     assert "ContainerCreating" in reason["message"]
     assert_torn_down(c, tmp_path)

@@ -2,23 +2,32 @@
 defines them, the CPUs this process may run on, a cgroup v2 quota (the tightest up the
 gate's cgroup's parents) before the host's counters, PSI's `some` total as
 Documentation/accounting/psi.rst gives it, and None (no guard) rather than a made-up idle host
-when nothing can be read."""
+when nothing can be read. A process tree's CPU time from /proc/PID/stat (proc(5): utime, stime,
+cutime, cstime are fields 14-17, ppid field 4, the command in parentheses may hold both), and
+the share of the CPUs other work kept busy."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gate.telemetry.host_cpu import (
+    CLOCK_TICKS,
     CpuReading,
     HostCpu,
     busy_share,
+    others_busy_share,
     own_cgroup,
     parse_cgroup_max,
+    parse_pid_stat,
     parse_pressure,
     parse_proc_stat,
     stall_share,
+    tree_cpu_s,
 )
 
 # A /proc/stat of a two-CPU host (format: proc(5), "/proc/stat": user nice system idle iowait
@@ -131,3 +140,96 @@ def test_this_host_is_read() -> None:
     assert first.busy is not None and second.busy is not None
     assert first.total is not None and second.total is not None
     assert second.busy >= first.busy and second.total >= first.total
+
+
+def _pid_stat(pid: int, comm: str, ppid: int, cpu: tuple[int, int, int, int]) -> str:
+    # fields 1-17 of proc(5)'s /proc/PID/stat, then the rest as a real line has them
+    utime, stime, cutime, cstime = cpu
+    middle = f"S {ppid} {pid} {pid} 0 -1 4194560 100 0 0 0"
+    return f"{pid} ({comm}) {middle} {utime} {stime} {cutime} {cstime} 20 0 1 0 100 0 0\n"
+
+
+def test_a_pid_stat_line_whose_command_holds_spaces_and_parentheses() -> None:
+    line = _pid_stat(42, "vllm (worker) 1", 7, (300, 100, 50, 25))
+    assert parse_pid_stat(line) == (7, 475.0)
+    with pytest.raises(ValueError, match="too short"):
+        parse_pid_stat("42 (x) S 7 42")
+
+
+def test_a_tree_sums_every_live_process_below_its_root(tmp_path: Path) -> None:
+    tree = {10: (1, (100, 50, 30, 20)), 11: (10, (40, 10, 0, 0)), 12: (11, (5, 5, 0, 0))}
+    tree[13] = (1, (999, 999, 0, 0))  # another program: not the engine's
+    for pid, (ppid, cpu) in tree.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(_pid_stat(pid, "python3", ppid, cpu))
+    (tmp_path / "self").mkdir()  # not a pid
+    assert tree_cpu_s(10, tmp_path) == pytest.approx(260.0 / CLOCK_TICKS)
+    assert tree_cpu_s(11, tmp_path) == pytest.approx(60.0 / CLOCK_TICKS)
+    assert tree_cpu_s(99, tmp_path) is None  # gone
+    assert tree_cpu_s(10, tmp_path / "missing") is None
+
+
+def test_others_share_leaves_out_the_engines_own_cpu_time() -> None:
+    # /proc/stat: 2 s of two CPUs (4 CPU-seconds), 3.6 of them busy; the engine used 2 of them.
+    a = CpuReading(0.0, 0.0, 0.0, "proc")
+    b = CpuReading(2.0, 3.6 * CLOCK_TICKS, 4.0 * CLOCK_TICKS, "proc")
+    assert busy_share(a, b) == pytest.approx(0.9)
+    assert others_busy_share(a, b, 2.0) == pytest.approx(0.4)
+    assert others_busy_share(a, b, 9.0) == 0.0  # clamped (a tree read a little late)
+    # A cgroup quota of 1.5 CPUs: seconds used against 1.5 x 2 s.
+    c, d = CpuReading(0.0, 10.0, 1.5, "cgroup"), CpuReading(2.0, 12.7, 1.5, "cgroup")
+    assert others_busy_share(c, d, 0.3) == pytest.approx(0.8)
+    assert others_busy_share(a, CpuReading(2.0, 1.0, 1.5, "cgroup"), 0.0) is None
+
+
+_BURN = """
+import os, sys, time
+burn = float(sys.argv[1])
+if sys.argv[2] == "fork":
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[3], sys.argv[1], "leaf", ""])
+while time.process_time() < burn:
+    pass
+print("burnt", flush=True)
+time.sleep(60)
+"""
+
+
+def _burner(seconds: float, fork: bool) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-c", _BURN, str(seconds), "fork" if fork else "leaf", _BURN]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_real_tree_and_the_host_it_kept_busy() -> None:
+    # A parent and its child each burn 0.3 s of CPU, however long a busy machine takes to
+    # give it to them; the tree's time is at least both.
+    parent = _burner(0.3, fork=True)
+    try:
+        assert parent.stdout is not None
+        lines = [parent.stdout.readline(), parent.stdout.readline()]
+        assert lines == ["burnt\n", "burnt\n"], lines
+        got = tree_cpu_s(parent.pid)
+        assert got is not None and got >= 0.6 - 2.0 / CLOCK_TICKS
+    finally:
+        parent.kill()
+        parent.wait()
+    # Burners on every CPU this process may use: counted as others, they fill the host.
+    host = HostCpu()
+    n = len(os.sched_getaffinity(0))
+    before = host.read()
+    burners = [_burner(0.5, fork=False) for _ in range(n)]
+    try:
+        for b in burners:
+            assert b.stdout is not None and b.stdout.readline() == "burnt\n"
+        after = host.read()
+        own = sum(tree_cpu_s(b.pid) or 0.0 for b in burners)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    others = others_busy_share(before, after, 0.0)
+    assert others is not None and others >= 0.5, others
+    # Counted as the engines' own (each burnt its 0.5 s), they are no longer others' work.
+    assert own >= n * (0.5 - 2.0 / CLOCK_TICKS)
+    mine = others_busy_share(before, after, own)
+    assert mine is not None and mine < others
