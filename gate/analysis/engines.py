@@ -21,14 +21,23 @@ show it. With one launch on one side and several on the other, the rule compares
 value with the other side's median.
 
 Engines launched as processes on the gate's host share its CPUs with whatever else runs there.
-When other work kept at least `startup_host_busy` of them busy during a launch
-(`EngineFacts.launch_host_busy`), that launch's durations are partly the other work's: a rule
-the candidate fails during such a launch is no evidence against it, and a rule it passes
-against such a reference launch is no evidence for it (the allowance grew with the reference's
-wait). Either becomes undecided and not required: a continue lists it as not shown, with the
-share. A failure against a contended reference stands (the candidate was slower than a
-slowed reference), as does a pass by a contended candidate. The engines' own CPU time is not
-"other work": a candidate that burns every core while it starts is not excused by it.
+Over each launch, to its ready, the gate measures how much of the host's CPUs other work kept
+busy (`EngineFacts.launch_host_busy`) and the longest any of the engine's threads waited for a
+CPU (`launch_cpu_wait_s`, W). When the busy share is at least `startup_host_busy`, part of that
+launch may be the other work's, at most W:
+
+* a rule the candidate fails is not shown (undecided, not required: a continue lists it) when
+  it would pass with W taken off the candidate's time; a failure larger than W stands, saying
+  the wait was not enough to explain it;
+* a rule the candidate passes against such a reference launch is not shown when it would fail
+  against the allowance computed from the reference's time less its W (the allowance grew with
+  the reference's wait).
+
+A failure against a contended reference stands (slower than a slowed reference), as does a
+pass by a contended candidate. The engines' own CPU time is not "other work" (a candidate that
+burns every core while it starts is not excused by it), and low-priority work that keeps the
+host busy without making the engine wait leaves W near zero. Only single-launch rules are
+guarded: repeated launches are tested.
 """
 
 from __future__ import annotations
@@ -155,20 +164,42 @@ def _phase_check(
     )
 
 
-def _contended(check: Check, ref: EngineFacts, cand: EngineFacts, limit: float) -> Check:
-    """The check as the launches' host contention lets it stand (module docstring)."""
-    busy_c, busy_r = cand.launch_host_busy, ref.launch_host_busy
-    if check.decision == "fail" and busy_c is not None and busy_c >= limit:
-        why = (
-            f"other work kept {busy_c:.0%} of the gate host's CPUs busy during the candidate's "
-            f"launch (startup_host_busy {limit:.0%}), so its slower start is not shown to be "
-            "its own"
+def _contended(check: Check, ref: EngineFacts, cand: EngineFacts, policy: Policy) -> Check:
+    """The rule as the launches' host contention lets it stand (module docstring)."""
+    limit = policy.startup_host_busy
+    if limit is None or check.alpha is not None or check.candidate is None:
+        return check  # no guard, or a test over several launches
+    if check.reference is None or check.threshold is None:
+        return check
+
+    def busy(e: EngineFacts) -> tuple[float, float] | None:
+        b, w = e.launch_host_busy, e.launch_cpu_wait_s
+        return (b, w) if b is not None and w is not None and b >= limit else None
+
+    c, r = busy(cand), busy(ref)
+    if check.decision == "fail" and c is not None:
+        share, wait = c
+        said = (
+            f"other work kept {share:.0%} of the gate host's CPUs busy during the candidate's "
+            f"launch (startup_host_busy {limit:.0%}) and its threads waited up to {wait:.1f} s "
+            "for one"
         )
-    elif check.decision == "pass" and busy_r is not None and busy_r >= limit:
+        if check.candidate - min(wait, check.candidate) > check.threshold:
+            return replace(
+                check,
+                message=f"{check.message} {said[0].upper()}{said[1:]}: not enough to explain it.",
+            )
+        why = f"{said}; without that wait it is within the allowance"
+    elif check.decision == "pass" and r is not None:
+        share, wait = r
+        scale = 1.0 + policy.startup_tolerance
+        allowed = check.threshold - scale * min(wait, check.reference)
+        if check.candidate <= allowed:
+            return check
         why = (
-            f"other work kept {busy_r:.0%} of the gate host's CPUs busy during the reference's "
-            f"launch (startup_host_busy {limit:.0%}), so the allowance set from it does not "
-            "show the candidate starts as fast"
+            f"other work kept {share:.0%} of the gate host's CPUs busy during the reference's "
+            f"launch (startup_host_busy {limit:.0%}) and its threads waited up to {wait:.1f} s "
+            f"for one; without that wait the allowance would be {allowed:.1f} s"
         )
     else:
         return check
@@ -176,7 +207,7 @@ def _contended(check: Check, ref: EngineFacts, cand: EngineFacts, limit: float) 
         check,
         decision="undecided",
         required=False,
-        message=f"{check.message} Not shown: {why}; launched on a quieter host it would be.",
+        message=f"{check.message} Not shown: {why}. On a quieter host it could be compared.",
     )
 
 
@@ -188,10 +219,7 @@ def startup_checks(engines: Sequence[EngineFacts], policy: Policy, notes: list[s
         missing = "reference" if ref is None else "candidate"
         notes.append(f"Startup not compared: no facts about the {missing} engine.")
         return []
-    return [
-        _contended(c, ref, cand, policy.startup_host_busy)
-        for c in _startup_rules(ref, cand, policy, notes)
-    ]
+    return [_contended(c, ref, cand, policy) for c in _startup_rules(ref, cand, policy, notes)]
 
 
 def _startup_rules(

@@ -175,6 +175,8 @@ class EngineFacts:
     launch_host_busy: the share of the gate host's CPUs that work other than the gate's
         engines kept busy during this engine's launch (0 to 1); None when not measured (not a
         process on the gate's host, or no counters). Startup rules read it (engines.py).
+    launch_cpu_wait_s: the longest any one thread of the engine waited for a CPU over the same
+        span, seconds; None when not measured. It bounds what contention can explain.
     """
 
     role: Role
@@ -185,6 +187,7 @@ class EngineFacts:
     oom: bool = False
     phases: Mapping[str, float | Sequence[float]] = field(default_factory=dict)
     launch_host_busy: float | None = None
+    launch_cpu_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.restarts < 0:
@@ -192,6 +195,9 @@ class EngineFacts:
         busy = self.launch_host_busy
         if busy is not None and not (math.isfinite(busy) and 0.0 <= busy <= 1.0):
             raise ValueError(f"launch_host_busy must be a share in [0, 1], got {busy!r}")
+        wait = self.launch_cpu_wait_s
+        if wait is not None and not (math.isfinite(wait) and wait >= 0.0):
+            raise ValueError(f"launch_cpu_wait_s must be seconds >= 0, got {wait!r}")
         clean: dict[str, float | tuple[float, ...]] = {}
         for name, value in self.phases.items():
             if isinstance(value, int | float):

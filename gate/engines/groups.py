@@ -131,6 +131,14 @@ class GroupedEngine:
     def launched(self) -> bool:
         return True
 
+    def own_pids(self) -> list[int]:
+        """Every group's and the router's root process, those launched so far."""
+        return [pid for p in self.processes.values() for pid in p.own_pids()]
+
+    @property
+    def retired_cpu_s(self) -> float:
+        return sum(p.retired_cpu_s for p in self.processes.values())
+
     @property
     def groups(self) -> dict[str, _GroupProcess]:
         return {n: p for n, p in self.processes.items() if n != ROUTER}

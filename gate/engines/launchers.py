@@ -28,6 +28,7 @@ from gate.engines.lifecycle import ENDPOINT_PHASES, PROCESS_PHASES, CrashInfo, P
 from gate.engines.logphases import LOG_PHASES, LogWatcher
 from gate.engines.readiness import wait_ready
 from gate.reservations.allocator import EnginePlacement
+from gate.telemetry.host_cpu import tree_cpu_s
 from gate.verdict.document import EngineDoc, PlacementDoc
 
 TERM_GRACE_S = 5.0  # the keeper's grace: SIGTERM to every process of the engine, then SIGKILL
@@ -176,6 +177,7 @@ class ProcessEngine:
         self.port = free_port(self.host)
         self.base_url = f"http://{self.host}:{self.port}"
         self.pid: int | None = None
+        self.retired_cpu_s = 0.0  # CPU seconds of attempts killed for a port retry
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._stopped = False
@@ -228,8 +230,14 @@ class ProcessEngine:
                 self.base_url = f"http://{self.host}:{self.port}"
                 self.phases.mark("port_retry", f"port {old} was taken; relaunching on {self.port}")
 
+    def own_pids(self) -> list[int]:
+        """The engine's root process (the keeper, the engine below it), once launched."""
+        return [self._proc.pid] if self._proc is not None else []
+
     def _reap(self) -> None:
         if self._proc is not None:
+            # its CPU time stays the engine's own: once killed, no tree holds it
+            self.retired_cpu_s += tree_cpu_s(self._proc.pid) or 0.0
             self.kill_now()
             self._proc = None
         if self._log is not None:

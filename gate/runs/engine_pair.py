@@ -11,10 +11,11 @@ two cores). In turn, each engine's phases are its own; the first one's wait for 
 taken out by `gate/runs/inputs.py` like any wait for the paired warm-up.
 
 Starting in turn keeps the two engines from slowing each other, not other work on the host
-from slowing either (a CI runner's other jobs). Over each process engine's launch the gate
-reads how busy the host's CPUs were with work other than its engines
-(gate/telemetry/host_cpu.py, `others_busy_share`); the startup rules read that share
-(gate/analysis/engines.py) and say "not shown" where it, not the engine, could explain them.
+from slowing either (a CI runner's other jobs). Over each process engine's launch, to the end
+of the warm-up (its ready time), the gate reads how busy work other than its engines kept the
+host's CPUs and the longest any thread of the engine waited for one
+(gate/telemetry/host_cpu.py); the startup rules read both (gate/analysis/engines.py) and say
+"not shown" where that wait, not the engine, could explain a failure.
 
 An engine's kind (gate/spec/kinds.py, `ENGINE_KINDS`) says how it runs, its runtime; a launcher
 here is a function from the spec's engine to an `Engine` (gate/engines) for each runtime:
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from gate.core.errors import EngineError, GateError
 from gate.core.limits import scenario_deadline_s
@@ -45,7 +47,14 @@ from gate.runs.schedules import LazyRequests
 from gate.runs.testbed import describe_testbed, visible_gpus
 from gate.spec import EngineSpec, Runtime
 from gate.telemetry.gpu_sources import Chosen, choose_sources
-from gate.telemetry.host_cpu import CpuReading, HostCpu, others_busy_share, tree_cpu_s
+from gate.telemetry.host_cpu import (
+    CpuReading,
+    HostCpu,
+    TreeUse,
+    longest_wait_s,
+    others_busy_share,
+    tree_uses,
+)
 from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
 from loadgen.capabilities import Capabilities, ask_version, discover
 from loadgen.client import Target
@@ -57,6 +66,26 @@ CAPABILITY_BUDGET_S = 60.0
 CRASH_POLL_S = 0.1
 
 Launcher = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
+
+
+@runtime_checkable
+class LocalEngine(Protocol):
+    """An engine of processes on this host (ProcessEngine, GroupedEngine): its root pids, and
+    the CPU time of attempts it killed (a port retry)."""
+
+    retired_cpu_s: float
+
+    def own_pids(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The CPU counters at one instant: the host's, each local engine's trees (by role), and
+    all of the engines' own CPU seconds so far."""
+
+    reading: CpuReading
+    uses: dict[str, TreeUse]
+    own_s: float
 
 
 def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
@@ -150,8 +179,10 @@ class Engines:
     versions: dict[Role, tuple[str | None, str | None]] = field(default_factory=dict)
     telemetry: Chosen | None = None  # the GPU sources, chosen at the first load scenario
     launch_busy: dict[Role, float | None] = field(default_factory=dict)  # others' CPU share
+    launch_wait: dict[Role, float | None] = field(default_factory=dict)  # longest CPU wait, s
     _shares_host: bool | None = None  # share_host_cpus, once asked
     _host_cpu: HostCpu | None = None
+    _launch_marks: dict[Role, _Mark] = field(default_factory=dict)
 
     def gpu_sources(self) -> Chosen:
         """Each engine's GPU source (gate/telemetry/gpu_sources.py), chosen once per gate."""
@@ -195,29 +226,46 @@ class Engines:
                 raise t.exception()  # type: ignore[misc]
 
     async def _start(self, role: Role) -> None:
-        """Start one engine; for a process on this host, measure how busy other work kept the
-        host's CPUs meanwhile (module docstring)."""
-        if self.ctx.spec.engine(role).runtime != "process":
-            await self.built[role].start()
-            return
-        before = await asyncio.to_thread(self._cpu_mark)
+        """Start one engine; for a process on this host, mark the CPU counters first: the
+        launch is measured to the end of the warm-up (`_measure_launches`)."""
+        if self.ctx.spec.engine(role).runtime == "process":
+            self._launch_marks[role] = await asyncio.to_thread(self._mark, False)
         await self.built[role].start()
-        after = await asyncio.to_thread(self._cpu_mark)
-        own = max(after[1] - before[1], 0.0)
-        self.launch_busy[role] = others_busy_share(before[0], after[0], own)
 
-    def _cpu_mark(self) -> tuple[CpuReading, float]:
-        """The host's CPU counters and the CPU seconds the engines' processes used so far."""
+    def _mark(self, host_first: bool) -> _Mark:
+        """The host's CPU counters and the engines' process trees, from one scan of /proc;
+        the host is read on the side of the scan away from the window it bounds, so the
+        scan's own CPU is not counted as other work."""
         if self._host_cpu is None:
             self._host_cpu = HostCpu()
-        own = 0.0
-        for eng in self.built.values():
-            members = getattr(eng, "processes", None)  # a worker group engine's processes
-            for proc in members.values() if isinstance(members, dict) else [eng]:
-                pid = getattr(proc, "pid", None)
-                if isinstance(pid, int):
-                    own += tree_cpu_s(pid) or 0.0
-        return self._host_cpu.read(), own
+        local = {r: e for r, e in self.built.items() if isinstance(e, LocalEngine)}
+        roots = {str(r): e.own_pids() for r, e in local.items()}
+        retired = sum(e.retired_cpu_s for e in local.values())
+        if host_first:
+            reading = self._host_cpu.read()
+            uses = tree_uses(roots)
+        else:
+            uses = tree_uses(roots)
+            reading = self._host_cpu.read()
+        return _Mark(reading, uses, retired + sum(u.cpu_s for u in uses.values()))
+
+    async def _measure_launches(self) -> None:
+        """Each process engine, from its launch to the end of the warm-up (its ready time):
+        how busy other work kept the host's CPUs, and the longest any of its threads waited
+        for one (gate/telemetry/host_cpu.py). Rounded here, as the document stores them, so
+        that a verdict judged again from the document is the same."""
+        if not self._launch_marks:
+            return
+        after = await asyncio.to_thread(self._mark, True)
+        for role, before in self._launch_marks.items():
+            busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
+            self.launch_busy[role] = round(busy, 3) if busy is not None else None
+            now = after.uses.get(role)
+            if now is None or not now.waits:  # no schedstats: the wait is not known
+                self.launch_wait[role] = None
+                continue
+            wait = longest_wait_s(before.uses.get(role, TreeUse()), now)
+            self.launch_wait[role] = round(wait, 3)
 
     def targets(self, api: str) -> list[Target]:
         return [
@@ -244,6 +292,7 @@ class Engines:
         for role in ROLES:
             self.built[role].phases.mark("warmup_done")
             self.built[role].phases.mark("ready")
+        await self._measure_launches()
         if failed:
             who, rec = failed[0]
             self.ctx.gate_phase(
@@ -332,6 +381,7 @@ class Engines:
                 crash=self._crash(role),
                 capabilities=caps.to_dict() if caps is not None else None,
                 launch_host_busy=self.launch_busy.get(role),
+                launch_cpu_wait_s=self.launch_wait.get(role),
             )
         return out
 
@@ -354,11 +404,11 @@ class Engines:
             if eng is None:
                 out[role] = unlaunched_doc(es.runtime, es.url, placement)
             else:
-                busy = self.launch_busy.get(role)
                 out[role] = eng.describe(placement, crash).model_copy(
                     update={
                         "capabilities": self.capabilities_doc(role),
-                        "launch_host_busy": round(busy, 3) if busy is not None else None,
+                        "launch_host_busy": self.launch_busy.get(role),
+                        "launch_cpu_wait_s": self.launch_wait.get(role),
                     }
                 )
         return out

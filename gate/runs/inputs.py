@@ -114,6 +114,8 @@ class EngineSeen(Protocol):
     def crash(self) -> CrashSeen | None: ...
     @property
     def launch_host_busy(self) -> float | None: ...
+    @property
+    def launch_cpu_wait_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,15 @@ class EngineEvidence:
     crash: CrashSeen | None = None
     capabilities: Mapping[str, Any] | None = None
     launch_host_busy: float | None = None
+    launch_cpu_wait_s: float | None = None
 
     @classmethod
     def stored(cls, doc: EngineDoc) -> EngineEvidence:
         """The engine as the stored verdict document describes it."""
         caps = doc.capabilities.model_dump() if doc.capabilities is not None else None
-        return cls(doc.phases, doc.ready_s, doc.crash, caps, doc.launch_host_busy)
+        return cls(
+            doc.phases, doc.ready_s, doc.crash, caps, doc.launch_host_busy, doc.launch_cpu_wait_s
+        )
 
 
 def stored_engines(engines: Mapping[Role, EngineDoc] | None) -> dict[Role, EngineEvidence]:
@@ -243,6 +248,7 @@ def engine_facts(engines: Mapping[Role, EngineSeen] | None) -> list[EngineFacts]
                 crash_detail=crash_detail(crash) if crash is not None else None,
                 phases=phases,
                 launch_host_busy=eng.launch_host_busy if eng is not None else None,
+                launch_cpu_wait_s=eng.launch_cpu_wait_s if eng is not None else None,
             )
         )
     return facts

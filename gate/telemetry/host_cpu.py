@@ -26,13 +26,22 @@ Two measures, each over the same interval:
   + iowait (guest time is inside user and nice, proc(5)). Where /proc/stat numbers CPUs its
   own way (LXCFS), its aggregate line.
 
-A third measure serves startup (gate/analysis/engines.py): **others' busy share**, the share of
-the CPUs that work other than the gate's engines kept busy over an engine's launch. The busy
-CPU time above, less the CPU time of the engines' own process trees (`tree_cpu_s`: utime +
-stime + cutime + cstime of each live process below the engine's pid, /proc/PID/stat fields
-14-17, proc(5); a reaped child's time is in its parent's cutime and cstime), over the CPU time
-available. An engine that burns every core while it compiles is not "others": its own slowness
-stays its own.
+Two more serve startup (gate/analysis/engines.py), over an engine's launch:
+
+* **Others' busy share**: the share of the CPUs that work other than the gate's engines kept
+  busy. The busy CPU time above, less the CPU time of the engines' own process trees
+  (`tree_uses`: utime + stime + cutime + cstime of each live process below an engine's pids,
+  /proc/PID/stat fields 14-17, proc(5); a reaped child's time is in its parent's cutime and
+  cstime), over the CPU time available. An engine that burns every core while it compiles is
+  not "others".
+* **The longest run-queue wait** of any one thread of the engine's trees (`longest_wait_s`:
+  the second field of /proc/PID/task/TID/schedstat, Documentation/scheduler/sched-stats.rst):
+  how long the engine was ready to run but had no CPU, which bounds how much of a phase's
+  time contention can explain. Busy work at the lowest priority (nice 19) makes the host
+  busy but the engine hardly waits.
+
+With a cgroup CPU quota (or LXCFS), only the gate's own cgroup is read: other tenants of the
+host are not seen, and the busy share reads low (no excuse is made).
 
 What cannot be read is None (not Linux, no PSI, unreadable files): no measurement, no guard.
 """
@@ -41,21 +50,25 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
     "CpuReading",
     "HostCpu",
+    "TreeUse",
     "busy_share",
+    "longest_wait_s",
     "others_busy_share",
     "own_cgroup",
     "parse_cgroup_max",
     "parse_pressure",
     "parse_proc_stat",
+    "parse_schedstat",
     "stall_share",
     "tree_cpu_s",
+    "tree_uses",
 ]
 
 # /proc/stat's columns after the name (proc(5)): user nice system idle iowait irq softirq steal
@@ -272,14 +285,34 @@ def parse_pid_stat(text: str) -> tuple[int, float]:
     return int(fields[1]), sum(float(x) for x in fields[_PID_CPU])
 
 
-def tree_cpu_s(root: int, proc: Path = Path("/proc")) -> float | None:
-    """CPU seconds used so far by `root` and every live process below it (module docstring);
-    None when `root` cannot be read (gone, or not Linux)."""
+def parse_schedstat(text: str) -> float:
+    """A task's run-queue wait so far, in seconds: the second field of /proc/PID/schedstat
+    ("time on CPU, time waiting on a run queue, timeslices", nanoseconds;
+    Documentation/scheduler/sched-stats.rst)."""
+    fields = text.split()
+    if len(fields) < 2:
+        raise ValueError("a schedstat line without its run-queue wait")
+    return float(fields[1]) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class TreeUse:
+    """Process trees at one instant: `cpu_s`, the CPU seconds their processes used so far
+    (module docstring), and `waits`, each live thread's run-queue wait so far in seconds (by
+    thread id, from /proc/PID/task/TID/schedstat; empty where the kernel keeps no
+    schedstats)."""
+
+    cpu_s: float = 0.0
+    waits: Mapping[int, float] = field(default_factory=dict)
+
+
+def _proc_table(proc: Path) -> dict[int, tuple[int, float]]:
+    """pid -> (ppid, CPU ticks) of every process readable now."""
     table: dict[int, tuple[int, float]] = {}
     try:
         entries = os.listdir(proc)
     except OSError:
-        return None
+        return table
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -290,17 +323,68 @@ def tree_cpu_s(root: int, proc: Path = Path("/proc")) -> float | None:
             table[int(entry)] = parse_pid_stat(text)
         except ValueError:
             continue
-    if root not in table:
-        return None
+    return table
+
+
+def _below(roots: Iterable[int], table: Mapping[int, tuple[int, float]]) -> list[int]:
+    """The roots that are alive and every live process below them, each once."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    ticks, todo = 0.0, [root]
+    seen: set[int] = set()
+    todo = [r for r in roots if r in table]
     while todo:
         pid = todo.pop()
-        ticks += table[pid][1]
-        todo.extend(children.get(pid, []))
-    return ticks / CLOCK_TICKS
+        if pid not in seen:
+            seen.add(pid)
+            todo.extend(children.get(pid, []))
+    return sorted(seen)
+
+
+def _waits(pid: int, proc: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return out
+    for tid in tids:
+        text = _read(proc / str(pid) / "task" / tid / "schedstat")
+        if text is None or not tid.isdigit():
+            continue
+        try:
+            out[int(tid)] = parse_schedstat(text)
+        except ValueError:
+            continue
+    return out
+
+
+def tree_uses(roots: Mapping[str, Iterable[int]], proc: Path = Path("/proc")) -> dict[str, TreeUse]:
+    """Each named set of root pids' trees, from one scan of `proc`: a name whose roots are all
+    gone (or never started) gets an empty TreeUse."""
+    table = _proc_table(proc)
+    out: dict[str, TreeUse] = {}
+    for name, pids in roots.items():
+        members = _below(pids, table)
+        waits: dict[int, float] = {}
+        for pid in members:
+            waits.update(_waits(pid, proc))
+        out[name] = TreeUse(sum(table[p][1] for p in members) / CLOCK_TICKS, waits)
+    return out
+
+
+def tree_cpu_s(root: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds used so far by `root` and every live process below it (module docstring);
+    None when `root` cannot be read (gone, or not Linux)."""
+    table = _proc_table(proc)
+    if root not in table:
+        return None
+    return sum(table[p][1] for p in _below([root], table)) / CLOCK_TICKS
+
+
+def longest_wait_s(before: TreeUse, after: TreeUse) -> float:
+    """The longest any one thread of `after` waited on a run queue since `before` (a thread
+    born since counts from zero; one that ended in between is not seen)."""
+    return max((w - before.waits.get(tid, 0.0) for tid, w in after.waits.items()), default=0.0)
 
 
 def others_busy_share(

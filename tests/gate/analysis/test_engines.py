@@ -98,46 +98,78 @@ def test_a_phase_named_ready_does_not_clash_with_the_overall_check() -> None:
 
 
 def _contended(
-    ref_s: float, cand_s: float, ref_busy: float | None, cand_busy: float | None, **policy: float
+    ref_s: float,
+    cand_s: float,
+    ref: tuple[float, float] | None,
+    cand: tuple[float, float] | None,
+    **policy: float | None,
 ) -> tuple[str, bool, str]:
-    """(decision, holds, message) of the port_open rule, each engine's launch as busy as given."""
-    ref = EngineFacts("reference", None, phases={"port_open": ref_s}, launch_host_busy=ref_busy)
-    cand = EngineFacts("candidate", None, phases={"port_open": cand_s}, launch_host_busy=cand_busy)
-    (check,) = startup_checks([ref, cand], Policy(**policy), [])
+    """(decision, holds, message) of the port_open rule, each engine's launch (busy share,
+    longest CPU wait) as given."""
+    facts = [
+        EngineFacts(
+            role,
+            None,
+            phases={"port_open": s},
+            launch_host_busy=m[0] if m else None,
+            launch_cpu_wait_s=m[1] if m else None,
+        )
+        for role, s, m in (("reference", ref_s, ref), ("candidate", cand_s, cand))
+    ]
+    (check,) = startup_checks(facts, Policy(**policy), [])
     return check.decision, check.holds, check.message
 
 
-def test_a_startup_rule_failed_while_other_work_held_the_cpus_is_not_shown() -> None:
+def test_a_startup_rule_failed_by_less_than_the_wait_for_a_busy_cpu_is_not_shown() -> None:
     # A CI run: identical group engines, the candidate's router opened its port 2.5 s after
-    # launch against 0.0 s for the reference (2.1 s allowed) while other jobs used the cores.
-    decision, holds, message = _contended(0.0, 2.5, 0.1, 0.8)
+    # launch against 0.0 s for the reference (2.0 s allowed) while other jobs used the cores.
+    decision, holds, message = _contended(0.0, 2.5, (0.1, 0.0), (0.8, 0.7))
     assert (decision, holds) == ("undecided", False)
     assert "2.5 s vs 0.0 s" in message  # what was seen is still said
     assert "80% of the gate host's CPUs busy during the candidate's launch" in message
-    # At the limit (>=) and just under it; the limit is the policy's.
-    assert _contended(0.0, 2.5, None, 0.5)[:2] == ("undecided", False)
-    assert _contended(0.0, 2.5, None, 0.499)[:2] == ("fail", True)
-    assert _contended(0.0, 2.5, None, 0.8, startup_host_busy=0.9)[:2] == ("fail", True)
-    # Not measured (a Kubernetes or attached engine): the rule decides as before.
+    assert "waited up to 0.7 s" in message
+    # The wait bounds the excuse: 2.5 - 0.5 = 2.0 is within the 2.0 s allowed, 2.5 - 0.4 not.
+    assert _contended(0.0, 2.5, None, (0.8, 0.5))[:2] == ("undecided", False)
+    decision, holds, message = _contended(0.0, 2.5, None, (0.8, 0.4))
+    assert (decision, holds) == ("fail", True)
+    assert "waited up to 0.4 s for one: not enough to explain it" in message
+    # A regression far larger than any wait: 30 s against 1 s stands however busy the host.
+    assert _contended(1.0, 30.0, None, (1.0, 3.0))[:2] == ("fail", True)
+    # The busy share's limit (>=), the policy's, and no guard at all.
+    assert _contended(0.0, 2.5, None, (0.5, 0.7))[:2] == ("undecided", False)
+    assert _contended(0.0, 2.5, None, (0.499, 0.7))[:2] == ("fail", True)
+    assert _contended(0.0, 2.5, None, (0.8, 0.7), startup_host_busy=0.9)[:2] == ("fail", True)
+    assert _contended(0.0, 2.5, None, (1.0, 0.7), startup_host_busy=None)[:2] == ("fail", True)
+    # Not measured (a Kubernetes or attached engine, no schedstats): the rule decides alone.
     assert _contended(0.0, 2.5, None, None)[:2] == ("fail", True)
+    no_wait = EngineFacts("candidate", None, phases={"port_open": 2.5}, launch_host_busy=0.9)
+    ref = EngineFacts("reference", None, phases={"port_open": 0.0})
+    assert startup_checks([ref, no_wait], POLICY, [])[0].decision == "fail"
 
 
-def test_a_contended_reference_voids_a_pass_but_not_a_failure() -> None:
-    # The allowance grows with a reference slowed by other work: a pass against it shows nothing.
-    decision, holds, message = _contended(6.0, 7.0, 0.9, 0.0)
+def test_a_pass_against_a_reference_that_waited_for_the_cpus_is_not_shown() -> None:
+    # Allowed 1.5 x 6 + 2 = 11 s; the reference waited 4 s: from 2 s, 1.5 x 2 + 2 = 5 s.
+    decision, holds, message = _contended(6.0, 7.0, (0.9, 4.0), (0.0, 0.0))
     assert (decision, holds) == ("undecided", False)
-    assert "during the reference's launch" in message
+    assert "during the reference's launch" in message and "would be 5.0 s" in message
+    # Within the allowance even without the reference's wait: the pass stands.
+    assert _contended(6.0, 4.0, (0.9, 4.0), (0.0, 0.0))[:2] == ("pass", False)
     # Slower than a slowed reference is still slower: the failure stands.
-    assert _contended(6.0, 30.0, 0.9, 0.1)[:2] == ("fail", True)
+    assert _contended(6.0, 30.0, (0.9, 4.0), (0.1, 0.0))[:2] == ("fail", True)
     # A candidate that kept within the allowance while others held the CPUs passed anyway.
-    assert _contended(6.0, 7.0, 0.1, 0.9)[:2] == ("pass", False)
+    assert _contended(6.0, 7.0, (0.1, 0.0), (0.9, 3.0))[:2] == ("pass", False)
 
 
 def test_a_contended_launch_continues_and_says_what_it_could_not_show() -> None:
-    phases = {"port_open": 0.1}
     facts = [
-        EngineFacts("reference", 1.0, phases=phases, launch_host_busy=0.05),
-        EngineFacts("candidate", 9.0, phases={"port_open": 8.0}, launch_host_busy=0.95),
+        EngineFacts("reference", 1.0, phases={"port_open": 0.1}, launch_host_busy=0.05),
+        EngineFacts(
+            "candidate",
+            9.0,
+            phases={"port_open": 8.0},
+            launch_host_busy=0.95,
+            launch_cpu_wait_s=7.0,
+        ),
     ]
     rng = np.random.default_rng(0)
     arm = ArmSamples(
@@ -145,6 +177,8 @@ def test_a_contended_launch_continues_and_says_what_it_could_not_show() -> None:
     )
     verdict = judge([ScenarioSamples("s", arm, arm)], facts, Policy())
     by_id = {c.id: c for c in verdict.checks}
+    # 9 s against 1.5 x 1 + 5 = 6.5 s allowed, 8 s against 2.15 s: each within once the 7 s
+    # the candidate's threads waited for a CPU is taken off
     assert by_id["startup.ready"].not_shown and by_id["startup.phase.port_open"].not_shown
     assert verdict.decision == "continue", [c.id for c in verdict.checks if c.holds]
     quiet = [replace(f, launch_host_busy=0.05) for f in facts]
@@ -152,6 +186,8 @@ def test_a_contended_launch_continues_and_says_what_it_could_not_show() -> None:
 
 
 @pytest.mark.parametrize("busy", [-0.1, 1.5, float("nan")])
-def test_launch_host_busy_is_a_share(busy: float) -> None:
+def test_launch_host_busy_is_a_share_and_the_wait_seconds(busy: float) -> None:
     with pytest.raises(ValueError, match="launch_host_busy"):
         EngineFacts("candidate", 1.0, launch_host_busy=busy)
+    with pytest.raises(ValueError, match="launch_cpu_wait_s"):
+        EngineFacts("candidate", 1.0, launch_cpu_wait_s=busy if busy < 0 else float("inf"))

@@ -92,6 +92,8 @@ def test_two_group_engines_that_are_the_same_continue(tmp_path: Path, tag: str) 
             assert not _alive(procs[name]["pid"])  # torn down
         seen_gpus += procs["prefill"]["gpus"] + procs["decode"]["gpus"]
         assert "decode.healthy" in eng["phases"] and "ready" in eng["phases"]
+        # the launch measured over every group's processes and the router's
+        assert eng["launch_host_busy"] is not None and eng["launch_cpu_wait_s"] is not None
     assert len(seen_gpus) == len(set(seen_gpus)) == 6  # disjoint across groups and engines
     text = report(tmp_path)  # each group's placement and lifecycle, in the card and timeline
     assert "<dt>prefill group</dt>" in text and "<dt>decode group</dt>" in text

@@ -6,7 +6,7 @@ import pytest
 
 from gate.analysis.engines import startup_checks
 from gate.analysis.policy import Policy
-from gate.runs.inputs import engine_facts, phase_durations
+from gate.runs.inputs import EngineEvidence, engine_facts, phase_durations
 from gate.verdict.document import EngineDoc
 
 # vLLM's own steps (read from its log) beside the gate's, as a real vLLM 0.32 gate recorded
@@ -86,3 +86,18 @@ def test_the_engine_up_first_is_not_held_for_waiting_on_the_other() -> None:
     assert by_role["candidate"].ready_s == pytest.approx(83.6)
     held = {c.id: c for c in startup_checks(slow, Policy(), [])}
     assert held["startup.phase.config_resolved"].decision == "fail"
+
+
+def test_a_stored_document_carries_each_launchs_host_contention_to_the_judge() -> None:
+    # Judged again from the stored document, the startup guard reads what the live gate read.
+    busy = doc(VLLM).model_copy(update={"launch_host_busy": 0.8, "launch_cpu_wait_s": 1.25})
+    facts = {f.role: f for f in engine_facts({"reference": doc(VLLM), "candidate": busy})}
+    assert (facts["candidate"].launch_host_busy, facts["candidate"].launch_cpu_wait_s) == (
+        0.8,
+        1.25,
+    )
+    assert facts["reference"].launch_host_busy is None  # an older document: not measured
+    stored = EngineEvidence.stored(busy)
+    assert (stored.launch_host_busy, stored.launch_cpu_wait_s) == (0.8, 1.25)
+    with pytest.raises(ValueError, match="launch_host_busy"):
+        EngineDoc.model_validate({"kind": "process", "launch_host_busy": 1.5})

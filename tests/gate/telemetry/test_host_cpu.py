@@ -19,15 +19,19 @@ from gate.telemetry.host_cpu import (
     CLOCK_TICKS,
     CpuReading,
     HostCpu,
+    TreeUse,
     busy_share,
+    longest_wait_s,
     others_busy_share,
     own_cgroup,
     parse_cgroup_max,
     parse_pid_stat,
     parse_pressure,
     parse_proc_stat,
+    parse_schedstat,
     stall_share,
     tree_cpu_s,
+    tree_uses,
 )
 
 # A /proc/stat of a two-CPU host (format: proc(5), "/proc/stat": user nice system idle iowait
@@ -167,6 +171,23 @@ def test_a_tree_sums_every_live_process_below_its_root(tmp_path: Path) -> None:
     assert tree_cpu_s(11, tmp_path) == pytest.approx(60.0 / CLOCK_TICKS)
     assert tree_cpu_s(99, tmp_path) is None  # gone
     assert tree_cpu_s(10, tmp_path / "missing") is None
+    # Threads' run-queue waits (sched-stats.rst: "time spent waiting on a runqueue", ns).
+    for pid, tid, wait_ns in ((10, 10, 2_000_000_000), (10, 20, 500_000_000), (12, 12, 10**9)):
+        task = tmp_path / str(pid) / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "schedstat").write_text(f"123456789 {wait_ns} 42\n")
+    uses = tree_uses({"candidate": [11], "both": [10, 11], "gone": [99], "none": []}, tmp_path)
+    assert uses["candidate"] == TreeUse(60.0 / CLOCK_TICKS, {12: 1.0})
+    assert uses["both"].cpu_s == pytest.approx(260.0 / CLOCK_TICKS)  # 11 counted once
+    assert uses["both"].waits == {10: 2.0, 20: 0.5, 12: 1.0}
+    assert uses["gone"] == uses["none"] == TreeUse()
+    # The longest wait since a mark: a thread seen then counts from there, a new one from 0.
+    later = TreeUse(0.0, {10: 2.25, 20: 1.5, 12: 1.0, 30: 0.75})
+    assert longest_wait_s(uses["both"], later) == pytest.approx(1.0)
+    assert longest_wait_s(TreeUse(), TreeUse()) == 0.0
+    assert parse_schedstat("1 2500000000 3") == 2.5
+    with pytest.raises(ValueError, match="run-queue"):
+        parse_schedstat("1")
 
 
 def test_others_share_leaves_out_the_engines_own_cpu_time() -> None:
@@ -210,26 +231,35 @@ def test_a_real_tree_and_the_host_it_kept_busy() -> None:
         assert lines == ["burnt\n", "burnt\n"], lines
         got = tree_cpu_s(parent.pid)
         assert got is not None and got >= 0.6 - 2.0 / CLOCK_TICKS
+        (use,) = tree_uses({"p": [parent.pid]}).values()
+        assert use.cpu_s == pytest.approx(got, abs=0.05) and len(use.waits) >= 2  # 2 processes
     finally:
         parent.kill()
         parent.wait()
-    # Burners on every CPU this process may use: counted as others, they fill the host.
+    # One burner more than this process may use CPUs: they wait for one another, and counted
+    # as other work they fill the host.
     host = HostCpu()
     n = len(os.sched_getaffinity(0))
     before = host.read()
-    burners = [_burner(0.5, fork=False) for _ in range(n)]
+    burners = [_burner(0.5, fork=False) for _ in range(n + 1)]
+    start = tree_uses({str(i): [b.pid] for i, b in enumerate(burners)})
     try:
         for b in burners:
             assert b.stdout is not None and b.stdout.readline() == "burnt\n"
         after = host.read()
-        own = sum(tree_cpu_s(b.pid) or 0.0 for b in burners)
+        end = tree_uses({str(i): [b.pid] for i, b in enumerate(burners)})
     finally:
         for b in burners:
             b.kill()
             b.wait()
+    # n + 1 tasks of 0.5 s on n CPUs wait for one another: about 0.5 s in all when they start
+    # together (1.1 s each here, with a CI run beside them), less as their starts spread out
+    waited = [longest_wait_s(start[str(i)], end[str(i)]) for i in range(n + 1)]
+    assert sum(waited) >= 0.2, waited
     others = others_busy_share(before, after, 0.0)
     assert others is not None and others >= 0.5, others
     # Counted as the engines' own (each burnt its 0.5 s), they are no longer others' work.
-    assert own >= n * (0.5 - 2.0 / CLOCK_TICKS)
+    own = sum(u.cpu_s for u in end.values())
+    assert own >= (n + 1) * (0.5 - 2.0 / CLOCK_TICKS)
     mine = others_busy_share(before, after, own)
     assert mine is not None and mine < others
