@@ -345,10 +345,13 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
     find_processes: Finder,
     receiver: Receiver,
 ) -> None:
-    """Down 9 s with GATE_LOST_AFTER_S 4 and a 30 s lease, and the worker still cut off from
+    """Down 9 s with GATE_LOST_AFTER_S 4 and a 60 s lease, and the worker still cut off from
     the database for a moment after it is back (as a partition is): the database heartbeat is
     stale, but the broker (real Redis) holds the gate's proof of life, so the reaper spares it
-    and says so; the gate runs to its verdict."""
+    and says so; the gate runs to its verdict. The lease outlasts the outage with room for
+    PostgreSQL's restart on a loaded CI host: with 30 s, a restart that took long left the
+    renewal too close to expiry and the gate stopped, as it must when its lease is at risk
+    (the tests of that are beside this one)."""
     redis_url = os.environ.get("GATE_TEST_REDIS_URL")
     if not redis_url:
         if os.environ.get("CI") == "true":
@@ -363,7 +366,7 @@ def test_an_outage_longer_than_lost_after_does_not_reap_a_live_gate(
         return real_beat(*args)
 
     monkeypatch.setattr(rows, "beat", beat)
-    settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=30.0, lost_after_s=4.0)
+    settings = _settings(postgres, tmp_path, receiver, lease_ttl_s=60.0, lost_after_s=4.0)
     factory = _factory(settings)
     broker = BrokerLiveness(redis_url, settings.lost_after_s)
     # 30 s of load: still measuring when the reaper looks, about 12 s into it.
