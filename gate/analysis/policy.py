@@ -395,11 +395,11 @@ class Policy(BaseModel):
             "runs there (a CI runner's other jobs). When work other than the gate's engines "
             "kept at least this share of the host's CPUs busy during an engine's launch "
             "(kernel counters, less the engines' own CPU time: gate/telemetry/host_cpu.py), "
-            "that launch's duration is not the engine's alone, by at most the longest any of "
-            "its threads waited for a CPU: a startup rule the candidate fails by less than "
-            "that wait, or passes against a reference launch only thanks to it, is reported "
-            "as not shown instead of deciding. null: no guard. Not measured for Kubernetes "
-            "or attached engines."
+            "that launch's duration is not the engine's alone, by about the longest any of its "
+            "threads waited for a CPU: the startup rules the candidate fails by no more than "
+            "that wait together, or passes only thanks to the reference's, are reported as "
+            "not shown instead of deciding (gate/analysis/engines.py). null: no guard. Not "
+            "measured for Kubernetes or attached engines."
         ),
     )
     load: LoadPolicy = Field(

@@ -173,8 +173,9 @@ class EngineFacts:
         one float for a single launch or a sequence with one value per launch when the gate
         launched each engine several times (then the phases are compared with a test).
     launch_host_busy: the share of the gate host's CPUs that work other than the gate's
-        engines kept busy during this engine's launch (0 to 1); None when not measured (not a
-        process on the gate's host, or no counters). Startup rules read it (engines.py).
+        engines kept busy during this engine's launch, its start (0 to 1); None when not
+        measured (not a process on the gate's host, or no counters). Startup rules read it
+        (engines.py).
     launch_cpu_wait_s: the longest any one thread of the engine waited for a CPU over the same
         span, seconds; None when not measured. It bounds what contention can explain.
     """

@@ -11,11 +11,11 @@ two cores). In turn, each engine's phases are its own; the first one's wait for 
 taken out by `gate/runs/inputs.py` like any wait for the paired warm-up.
 
 Starting in turn keeps the two engines from slowing each other, not other work on the host
-from slowing either (a CI runner's other jobs). Over each process engine's launch, to the end
-of the warm-up (its ready time), the gate reads how busy work other than its engines kept the
-host's CPUs and the longest any thread of the engine waited for one
-(gate/telemetry/host_cpu.py); the startup rules read both (gate/analysis/engines.py) and say
-"not shown" where that wait, not the engine, could explain a failure.
+from slowing either (a CI runner's other jobs). Over each process engine's launch (its
+start), the gate reads how busy work other than its engines kept the host's CPUs and the
+longest any thread of the engine waited for one (gate/telemetry/host_cpu.py); the startup
+rules read both (gate/analysis/engines.py) and say "not shown" where that wait, not the
+engine, could explain a failure.
 
 An engine's kind (gate/spec/kinds.py, `ENGINE_KINDS`) says how it runs, its runtime; a launcher
 here is a function from the spec's engine to an `Engine` (gate/engines) for each runtime:
@@ -182,7 +182,6 @@ class Engines:
     launch_wait: dict[Role, float | None] = field(default_factory=dict)  # longest CPU wait, s
     _shares_host: bool | None = None  # share_host_cpus, once asked
     _host_cpu: HostCpu | None = None
-    _launch_marks: dict[Role, _Mark] = field(default_factory=dict)
 
     def gpu_sources(self) -> Chosen:
         """Each engine's GPU source (gate/telemetry/gpu_sources.py), chosen once per gate."""
@@ -226,16 +225,29 @@ class Engines:
                 raise t.exception()  # type: ignore[misc]
 
     async def _start(self, role: Role) -> None:
-        """Start one engine; for a process on this host, mark the CPU counters first: the
-        launch is measured to the end of the warm-up (`_measure_launches`)."""
-        if self.ctx.spec.engine(role).runtime == "process":
-            self._launch_marks[role] = await asyncio.to_thread(self._mark, False)
+        """Start one engine; for a process on this host, measure its launch (to the end of
+        its start): how busy other work kept the host's CPUs, and the longest any of its
+        threads waited for one (gate/telemetry/host_cpu.py). Rounded here, as the document
+        stores them, so that a verdict judged again from the document is the same."""
+        if self.ctx.spec.engine(role).runtime != "process":
+            await self.built[role].start()
+            return
+        before = await asyncio.to_thread(self._mark, False)
         await self.built[role].start()
+        after = await asyncio.to_thread(self._mark, True)
+        busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
+        self.launch_busy[role] = round(busy, 3) if busy is not None else None
+        now = after.uses.get(role)
+        if now is None or not now.waits:  # no schedstats: the wait is not known
+            self.launch_wait[role] = None
+            return
+        self.launch_wait[role] = round(longest_wait_s(before.uses.get(role, TreeUse()), now), 3)
 
     def _mark(self, host_first: bool) -> _Mark:
-        """The host's CPU counters and the engines' process trees, from one scan of /proc;
-        the host is read on the side of the scan away from the window it bounds, so the
-        scan's own CPU is not counted as other work."""
+        """The host's CPU counters and the engines' process trees (their keepers' own threads
+        left out of the waits), from one scan of /proc; the host is read on the side of the
+        scan away from the window it bounds, so the scan's own CPU is not counted as other
+        work."""
         if self._host_cpu is None:
             self._host_cpu = HostCpu()
         local = {r: e for r, e in self.built.items() if isinstance(e, LocalEngine)}
@@ -243,29 +255,11 @@ class Engines:
         retired = sum(e.retired_cpu_s for e in local.values())
         if host_first:
             reading = self._host_cpu.read()
-            uses = tree_uses(roots)
+            uses = tree_uses(roots, root_waits=False)
         else:
-            uses = tree_uses(roots)
+            uses = tree_uses(roots, root_waits=False)
             reading = self._host_cpu.read()
         return _Mark(reading, uses, retired + sum(u.cpu_s for u in uses.values()))
-
-    async def _measure_launches(self) -> None:
-        """Each process engine, from its launch to the end of the warm-up (its ready time):
-        how busy other work kept the host's CPUs, and the longest any of its threads waited
-        for one (gate/telemetry/host_cpu.py). Rounded here, as the document stores them, so
-        that a verdict judged again from the document is the same."""
-        if not self._launch_marks:
-            return
-        after = await asyncio.to_thread(self._mark, True)
-        for role, before in self._launch_marks.items():
-            busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
-            self.launch_busy[role] = round(busy, 3) if busy is not None else None
-            now = after.uses.get(role)
-            if now is None or not now.waits:  # no schedstats: the wait is not known
-                self.launch_wait[role] = None
-                continue
-            wait = longest_wait_s(before.uses.get(role, TreeUse()), now)
-            self.launch_wait[role] = round(wait, 3)
 
     def targets(self, api: str) -> list[Target]:
         return [
@@ -292,7 +286,6 @@ class Engines:
         for role in ROLES:
             self.built[role].phases.mark("warmup_done")
             self.built[role].phases.mark("ready")
-        await self._measure_launches()
         if failed:
             who, rec = failed[0]
             self.ctx.gate_phase(

@@ -358,16 +358,22 @@ def _waits(pid: int, proc: Path) -> dict[int, float]:
     return out
 
 
-def tree_uses(roots: Mapping[str, Iterable[int]], proc: Path = Path("/proc")) -> dict[str, TreeUse]:
+def tree_uses(
+    roots: Mapping[str, Iterable[int]], proc: Path = Path("/proc"), *, root_waits: bool = True
+) -> dict[str, TreeUse]:
     """Each named set of root pids' trees, from one scan of `proc`: a name whose roots are all
-    gone (or never started) gets an empty TreeUse."""
+    gone (or never started) gets an empty TreeUse. `root_waits=False` leaves the roots' own
+    threads out of the waits (an engine's keeper: its polling is not the engine's startup)."""
     table = _proc_table(proc)
     out: dict[str, TreeUse] = {}
     for name, pids in roots.items():
+        pids = list(pids)
         members = _below(pids, table)
+        skip = set() if root_waits else set(pids)
         waits: dict[int, float] = {}
         for pid in members:
-            waits.update(_waits(pid, proc))
+            if pid not in skip:
+                waits.update(_waits(pid, proc))
         out[name] = TreeUse(sum(table[p][1] for p in members) / CLOCK_TICKS, waits)
     return out
 

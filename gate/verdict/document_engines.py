@@ -121,14 +121,14 @@ class EngineDoc(_Doc):
         ge=0.0,
         le=1.0,
         description="the share of the gate host's CPUs that other work than the gate's engines "
-        "kept busy from this engine's launch to its ready; null: not measured (not a process "
+        "kept busy during this engine's launch (its start); null: not measured (not a process "
         "here)",
     )
     launch_cpu_wait_s: float | None = Field(
         None,
         ge=0.0,
-        description="the longest any thread of this engine waited for a CPU from its launch to "
-        "its ready, seconds; null: not measured (not a process here, or no schedstats)",
+        description="the longest any thread of this engine waited for a CPU during its launch "
+        "(its start), seconds; null: not measured (not a process here, or no schedstats)",
     )
     crash: CrashDoc | None = None
     log: str | None = Field(None, description="the engine's log file (process engines)")

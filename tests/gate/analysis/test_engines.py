@@ -127,12 +127,12 @@ def test_a_startup_rule_failed_by_less_than_the_wait_for_a_busy_cpu_is_not_shown
     assert (decision, holds) == ("undecided", False)
     assert "2.5 s vs 0.0 s" in message  # what was seen is still said
     assert "80% of the gate host's CPUs busy during the candidate's launch" in message
-    assert "waited up to 0.7 s" in message
+    assert "waited up to 0.70 s" in message
     # The wait bounds the excuse: 2.5 - 0.5 = 2.0 is within the 2.0 s allowed, 2.5 - 0.4 not.
     assert _contended(0.0, 2.5, None, (0.8, 0.5))[:2] == ("undecided", False)
     decision, holds, message = _contended(0.0, 2.5, None, (0.8, 0.4))
     assert (decision, holds) == ("fail", True)
-    assert "waited up to 0.4 s for one: not enough to explain it" in message
+    assert "waited up to 0.40 s for one: not enough to explain it" in message
     # A regression far larger than any wait: 30 s against 1 s stands however busy the host.
     assert _contended(1.0, 30.0, None, (1.0, 3.0))[:2] == ("fail", True)
     # The busy share's limit (>=), the policy's, and no guard at all.
@@ -158,6 +158,48 @@ def test_a_pass_against_a_reference_that_waited_for_the_cpus_is_not_shown() -> N
     assert _contended(6.0, 30.0, (0.9, 4.0), (0.1, 0.0))[:2] == ("fail", True)
     # A candidate that kept within the allowance while others held the CPUs passed anyway.
     assert _contended(6.0, 7.0, (0.1, 0.0), (0.9, 3.0))[:2] == ("pass", False)
+
+
+def test_both_launches_busy_the_wait_comes_off_both_sides_once() -> None:
+    # 60 s of which 20 waiting against 100 s of which 20: 40 s against 80 s, twice as slow.
+    # Taken off the candidate alone (80 within 1.5 x 60 + 2), it would be let off.
+    decision, holds, message = _contended(60.0, 100.0, (0.9, 20.0), (0.9, 20.0))
+    assert (decision, holds) == ("fail", True)
+    assert "not enough to explain it" in message
+    # Within the allowance from 40 s (62 s) once its own 20 s are off: not shown.
+    assert _contended(60.0, 80.0, (0.9, 20.0), (0.9, 20.0))[:2] == ("undecided", False)
+
+
+def _phases(
+    ref: dict[str, float], cand: dict[str, float], wait: float, busy: float = 0.9
+) -> dict[str, str]:
+    facts = [
+        EngineFacts("reference", None, phases=ref, launch_host_busy=0.1, launch_cpu_wait_s=0.0),
+        EngineFacts("candidate", None, phases=cand, launch_host_busy=busy, launch_cpu_wait_s=wait),
+    ]
+    return {c.metric: c.decision for c in startup_checks(facts, POLICY, [])}
+
+
+def test_the_failed_phases_share_one_wait_and_the_warm_up_is_not_excused() -> None:
+    ref = {"port_open": 0.0, "healthy": 0.0, "warmup_done": 0.0}
+    # two phases 0.5 s over their 2 s allowance each: 1 s of wait explains both, 0.7 s not
+    slow = {"port_open": 2.5, "healthy": 2.5, "warmup_done": 0.0}
+    assert _phases(ref, slow, 1.0) == {
+        "port_open": "undecided",
+        "healthy": "undecided",
+        "warmup_done": "pass",
+    }
+    assert _phases(ref, slow, 0.7) == {
+        "port_open": "fail",
+        "healthy": "fail",
+        "warmup_done": "pass",
+    }
+    # a phase over by more than the busy share of its own time is not the host's doing: 4 s
+    # over in 6 s, half of which others' (3 s), against 4 s over in 6 s, 90% others' (5.4 s)
+    assert _phases(ref, {**slow, "port_open": 6.0}, 10.0, busy=0.5)["port_open"] == "fail"
+    assert _phases(ref, {**slow, "port_open": 6.0}, 10.0, busy=0.9)["port_open"] == "undecided"
+    # the warm-up is outside the measured launch: its rule decides alone
+    assert _phases(ref, {**ref, "warmup_done": 3.0}, 10.0)["warmup_done"] == "fail"
 
 
 def test_a_contended_launch_continues_and_says_what_it_could_not_show() -> None:

@@ -75,7 +75,7 @@ def test_engines_on_a_host_with_gpus_start_together(
 
 
 # Spins at the lowest priority: it keeps every CPU busy without delaying the engines much (CFS
-# gives a nice-19 task about 1.5% of a CPU wanted by a nice-0 one).
+# weights: 15 at nice 19 against 1024 at nice 0, 110 at nice 10 where CI's parallel tier runs).
 _SPIN = "import os\nos.nice(19)\nwhile True:\n    pass\n"
 
 
@@ -142,7 +142,7 @@ def test_a_mark_counts_every_local_engines_trees_and_killed_attempts() -> None:
         mark = engines._mark(host_first=True)
         assert set(mark.uses) == {"reference"}
         assert mark.own_s >= 0.5 + 2 * 0.29  # both processes' 0.3 s and the retired 0.5 s
-        assert len(mark.uses["reference"].waits) == 2  # one thread each
+        assert mark.uses["reference"].waits == {}  # roots are keepers: their threads left out
         # exactly the two trees (asleep now): the third burner is nobody's, not the engines'
         two = sum(tree_cpu_s(p.pid) or 0.0 for p in procs[:2])
         assert mark.uses["reference"].cpu_s == pytest.approx(two, abs=0.02)

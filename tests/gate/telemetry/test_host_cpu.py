@@ -181,6 +181,8 @@ def test_a_tree_sums_every_live_process_below_its_root(tmp_path: Path) -> None:
     assert uses["both"].cpu_s == pytest.approx(260.0 / CLOCK_TICKS)  # 11 counted once
     assert uses["both"].waits == {10: 2.0, 20: 0.5, 12: 1.0}
     assert uses["gone"] == uses["none"] == TreeUse()
+    # an engine's keeper (the root) polls: its own threads are left out when asked
+    assert tree_uses({"both": [10, 11]}, tmp_path, root_waits=False)["both"].waits == {12: 1.0}
     # The longest wait since a mark: a thread seen then counts from there, a new one from 0.
     later = TreeUse(0.0, {10: 2.25, 20: 1.5, 12: 1.0, 30: 0.75})
     assert longest_wait_s(uses["both"], later) == pytest.approx(1.0)
