@@ -5,11 +5,11 @@ bounds on points, series and bytes."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from gaterun import wait_for
 
 from gate.core.errors import TelemetryError
 from gate.telemetry import PrometheusSource, Sample, Sampler
@@ -67,10 +67,13 @@ def test_the_sampler_thread_reads_a_real_sim_and_survives_its_end(pool: SimPool)
     src = PrometheusSource("sim", f"{sim.url}/metrics", timeout_s=1.0)
     sampler = Sampler({"candidate": [src]}, interval_s=0.05)
     sampler.start()
-    time.sleep(0.4)
+    live = sampler.timelines["candidate"]
+    # scrapes, not seconds: a loaded CI host took over 0.4 s to answer the first one
+    wait_for(lambda: "kv_cache_blocks" in live.config and live.t_s, 60, "a first scrape")
     sim.proc.kill()
     sim.proc.wait()
-    time.sleep(0.2)  # the engine is gone: scrapes fail, the sampler carries on
+    # the engine is gone: scrapes fail, the sampler carries on
+    wait_for(lambda: live.gaps >= 1, 60, "a failed scrape")
     tl = sampler.stop()["candidate"]
     assert tl.config["kv_cache_blocks"] == "300" and tl.config["kv_cache_tokens"] == "4800"
     assert tl.series["preemptions_total"][0] == 0.0
