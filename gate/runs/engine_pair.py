@@ -27,6 +27,7 @@ a new runtime is a launcher here and the `describe` of its engine class.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -53,6 +54,7 @@ from gate.telemetry.host_cpu import (
     TreeUse,
     longest_wait_s,
     others_busy_share,
+    thread_waits,
     tree_uses,
 )
 from gate.verdict.document import CapabilitiesDoc, EngineDoc, PlatformDoc
@@ -64,6 +66,11 @@ ENGINE_WARMUP_REQUESTS = 4
 CAPABILITY_BUDGET_S = 60.0
 """The most the capability asks may take per engine: eight tiny requests (~1 s on a GPU)."""
 CRASH_POLL_S = 0.1
+CONTENTION_NOTE_SHARE = 0.2
+"""A load scenario in which the load generator's or a local engine's longest-waiting thread
+waited for a CPU this share of the time or more gets a note (`Engines.contention_note`): 2.5%
+for the load generator on a quiet two-core host here, 71% with four busy processes beside a
+gate at nice 10, where TTFT 20 ms against 30 ms read 1.30x instead of 1.50x."""
 
 Launcher = Callable[["Engines", Role, EngineSpec, Placement | None], Engine]
 
@@ -79,13 +86,14 @@ class LocalEngine(Protocol):
 
 
 @dataclass(frozen=True)
-class _Mark:
+class CpuMark:
     """The CPU counters at one instant: the host's, each local engine's trees (by role), and
     all of the engines' own CPU seconds so far."""
 
     reading: CpuReading
     uses: dict[str, TreeUse]
     own_s: float
+    gate: TreeUse = field(default_factory=TreeUse)  # this process's own threads' waits
 
 
 def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
@@ -232,9 +240,9 @@ class Engines:
         if self.ctx.spec.engine(role).runtime != "process":
             await self.built[role].start()
             return
-        before = await asyncio.to_thread(self._mark, False)
+        before = await asyncio.to_thread(self.cpu_mark, False)
         await self.built[role].start()
-        after = await asyncio.to_thread(self._mark, True)
+        after = await asyncio.to_thread(self.cpu_mark, True)
         busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
         self.launch_busy[role] = round(busy, 3) if busy is not None else None
         now = after.uses.get(role)
@@ -243,7 +251,7 @@ class Engines:
             return
         self.launch_wait[role] = round(longest_wait_s(before.uses.get(role, TreeUse()), now), 3)
 
-    def _mark(self, host_first: bool) -> _Mark:
+    def cpu_mark(self, host_first: bool) -> CpuMark:
         """The host's CPU counters and the engines' process trees (their keepers' own threads
         left out of the waits), from one scan of /proc; the host is read on the side of the
         scan away from the window it bounds, so the scan's own CPU is not counted as other
@@ -259,7 +267,36 @@ class Engines:
         else:
             uses = tree_uses(roots, root_waits=False)
             reading = self._host_cpu.read()
-        return _Mark(reading, uses, retired + sum(u.cpu_s for u in uses.values()))
+        own = retired + sum(u.cpu_s for u in uses.values())
+        return CpuMark(reading, uses, own, TreeUse(waits=thread_waits(os.getpid())))
+
+    def contention_note(
+        self, scenario: str, before: CpuMark, after: CpuMark, seconds: float
+    ) -> str | None:
+        """A note when this process's threads (the load generator's) or a local engine's
+        waited for a CPU for a good part of a load scenario (CONTENTION_NOTE_SHARE of its
+        time or more, the longest-waiting thread's): the latencies then include this host's
+        contention, which adds to both engines' and makes a relative regression read smaller
+        than it is. Says, decides nothing."""
+        if seconds <= 0.0:
+            return None
+        shares = {"the load generator": longest_wait_s(before.gate, after.gate) / seconds}
+        for role, use in sorted(after.uses.items()):
+            if use.waits:
+                shares[f"the {role}"] = longest_wait_s(before.uses.get(role, TreeUse()), use)
+                shares[f"the {role}"] /= seconds
+        if max(shares.values()) < CONTENTION_NOTE_SHARE:
+            return None
+        said = ", ".join(f"{who} {min(v, 1.0):.0%}" for who, v in shares.items())
+        busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
+        others = f"; other work kept {busy:.0%} of its CPUs busy" if busy is not None else ""
+        return (
+            f"In scenario {scenario}, threads waited for a CPU of this host for a good part of "
+            f"its {seconds:.0f} s (the longest-waiting thread of {said}){others}. Latencies "
+            "measured on a starved host include its delays, which add to both engines and make "
+            'a relative regression read smaller than it is (docs/statistics.md, "Where the '
+            'guarantee is weakest").'
+        )
 
     def targets(self, api: str) -> list[Target]:
         return [

@@ -198,12 +198,17 @@ class LoadScenario:
         # the scenario stops like a crash stops it, keeping what finished, and the gate holds.
         planned_s = sc.duration_s if first.open_ended else sched.planned_s
         sampler = start_sampler(ctx, self.engines)  # beside the load, on its own thread
+        cpu_before = await asyncio.to_thread(self.engines.cpu_mark, False)
         t0 = time.monotonic()
         try:
             result, aborted, overran = await self._mirror(sched, pause, stop, on_record, planned_s)
         finally:
             timelines = await asyncio.to_thread(sampler.stop) if sampler is not None else None
         duration = time.monotonic() - t0
+        cpu_after = await asyncio.to_thread(self.engines.cpu_mark, True)
+        contended = self.engines.contention_note(sc.name, cpu_before, cpu_after, duration)
+        if contended is not None:
+            ctx.notes.append(contended)
         self.engines.check_crashes()
         ctx.progress.scenario_finished(sc.name)
         out = self._result(sched, result, duration, aborted, looks, overran)

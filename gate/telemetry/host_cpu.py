@@ -67,6 +67,7 @@ __all__ = [
     "parse_proc_stat",
     "parse_schedstat",
     "stall_share",
+    "thread_waits",
     "tree_cpu_s",
     "tree_uses",
 ]
@@ -341,7 +342,8 @@ def _below(roots: Iterable[int], table: Mapping[int, tuple[int, float]]) -> list
     return sorted(seen)
 
 
-def _waits(pid: int, proc: Path) -> dict[int, float]:
+def thread_waits(pid: int, proc: Path = Path("/proc")) -> dict[int, float]:
+    """Each live thread of `pid`: its run-queue wait so far, seconds (empty: not readable)."""
     out: dict[int, float] = {}
     try:
         tids = os.listdir(proc / str(pid) / "task")
@@ -373,7 +375,7 @@ def tree_uses(
         waits: dict[int, float] = {}
         for pid in members:
             if pid not in skip:
-                waits.update(_waits(pid, proc))
+                waits.update(thread_waits(pid, proc))
         out[name] = TreeUse(sum(table[p][1] for p in members) / CLOCK_TICKS, waits)
     return out
 

@@ -11,6 +11,7 @@ shown rather than held (gate/analysis/engines.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -25,9 +26,9 @@ from sqlalchemy import select
 
 from gate.core.database import make_engine, make_sessionmaker
 from gate.models import GatePhase
-from gate.runs.engine_pair import Engines
+from gate.runs.engine_pair import CpuMark, Engines
 from gate.spec import parse_spec
-from gate.telemetry.host_cpu import tree_cpu_s
+from gate.telemetry.host_cpu import CpuReading, TreeUse, tree_cpu_s
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +114,7 @@ def test_a_slow_start_is_held_on_a_host_kept_busy_by_work_that_does_not_delay_it
 
 
 class _Local:
-    """A local engine as `Engines._mark` reads it: root pids and retired CPU seconds."""
+    """A local engine as `Engines.cpu_mark` reads it: root pids and retired CPU seconds."""
 
     def __init__(self, pids: list[int], retired: float) -> None:
         self.pids, self.retired_cpu_s = pids, retired
@@ -139,7 +140,7 @@ def test_a_mark_counts_every_local_engines_trees_and_killed_attempts() -> None:
             "reference": cast(Any, _Local([procs[0].pid, procs[1].pid], 0.5)),
             "candidate": cast(Any, object()),
         }
-        mark = engines._mark(host_first=True)
+        mark = engines.cpu_mark(host_first=True)
         assert set(mark.uses) == {"reference"}
         assert mark.own_s >= 0.5 + 2 * 0.29  # both processes' 0.3 s and the retired 0.5 s
         assert mark.uses["reference"].waits == {}  # roots are keepers: their threads left out
@@ -151,3 +152,62 @@ def test_a_mark_counts_every_local_engines_trees_and_killed_attempts() -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _mark(gate_wait: float, engine_wait: float | None) -> CpuMark:
+    uses = {} if engine_wait is None else {"candidate": TreeUse(1.0, {7: engine_wait})}
+    return CpuMark(CpuReading(0.0), uses, 0.0, TreeUse(waits={1: gate_wait}))
+
+
+def test_a_scenario_on_a_starved_host_says_so() -> None:
+    engines = Engines(ctx=cast(Any, None), placement=None)
+    # 0.5 s of 10 (5%) and 1.9 s (19%): nothing to say
+    assert engines.contention_note("steady", _mark(0.0, 0.0), _mark(0.5, 1.9), 10.0) is None
+    note = engines.contention_note("steady", _mark(1.0, 0.0), _mark(8.0, 0.1), 10.0)
+    assert note is not None
+    assert "scenario steady" in note and "the load generator 70%, the candidate 1%" in note
+    assert "read smaller than it is" in note
+    # an engine's own wait is said too, with no local engine only the load generator's
+    assert "the candidate 30%" in (
+        engines.contention_note("s", _mark(0.0, 0.0), _mark(0.0, 3.0), 10.0) or ""
+    )
+    assert engines.contention_note("s", _mark(0.0, None), _mark(0.1, None), 10.0) is None
+    assert engines.contention_note("s", _mark(0.0, None), _mark(9.0, None), 0.0) is None
+
+
+_STARVED = """
+import json, sys
+sys.path.insert(0, "tests/support")
+from pathlib import Path
+from gaterun import run_in_tmp, tiny_spec
+doc = run_in_tmp(tiny_spec(sys.argv[1], name="starved", rate=20, requests=60), Path(sys.argv[2]))
+Path(sys.argv[2], "doc.json").write_text(json.dumps(doc.document))
+"""
+
+
+def test_a_gate_whose_load_generator_waits_for_the_cpus_notes_it(tmp_path: Path, tag: str) -> None:
+    # The gate 10 nice levels below a spinner, both on one CPU and in this test's session (CFS
+    # shares a CPU by weight inside a session's autogroup: 110 against 1024): its load
+    # generator waits, as in a CI run at nice 10 beside a real vLLM. One CPU, so the rest of
+    # the host is left to the other tests.
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+
+    def starve() -> None:
+        os.sched_setaffinity(0, {cpu})
+        os.nice(10)
+
+    try:
+        subprocess.run(
+            [sys.executable, "-c", _STARVED, tag, str(tmp_path)],
+            check=True,
+            timeout=300,
+            preexec_fn=starve,
+        )
+    finally:
+        spinner.kill()
+        spinner.wait()
+    doc = json.loads((tmp_path / "doc.json").read_text())
+    (note,) = [n for n in doc["notes"] if "waited for a CPU" in n]
+    assert "In scenario steady" in note and "the load generator" in note, note
