@@ -95,6 +95,26 @@ class CpuMark:
     own_s: float
     gate: TreeUse = field(default_factory=TreeUse)  # this process's own threads' waits
 
+    def since(self, before: CpuMark) -> CpuSpan:
+        """What happened between `before` and this mark (CpuSpan)."""
+        waits = {
+            role: longest_wait_s(before.uses.get(role, TreeUse()), use) if use.waits else None
+            for role, use in self.uses.items()
+        }
+        busy = others_busy_share(before.reading, self.reading, self.own_s - before.own_s)
+        return CpuSpan(busy, waits, longest_wait_s(before.gate, self.gate))
+
+
+@dataclass(frozen=True)
+class CpuSpan:
+    """Between two marks: how busy other work than the engines kept the host's CPUs (None:
+    not read), the longest any thread of each local engine waited for one (by role; None: no
+    schedstats), and the longest any thread of this process (the load generator) waited."""
+
+    others_busy: float | None
+    engine_waits: dict[str, float | None]
+    gate_wait: float
+
 
 def _endpoint(engines: Engines, role: Role, es: EngineSpec, placement: Placement | None) -> Engine:
     assert es.url is not None
@@ -242,14 +262,10 @@ class Engines:
             return
         before = await asyncio.to_thread(self.cpu_mark, False)
         await self.built[role].start()
-        after = await asyncio.to_thread(self.cpu_mark, True)
-        busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
+        span = (await asyncio.to_thread(self.cpu_mark, True)).since(before)
+        busy, wait = span.others_busy, span.engine_waits.get(role)
         self.launch_busy[role] = round(busy, 3) if busy is not None else None
-        now = after.uses.get(role)
-        if now is None or not now.waits:  # no schedstats: the wait is not known
-            self.launch_wait[role] = None
-            return
-        self.launch_wait[role] = round(longest_wait_s(before.uses.get(role, TreeUse()), now), 3)
+        self.launch_wait[role] = round(wait, 3) if wait is not None else None
 
     def cpu_mark(self, host_first: bool) -> CpuMark:
         """The host's CPU counters and the engines' process trees (their keepers' own threads
@@ -280,15 +296,15 @@ class Engines:
         than it is. Says, decides nothing."""
         if seconds <= 0.0:
             return None
-        shares = {"the load generator": longest_wait_s(before.gate, after.gate) / seconds}
-        for role, use in sorted(after.uses.items()):
-            if use.waits:
-                shares[f"the {role}"] = longest_wait_s(before.uses.get(role, TreeUse()), use)
-                shares[f"the {role}"] /= seconds
+        span = after.since(before)
+        shares = {"the load generator": span.gate_wait / seconds}
+        for role, wait in sorted(span.engine_waits.items()):
+            if wait is not None:
+                shares[f"the {role}"] = wait / seconds
         if max(shares.values()) < CONTENTION_NOTE_SHARE:
             return None
         said = ", ".join(f"{who} {min(v, 1.0):.0%}" for who, v in shares.items())
-        busy = others_busy_share(before.reading, after.reading, after.own_s - before.own_s)
+        busy = span.others_busy
         others = f"; other work kept {busy:.0%} of its CPUs busy" if busy is not None else ""
         return (
             f"In scenario {scenario}, threads waited for a CPU of this host for a good part of "
